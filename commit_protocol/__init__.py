@@ -1,0 +1,1 @@
+"""Maps a Spark write job or micro-batch to one pulsartx transaction."""

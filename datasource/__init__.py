@@ -1,0 +1,1 @@
+"""Spark DataSource V2 classes for pulsartx."""

@@ -1,0 +1,21 @@
+"""pulsartx: Apache Pulsar's transactional messaging (PIP-31) on Delta tables, no broker to run.
+
+The public API is flat and re-exported here; everything below may change freely.
+"""
+from pulsartx.client import Client, Message, Producer, Reader, Result
+from pulsartx.exceptions import (
+    InvalidConfiguration,
+    NotAllowedError,
+    PulsarException,
+    Timeout,
+    TopicNotFound,
+)
+from pulsartx.log.message_id import MessageId
+from pulsartx.log.schema import MessageType
+from pulsartx.naming import TopicName
+
+__version__ = "0.1.0"
+__all__ = [
+    "Client", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
+    "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "__version__",
+]

@@ -1,0 +1,17 @@
+"""Administration: ``client.admin``, mirroring pulsar-admin."""
+from __future__ import annotations
+
+from typing import Any
+
+from pulsartx.admin.topics import TopicsAdmin
+
+
+class Admin(TopicsAdmin):
+    """``client.admin``: topic operations directly, transaction operations under ``.transactions``."""
+
+    def __init__(self, client: Any):
+        super().__init__(client.root)
+        self.client = client
+
+
+__all__ = ["Admin", "TopicsAdmin"]

@@ -1,0 +1,95 @@
+"""Topic administration: create, delete, list, partition counts.
+
+Layout: ``<root>/topics/<tenant>/<namespace>/<topic>/`` holds ``_topic.json`` (the partition count)
+and one Delta table ``partition-<i>`` per partition. Creating partition-0's table is the atomic
+claim (delta-rs makes version 0 a create-if-absent on every backend); ``_topic.json`` is written
+last and marks the topic complete. A crash between the two is repaired by the next create.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
+from pulsartx.log.partition import partition_segments
+from pulsartx.log.schema import RECORD_SCHEMA
+from pulsartx.naming import TopicName, parse_namespace
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+TOPIC_META = "_topic.json"
+MAX_PARTITIONS = 10_000
+
+
+def _topic_dir(t: TopicName) -> tuple[str, ...]:
+    return ("topics", *t.path_segments())
+
+
+class TopicsAdmin:
+    def __init__(self, root: StorageRoot):
+        self.root = root
+
+    def create_topic(self, topic: str, partitions: int = 1) -> TopicName:
+        t = TopicName.parse(topic)
+        if t.partition is not None:
+            raise InvalidConfiguration(f"create_topic({topic!r}): give the topic name without '-partition-{t.partition}'")
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidConfiguration(f"partitions={partitions!r} for topic {t}: must be an integer from 1 to {MAX_PARTITIONS}")
+        if self._read_meta(t) is not None:
+            raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
+        claimed = delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(0)),
+                                     configuration={"delta.appendOnly": "false"}, name=f"{t.short}-partition-0")
+        if not claimed and self._read_meta(t) is not None:
+            raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
+        for i in range(1, partitions):
+            delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
+                               name=f"{t.short}-partition-{i}")
+        meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
+        self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
+        log.info("created topic %s with %d partition(s)", t, partitions)
+        return t
+
+    def _read_meta(self, t: TopicName) -> dict | None:
+        text = self.root.read_text(*_topic_dir(t), TOPIC_META)
+        return None if text is None else json.loads(text)
+
+    def get_partitions(self, topic: str) -> int:
+        """The topic's partition count (a ``-partition-i`` name counts as one partition)."""
+        t = TopicName.parse(topic)
+        meta = self._read_meta(t.base)
+        if meta is None:
+            raise TopicNotFound(f"topic {t.base} does not exist under {self.root.url}: create it with "
+                                "client.admin.create_topic() or `pulsartx topics create`")
+        n = int(meta["partitions"])
+        if t.partition is not None and t.partition >= n:
+            raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")
+        return n
+
+    def partitions_of(self, topic: str | TopicName) -> list[TopicName]:
+        """The partition names to read or write for a topic, or the one partition it names."""
+        t = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        n = self.get_partitions(str(t))
+        return [t] if t.partition is not None else [t.with_partition(i) for i in range(n)]
+
+    def delete_topic(self, topic: str) -> None:
+        t = TopicName.parse(topic).base
+        self.get_partitions(str(t))
+        # Remove the marker first so the topic disappears atomically for readers of metadata.
+        self.root.rm(*_topic_dir(t), TOPIC_META)
+        self.root.rm(*_topic_dir(t))
+        log.info("deleted topic %s", t)
+
+    def list_topics(self, namespace: str | None = None) -> list[str]:
+        """Full names of every complete topic, optionally within one ``tenant/namespace``."""
+        if namespace is not None:
+            tenants_ns = [parse_namespace(namespace)]
+        else:
+            tenants_ns = [(tn, ns) for tn in self.root.listdir("topics") for ns in self.root.listdir("topics", tn)]
+        out = []
+        for tn, ns in tenants_ns:
+            for name in self.root.listdir("topics", tn, ns):
+                if self.root.exists("topics", tn, ns, name, TOPIC_META):
+                    out.append(str(TopicName(tn, ns, name)))
+        return sorted(out)

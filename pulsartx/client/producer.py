@@ -1,0 +1,235 @@
+"""Producer, with pulsar-client's names: batching, sync and async sends, idempotent sequence ids.
+
+Messages are queued per (partition, transaction) and each queue is appended as one Delta commit
+when it holds ``batching_max_messages`` messages, when ``batching_max_publish_delay_ms`` has
+passed, or on ``flush()``/``send()``. Sequence ids are assigned at send time, so a retried batch
+carries the same ids and the partition's dedup drops what already landed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pulsartx.client.result import Result
+from pulsartx.client.routing import RoundRobin, partition_for_key
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException
+from pulsartx.log.message_id import MessageId
+from pulsartx.log.partition import PartitionLog, build_records
+from pulsartx.naming import TopicName
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+
+log = logging.getLogger(__name__)
+SendCallback = Callable[[Result, MessageId | None], None]
+
+
+@dataclass
+class _Pending:
+    content: bytes
+    key: str | None
+    properties: dict[str, str] | None
+    event_ms: int | None
+    sequence_id: int
+    callback: SendCallback | None
+    sync: bool = False
+    result: list = field(default_factory=list)  # filled with MessageId or exception
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Producer:
+    def __init__(self, client: Client, topic: str, producer_name: str | None = None,
+                 batching_max_messages: int = 1000, batching_max_publish_delay_ms: int = 10,
+                 initial_sequence_id: int | None = None, **_ignored: Any):
+        if batching_max_messages < 1:
+            raise InvalidConfiguration(f"batching_max_messages={batching_max_messages}: must be at least 1")
+        if batching_max_publish_delay_ms < 0:
+            raise InvalidConfiguration(f"batching_max_publish_delay_ms={batching_max_publish_delay_ms}: must be >= 0")
+        self._client = client
+        self._partitions: list[TopicName] = client.admin.partitions_of(topic)
+        self._topic = str(TopicName.parse(topic))
+        self._name = producer_name or f"pulsartx-{uuid.uuid4().hex[:12]}"
+        self._logs = {p.partition: PartitionLog(client.root, p) for p in self._partitions}
+        self._max_messages = batching_max_messages
+        self._delay = batching_max_publish_delay_ms / 1000.0
+        self._router = RoundRobin(len(self._partitions))
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[int, Any], list[_Pending]] = {}
+        self._flush_locks: dict[tuple[int, Any], threading.Lock] = {}
+        self._first_enqueued: dict[tuple[int, Any], float] = {}
+        self._closed = False
+        self._errors: list[BaseException] = []
+        if initial_sequence_id is not None:
+            self._last_seq = initial_sequence_id
+        elif producer_name is not None:
+            persisted = [lg.last_sequence_id(self._name) for lg in self._logs.values()]
+            self._last_seq = max((s for s in persisted if s is not None), default=-1)
+        else:
+            self._last_seq = -1
+        self._timer = threading.Thread(target=self._flush_loop, name=f"pulsartx-producer-{self._name}", daemon=True)
+        self._wake = threading.Event()
+        self._timer.start()
+
+    # ---- pulsar-client API -------------------------------------------------------------------
+    def topic(self) -> str:
+        return self._topic
+
+    def producer_name(self) -> str:
+        return self._name
+
+    def last_sequence_id(self) -> int:
+        return self._last_seq
+
+    def send(self, content: bytes, properties: dict[str, str] | None = None, partition_key: str | None = None,
+             sequence_id: int | None = None, event_timestamp: int | None = None, txn: Any = None, **_: Any) -> MessageId:
+        """Send and wait until the message is durable; returns its MessageId."""
+        p = self._enqueue(content, None, properties, partition_key, sequence_id, event_timestamp, txn, sync=True)
+        self._flush_queue(self._queue_key(p, txn))
+        p.done.wait()
+        out = p.result[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def send_async(self, content: bytes, callback: SendCallback | None, properties: dict[str, str] | None = None,
+                   partition_key: str | None = None, sequence_id: int | None = None,
+                   event_timestamp: int | None = None, txn: Any = None, **_: Any) -> None:
+        """Queue the message; ``callback(result, message_id)`` runs once it is durable (or failed)."""
+        p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
+        key = self._queue_key(p, txn)
+        with self._lock:
+            full = len(self._queues.get(key, ())) >= self._max_messages
+        if full:
+            self._flush_queue(key)
+
+    def flush(self) -> None:
+        """Make every queued message durable; raises the first error a background flush met."""
+        for key in list(self._queues):
+            self._flush_queue(key)
+        if self._errors:
+            err, self._errors = self._errors[0], []
+            raise err
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._wake.set()
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _enqueue(self, content, callback, properties, partition_key, sequence_id, event_timestamp, txn,
+                 sync: bool = False) -> _Pending:
+        if self._closed:
+            raise AlreadyClosed(f"producer {self._name} on {self._topic} is closed")
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise InvalidConfiguration(f"content must be bytes, got {type(content).__name__}: encode strings first")
+        if properties is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            raise InvalidConfiguration("properties must map str to str")
+        if txn is not None:
+            txn._check_usable()
+        with self._lock:
+            if sequence_id is None:
+                sequence_id = self._last_seq + 1
+            self._last_seq = max(self._last_seq, sequence_id)
+            part = (partition_for_key(partition_key, len(self._partitions)) if partition_key is not None
+                    else self._router.next())
+            p = _Pending(bytes(content), partition_key, properties, event_timestamp, sequence_id, callback, sync)
+            p.partition = part  # type: ignore[attr-defined]
+            key = (part, txn)
+            q = self._queues.setdefault(key, [])
+            if not q:
+                self._first_enqueued[key] = time.monotonic()
+            q.append(p)
+            self._flush_locks.setdefault(key, threading.Lock())
+        return p
+
+    @staticmethod
+    def _queue_key(p: _Pending, txn: Any) -> tuple[int, Any]:
+        return (p.partition, txn)  # type: ignore[attr-defined]
+
+    def _flush_queue(self, key: tuple[int, Any]) -> None:
+        lock = self._flush_locks.get(key)
+        if lock is None:
+            return
+        with lock:
+            with self._lock:
+                batch = self._queues.pop(key, [])
+                self._first_enqueued.pop(key, None)
+            if batch:
+                self._append(key, batch)
+
+    def _append(self, key: tuple[int, Any], batch: list[_Pending]) -> None:
+        part, txn = key
+        plog = self._logs[part]
+        try:
+            txn_bits = None
+            if txn is not None:
+                txn_bits = txn._before_append(plog.topic)
+            records = build_records(
+                [p.content for p in batch], keys=[p.key for p in batch], properties=[p.properties for p in batch],
+                event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
+                sequence_ids=[p.sequence_id for p in batch], txn=txn_bits)
+            res = plog.append(records, producer_name=self._name)
+            if txn is not None:
+                txn._after_append(plog.topic, res)
+        except PulsarException as e:
+            self._fail(batch, e)
+            return
+        except Exception as e:  # storage errors surface as PulsarException to callers
+            self._fail(batch, PulsarException(f"send to {plog.topic} failed: {e}"))
+            return
+        for p, off in zip(batch, res.offsets, strict=True):
+            # A deduplicated message was persisted earlier; Pulsar reports it without a new position.
+            mid = MessageId(part, off if off is not None else -1)
+            p.result.append(mid)
+            p.done.set()
+            if p.callback is not None:
+                self._run_callback(p.callback, Result.Ok, mid)
+
+    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)
+        if not all(p.sync for p in batch):
+            self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
+        for p in batch:
+            p.result.append(exc)
+            p.done.set()
+            if p.callback is not None:
+                self._run_callback(p.callback, Result.of(exc), None)
+
+    @staticmethod
+    def _run_callback(cb: SendCallback, res: Result, mid: MessageId | None) -> None:
+        try:
+            cb(res, mid)
+        except Exception:  # a user callback must never break the producer
+            log.exception("send_async callback raised")
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(max(self._delay, 0.001))
+            now = time.monotonic()
+            with self._lock:
+                due = [k for k, t0 in self._first_enqueued.items() if now - t0 >= self._delay]
+            for key in due:
+                self._flush_queue(key)
+
+    def flush_transaction(self, txn: Any) -> None:
+        """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first)."""
+        for key in [k for k in list(self._queues) if k[1] is txn]:
+            self._flush_queue(key)

@@ -1,0 +1,133 @@
+"""Reader (Pulsar's Reader): positioned reads with no subscription state.
+
+Each partition is tailed incrementally: the file index follows new Delta commits, and only the
+offsets past the reader's position are fetched, so tailing cost does not grow with the log.
+Which records are *visible* is decided by :mod:`pulsartx.buffer.reads` (isolation levels).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pulsartx.client.message import Message, messages_from_table
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
+from pulsartx.log.message_id import MessageId
+from pulsartx.log.partition import PartitionLog
+from pulsartx.naming import TopicName
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+
+FETCH_MAX = 1000
+POLL_MIN_S, POLL_MAX_S = 0.005, 0.2
+ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
+
+
+def check_isolation(level: str) -> str:
+    norm = str(level).upper()
+    if norm not in ISOLATION_LEVELS:
+        raise InvalidConfiguration(f"isolation_level={level!r}: must be one of {', '.join(ISOLATION_LEVELS)}")
+    return norm
+
+
+class PartitionFetcher:
+    """Reads visible messages of one partition from a position onwards."""
+
+    def __init__(self, client: Client, topic: TopicName, isolation_level: str):
+        from pulsartx.buffer.reads import VisibilityReader
+
+        self.topic = topic
+        self.log = PartitionLog(client.root, topic)
+        self.visible = VisibilityReader(client, self.log, isolation_level)
+        self.position = 0
+        self.buffer: deque[Message] = deque()
+
+    def seek(self, offset: int) -> None:
+        self.position = max(0, offset)
+        self.buffer.clear()
+
+    def fill(self) -> bool:
+        """Fetch the next visible messages into the buffer; True when anything was added."""
+        if self.buffer:
+            return True
+        while True:
+            table, next_pos = self.visible.fetch(self.position, FETCH_MAX)
+            self.position = next_pos
+            if table.num_rows:
+                self.buffer.extend(messages_from_table(table, str(self.topic.base), self.topic.partition))
+                return True
+            if not self.visible.more_readable(self.position):
+                return False
+
+
+class Reader:
+    def __init__(self, client: Client, topic: str, start_message_id: MessageId, reader_name: str | None = None,
+                 start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED", **_: Any):
+        if not isinstance(start_message_id, MessageId):
+            raise InvalidConfiguration(
+                f"start_message_id must be a MessageId (MessageId.earliest, MessageId.latest, or a message's id), "
+                f"got {start_message_id!r}")
+        self._client = client
+        self._topic = str(TopicName.parse(topic))
+        self._name = reader_name
+        self._isolation = check_isolation(isolation_level)
+        self._fetchers = [PartitionFetcher(client, p, self._isolation) for p in client.admin.partitions_of(topic)]
+        self._closed = False
+        self._inclusive = start_message_id_inclusive
+        self.seek(start_message_id)
+
+    def topic(self) -> str:
+        return self._topic
+
+    def seek(self, message_id: MessageId) -> None:
+        """Reposition: earliest, latest, or just after (``start_message_id_inclusive``: at) a message."""
+        for f in self._fetchers:
+            if message_id.is_earliest:
+                f.seek(0)
+            elif message_id.is_latest:
+                f.seek(f.visible.end_position())
+            elif message_id.partition() == f.topic.partition or len(self._fetchers) == 1:
+                f.seek(message_id.offset() + (0 if self._inclusive else 1))
+            else:
+                f.seek(0)
+
+    def has_message_available(self) -> bool:
+        self._check_open()
+        return any(f.fill() for f in self._fetchers)
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next visible message; waits for one, raising :class:`Timeout` after ``timeout_millis``."""
+        self._check_open()
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        sleep = POLL_MIN_S
+        while True:
+            ready = [f for f in self._fetchers if f.fill()]
+            if ready:
+                f = min(ready, key=lambda f: (f.buffer[0].publish_timestamp(), f.topic.partition))
+                return f.buffer.popleft()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+            wait = sleep if deadline is None else max(0.0, min(sleep, deadline - time.monotonic()))
+            time.sleep(wait)
+            sleep = min(POLL_MAX_S, sleep * 2)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"reader on {self._topic} is closed")
+
+    def __iter__(self):
+        while self.has_message_available():
+            yield self.read_next()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

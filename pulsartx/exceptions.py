@@ -1,0 +1,73 @@
+"""Exceptions, named as in the pulsar-client Python package so that code written for Pulsar ports over.
+
+Every error message names the offending value or option and says how to fix it.
+"""
+from __future__ import annotations
+
+
+class PulsarException(Exception):
+    """Base of every pulsartx error."""
+
+
+class Timeout(PulsarException):
+    """An operation did not complete within its timeout (``receive``, ``read_next``)."""
+
+
+class TopicNotFound(PulsarException):
+    """The topic (or partition) does not exist under the storage root."""
+
+
+class TopicAlreadyExists(PulsarException):
+    """``create_topic`` was called for a topic that exists."""
+
+
+class InvalidTopicName(PulsarException, ValueError):
+    """A topic name broke one of the naming rules; the message names the rule."""
+
+
+class InvalidConfiguration(PulsarException, ValueError):
+    """A bad option or argument; the message names it and says how to fix it."""
+
+
+class NotAllowedError(PulsarException):
+    """The operation is not allowed in the current state (e.g. a fenced transaction key)."""
+
+
+class AlreadyClosed(PulsarException):
+    """The producer, reader, consumer or client was already closed."""
+
+
+class ProducerFenced(PulsarException):
+    """Another producer with the same name won the race for a sequence id."""
+
+
+class StorageError(PulsarException):
+    """The storage root could not be read or written; the message names the table or file."""
+
+
+class CorruptedLog(StorageError):
+    """A Delta log or data file is unreadable; the message names the partition and the file."""
+
+
+# Transaction errors (coordinator, buffer and subscription issues).
+class TransactionCoordinatorNotFoundError(PulsarException):
+    """The TC id does not exist under this root."""
+
+
+class InvalidTxnStatusError(PulsarException):
+    """The transaction is not in a status that allows the operation (e.g. send on a committed txn)."""
+
+
+class TransactionNotFound(PulsarException):
+    """No transaction with that TxnID was ever issued by its TC."""
+
+
+class TransactionConflict(PulsarException):
+    """A transactional acknowledgement conflicts with another one (Pulsar's ack conflict rules)."""
+
+
+class ExpiredTransactionError(PulsarException):
+    """The transaction was fenced by a newer epoch of its transaction key, or timed out."""
+
+
+__all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

@@ -1,0 +1,113 @@
+"""Which data files hold which offsets: the partition's in-memory file index.
+
+Built once from a Delta snapshot (which handles checkpoints), then kept current by tailing the
+commit log, so catching up costs the new commits only. Range lookups are a bisect.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pulsartx.storage.delta import parse_stats
+
+
+@dataclass(frozen=True, order=True)
+class DataFile:
+    min_offset: int
+    max_offset: int
+    path: str
+    size: int
+    num_records: int
+    min_publish_us: int | None = None
+    max_publish_us: int | None = None
+
+
+def _iso_to_us(v: Any) -> int | None:
+    if v is None:
+        return None
+    import datetime as dt
+
+    return int(dt.datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1_000_000)
+
+
+def data_file_from_add(add: dict[str, Any]) -> DataFile | None:
+    stats = parse_stats(add.get("stats"))
+    lo, hi = stats.get("minValues", {}), stats.get("maxValues", {})
+    if "offset" not in lo or "offset" not in hi:
+        return None  # an empty file carries no offsets
+    return DataFile(int(lo["offset"]), int(hi["offset"]), add["path"], int(add.get("size", 0)),
+                    int(stats.get("numRecords", 0)), _iso_to_us(lo.get("publish_time")), _iso_to_us(hi.get("publish_time")))
+
+
+class FileIndex:
+    def __init__(self) -> None:
+        self._files: list[DataFile] = []
+        self._mins: list[int] = []
+        self.version = -1
+
+    def load_snapshot(self, table: Any) -> None:
+        """Build from a DeltaTable snapshot: one call, whatever the number of commits."""
+        acts = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        n = len(acts.get("path", []))
+        files = []
+        for i in range(n):
+            lo, hi = acts.get("min.offset", [None] * n)[i], acts.get("max.offset", [None] * n)[i]
+            if lo is None or hi is None:
+                continue
+            pmin = acts.get("min.publish_time", [None] * n)[i]
+            pmax = acts.get("max.publish_time", [None] * n)[i]
+            files.append(DataFile(int(lo), int(hi), acts["path"][i], int(acts["size_bytes"][i]),
+                                  int(acts.get("num_records", [0] * n)[i] or 0),
+                                  None if pmin is None else int(pmin.timestamp() * 1_000_000),
+                                  None if pmax is None else int(pmax.timestamp() * 1_000_000)))
+        self._files = sorted(files)
+        self._mins = [f.min_offset for f in self._files]
+        self.version = table.version()
+
+    def apply_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
+        removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        if removed:
+            self._files = [f for f in self._files if f.path not in removed]
+        for a in actions:
+            if "add" in a:
+                f = data_file_from_add(a["add"])
+                if f is None:
+                    continue
+                if not self._files or f.min_offset > self._files[-1].min_offset:
+                    self._files.append(f)
+                else:
+                    bisect.insort(self._files, f)
+        self._mins = [f.min_offset for f in self._files]
+        self.version = version
+
+    @property
+    def end_offset(self) -> int:
+        """The next offset to be written: one past the highest offset in any file."""
+        return self._files[-1].max_offset + 1 if self._files else 0
+
+    @property
+    def start_offset(self) -> int:
+        return self._files[0].min_offset if self._files else 0
+
+    @property
+    def files(self) -> list[DataFile]:
+        return list(self._files)
+
+    def files_for(self, start: int, end: int) -> list[DataFile]:
+        """Files holding any offset in ``[start, end)``, in offset order."""
+        if start >= end or not self._files:
+            return []
+        i = max(0, bisect.bisect_right(self._mins, start) - 1)
+        out = []
+        for f in self._files[i:]:
+            if f.min_offset >= end:
+                break
+            if f.max_offset >= start:
+                out.append(f)
+        return out
+
+    def size_bytes(self) -> int:
+        return sum(f.size for f in self._files)

@@ -1,0 +1,244 @@
+"""PartitionLog: one topic partition as an append-only Delta table with dense offsets.
+
+Append protocol (one Delta commit per batch):
+  1. from the current snapshot, read the next offset (app-transaction ``pulsartx.offset``) and the
+     producer's last sequence id (app-transaction ``pulsartx.producer.<name>``);
+  2. drop already-persisted sequence ids, number the rest from the next offset, write one file;
+  3. commit the file together with both app-transaction versions.
+Every append sets ``pulsartx.offset``, so two appenders from the same snapshot conflict and exactly
+one wins: offsets are never given twice, and the loser retries from the new snapshot (re-running
+the dedup check, which makes dedup race-free too).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
+from pulsartx.log.dedup import OFFSET_APP_ID, new_message_mask, producer_app_id
+from pulsartx.log.index import DataFile, FileIndex
+from pulsartx.log.schema import RECORD_SCHEMA, STATS_COLUMNS, MessageType
+from pulsartx.naming import TopicName
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+MAX_APPEND_ATTEMPTS = 200
+
+
+def partition_segments(topic: TopicName) -> tuple[str, ...]:
+    assert topic.partition is not None, "a partition log needs a partition index"
+    return ("topics", *topic.path_segments(), f"partition-{topic.partition}")
+
+
+@dataclass
+class AppendResult:
+    """What one append made durable. ``offsets[i]`` is the offset of input row ``i``, or None when
+    dedup dropped it as already persisted."""
+
+    offsets: list[int | None]
+    version: int | None
+    first_offset: int | None = None
+    last_offset: int | None = None
+    attempts: int = 1
+    duplicates: int = 0
+    entries: list[tuple[int, int]] = field(default_factory=list)
+
+
+def build_records(values: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
+                  properties: Sequence[dict[str, str] | None] | None = None,
+                  event_times_ms: Sequence[int | None] | None = None, producer_name: str | None = None,
+                  sequence_ids: Sequence[int] | None = None, txn: tuple[int, int] | None = None,
+                  msg_type: MessageType = MessageType.DATA, marker_entries: Any = None) -> pa.Table:
+    """Rows without ``offset``/``publish_time``: those two are assigned by :meth:`PartitionLog.append`."""
+    n = len(values)
+    ev = None
+    if event_times_ms is not None:
+        ev = pa.array([None if t is None else t * 1000 for t in event_times_ms], pa.int64()).cast(RECORD_SCHEMA.field("event_time").type)
+    cols = {
+        "type": pa.array([msg_type.value] * n, pa.string()),
+        "value": pa.array(values, pa.binary()),
+        "key": pa.array(keys if keys is not None else [None] * n, pa.string()),
+        "properties": pa.array([list((p or {}).items()) for p in properties] if properties is not None else [None] * n,
+                               RECORD_SCHEMA.field("properties").type),
+        "event_time": ev if ev is not None else pa.nulls(n, RECORD_SCHEMA.field("event_time").type),
+        "producer_name": pa.array([producer_name] * n, pa.string()),
+        "sequence_id": pa.array(sequence_ids if sequence_ids is not None else [None] * n, pa.int64()),
+        "txn_most_bits": pa.array([txn[0] if txn else None] * n, pa.int64()),
+        "txn_least_bits": pa.array([txn[1] if txn else None] * n, pa.int64()),
+        "marker_entries": marker_entries if marker_entries is not None else pa.nulls(n, RECORD_SCHEMA.field("marker_entries").type),
+    }
+    return pa.table(cols)
+
+
+def _finish(records: pa.Table, first_offset: int, publish_us: int) -> pa.Table:
+    n = records.num_rows
+    offsets = pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))
+    publish = pa.array(np.full(n, publish_us, dtype=np.int64)).cast(RECORD_SCHEMA.field("publish_time").type)
+    cols = []
+    for f in RECORD_SCHEMA:
+        if f.name == "offset":
+            cols.append(offsets)
+        elif f.name == "publish_time":
+            cols.append(publish)
+        elif f.name in records.column_names:
+            cols.append(records.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(cols, schema=RECORD_SCHEMA)
+
+
+class PartitionLog:
+    """Appends to and reads one partition. Holds a reusable DeltaTable for writing (re-reading the
+    log on each append would make latency grow with history) and a :class:`FileIndex` for reads."""
+
+    def __init__(self, root: StorageRoot, topic: TopicName):
+        self.root = root
+        self.topic = topic
+        self.segments = partition_segments(topic)
+        self._table: Any = None
+        self._index: FileIndex | None = None
+        self._tail = delta.LogTail(root, self.segments)
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.topic})"
+
+    # ---- table handles -------------------------------------------------------------------------
+    def _writer_table(self) -> Any:
+        if self._table is None:
+            t = delta.open_table(self.root, *self.segments)
+            if t is None:
+                raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: "
+                                    "create it with client.admin.create_topic() or `pulsartx topics create`")
+            self._table = t
+        return self._table
+
+    def exists(self) -> bool:
+        return self.root.exists(*self.segments, "_delta_log", f"{0:020d}.json")
+
+    # ---- append --------------------------------------------------------------------------------
+    def append(self, records: pa.Table, producer_name: str | None = None) -> AppendResult:
+        """Append ``records`` (from :func:`build_records`) as one Delta commit.
+
+        With ``producer_name``, rows whose ``sequence_id`` is not above the producer's last
+        persisted one are dropped, atomically with the offset assignment.
+        """
+        table = self._writer_table()
+        seqs = records.column("sequence_id").to_pylist() if producer_name else None
+        app_id = producer_app_id(producer_name) if producer_name else None
+        for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
+            next_offset = delta.txn_version(table, OFFSET_APP_ID) or 0
+            keep = None
+            if app_id is not None:
+                keep = new_message_mask(seqs, delta.txn_version(table, app_id))
+                if not any(keep):
+                    return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
+            rows = records if keep is None or all(keep) else records.filter(pa.array(keep))
+            data = _finish(rows, next_offset, int(time.time() * 1_000_000))
+            add = delta.write_data_file(self.root, data, self.segments, f"{next_offset:020d}", STATS_COLUMNS)
+            apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
+            if app_id is not None:
+                apps[app_id] = max(s for s, k in zip(seqs, keep, strict=True) if k)
+            try:
+                delta.commit(table, RECORD_SCHEMA, adds=[add], app_transactions=apps)
+            except delta.ConcurrentCommit:
+                self._discard(add.path)
+                delta.backoff(attempt)
+                table.update_incremental()
+                continue
+            version = self._advance(table)
+            offsets: list[int | None] = []
+            o = next_offset
+            for k in keep if keep is not None else [True] * records.num_rows:
+                offsets.append(o if k else None)
+                o += int(k)
+            last = next_offset + rows.num_rows - 1
+            return AppendResult(offsets, version, next_offset, last, attempt, records.num_rows - rows.num_rows,
+                                [(next_offset, last)])
+        raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
+                           "too many concurrent writers on one partition: add partitions or retry later")
+
+    def _advance(self, table: Any) -> int:
+        """Move the writer snapshot past our own commit so the next append does not conflict with it."""
+        try:
+            table.update_incremental()
+        except Exception as e:  # the commit is durable; a stale snapshot only costs a retry
+            log.debug("update_incremental after commit failed on %s: %s", self.topic, e)
+        return table.version()
+
+    def _discard(self, name: str) -> None:
+        try:
+            self.root.arrow_fs.delete_file(self.root.fs_path(*self.segments, name))
+        except OSError:
+            pass  # vacuum removes uncommitted files anyway
+
+    def last_sequence_id(self, producer_name: str) -> int | None:
+        t = self._writer_table()
+        t.update_incremental()
+        return delta.txn_version(t, producer_app_id(producer_name))
+
+    # ---- reads ---------------------------------------------------------------------------------
+    @property
+    def index(self) -> FileIndex:
+        if self._index is None:
+            self.refresh()
+        assert self._index is not None
+        return self._index
+
+    def refresh(self) -> FileIndex:
+        """Bring the file index up to date: a snapshot load the first time, then only new commits."""
+        if self._index is None:
+            t = delta.open_table(self.root, *self.segments)
+            if t is None:
+                raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}")
+            idx = FileIndex()
+            idx.load_snapshot(t)
+            self._index = idx
+        for version, actions in self._tail.commits_after(self._index.version):
+            self._index.apply_commit(version, actions)
+        return self._index
+
+    def end_offset(self, refresh: bool = True) -> int:
+        return (self.refresh() if refresh else self.index).end_offset
+
+    def read(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """All records with ``start <= offset < end`` in offset order (every type, no isolation)."""
+        return read_files(self.root, self.segments, self.index.files_for(start, end), start, end, columns)
+
+
+def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[DataFile], start: int, end: int,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Read records in ``[start, end)`` from the given files. Shared by the client reader and by
+    Spark executors, which receive the file list from the driver and never open the Delta log."""
+    import pyarrow.dataset as ds
+
+    cols = list(columns) if columns is not None else RECORD_SCHEMA.names
+    if "offset" not in cols:
+        cols = ["offset", *cols]
+    schema = pa.schema([RECORD_SCHEMA.field(c) for c in cols])
+    if not files:
+        return schema.empty_table()
+    paths = [root.fs_path(*segments, f.path) for f in files]
+    try:
+        dataset = ds.dataset(paths, schema=RECORD_SCHEMA, format="parquet", filesystem=root.arrow_fs)
+        flt = None
+        if start > files[0].min_offset or end <= files[-1].max_offset:
+            flt = (pc.field("offset") >= start) & (pc.field("offset") < end)
+        table = dataset.to_table(columns=cols, filter=flt)
+    except FileNotFoundError as e:
+        raise CorruptedLog(f"partition {'/'.join(segments[1:])}: a data file listed in the Delta log is missing: {e}") from e
+    except (OSError, pa.ArrowInvalid) as e:
+        raise CorruptedLog(f"partition {'/'.join(segments[1:])}: cannot read data files: {e}") from e
+    off = table.column("offset").to_numpy()
+    if len(off) > 1 and not bool(np.all(off[1:] > off[:-1])):
+        table = table.sort_by("offset")
+    return table
+
+

@@ -1,0 +1,118 @@
+"""Topic names: Pulsar's three accepted forms, partition addressing, and the rules that keep every
+name inside the storage root.
+
+A name becomes directory segments under ``<root>/topics/``. Validation is therefore a security
+boundary, not a nicety: a segment may only use a conservative character set, so no name can
+climb out of the root or collide with our own layout (``_delta_log``, ``_pulsartx``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pulsartx.exceptions import InvalidTopicName
+
+DOMAIN = "persistent"
+DEFAULT_TENANT = "public"
+DEFAULT_NAMESPACE = "default"
+PARTITION_SUFFIX = "-partition-"
+MAX_SEGMENT_LENGTH = 200
+MAX_NAME_LENGTH = 512
+_SEGMENT_CHARS = re.compile(r"^[A-Za-z0-9_\-=:.]+$")
+_PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>[0-9]+)$")
+
+
+def _check_segment(full: str, segment: str, what: str) -> None:
+    if not segment:
+        raise InvalidTopicName(f"topic name {full!r}: the {what} is empty (rule: no empty name or segment)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in segment):
+        raise InvalidTopicName(f"topic name {full!r}: the {what} contains a control character (rule: no control characters)")
+    if ".." in segment:
+        raise InvalidTopicName(f"topic name {full!r}: the {what} contains '..' (rule: no '..' in a name)")
+    if "/" in segment or "\\" in segment:
+        raise InvalidTopicName(
+            f"topic name {full!r}: the {what} contains a path separator (rule: '/' only separates tenant/namespace/topic)")
+    if len(segment) > MAX_SEGMENT_LENGTH:
+        raise InvalidTopicName(
+            f"topic name {full!r}: the {what} is {len(segment)} characters long (rule: at most {MAX_SEGMENT_LENGTH})")
+    if segment.startswith((".", "_")):
+        raise InvalidTopicName(f"topic name {full!r}: the {what} starts with '.' or '_' (rule: reserved for storage)")
+    if not _SEGMENT_CHARS.match(segment):
+        bad = sorted({c for c in segment if not _SEGMENT_CHARS.match(c)})
+        raise InvalidTopicName(
+            f"topic name {full!r}: the {what} contains {''.join(bad)!r} (rule: only letters, digits and _ - = : .)")
+
+
+@dataclass(frozen=True, order=True)
+class TopicName:
+    """A parsed topic, optionally narrowed to one partition (``partition`` is None for the whole topic)."""
+
+    tenant: str
+    namespace: str
+    local_name: str
+    partition: int | None = None
+
+    @classmethod
+    def parse(cls, name: str) -> TopicName:
+        if not isinstance(name, str):
+            raise InvalidTopicName(f"topic name must be a string, got {type(name).__name__}")
+        full = name
+        if not name:
+            raise InvalidTopicName("topic name '' is empty (rule: no empty name)")
+        if len(name) > MAX_NAME_LENGTH:
+            raise InvalidTopicName(f"topic name {name[:40]!r}... is {len(name)} characters long (rule: at most {MAX_NAME_LENGTH})")
+        if "://" in name:
+            domain, _, name = name.partition("://")
+            if domain not in (DOMAIN, "non-persistent"):
+                raise InvalidTopicName(f"topic name {full!r}: unknown domain {domain!r} (rule: use persistent://)")
+        parts = name.split("/")
+        if len(parts) == 1:
+            tenant, namespace, local = DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]
+        elif len(parts) == 3:
+            tenant, namespace, local = parts
+        else:
+            raise InvalidTopicName(
+                f"topic name {full!r} contains a path separator where none belongs "
+                "(rule: 'topic', 'tenant/namespace/topic' or 'persistent://tenant/namespace/topic')")
+        _check_segment(full, tenant, "tenant")
+        _check_segment(full, namespace, "namespace")
+        _check_segment(full, local, "topic")
+        partition = None
+        m = _PARTITION_RE.match(local)
+        if m:
+            local, partition = m.group("base"), int(m.group("index"))
+            _check_segment(full, local, "topic")
+        return cls(tenant, namespace, local, partition)
+
+    @property
+    def base(self) -> TopicName:
+        return TopicName(self.tenant, self.namespace, self.local_name)
+
+    def with_partition(self, index: int) -> TopicName:
+        return TopicName(self.tenant, self.namespace, self.local_name, index)
+
+    @property
+    def namespace_name(self) -> str:
+        return f"{self.tenant}/{self.namespace}"
+
+    def __str__(self) -> str:
+        local = self.local_name if self.partition is None else f"{self.local_name}{PARTITION_SUFFIX}{self.partition}"
+        return f"{DOMAIN}://{self.tenant}/{self.namespace}/{local}"
+
+    @property
+    def short(self) -> str:
+        """``tenant/namespace/topic[-partition-i]``: the form used as keys in offsets JSON."""
+        return str(self)[len(DOMAIN) + 3:]
+
+    def path_segments(self) -> tuple[str, ...]:
+        """Storage segments below ``<root>/topics``; partitions live in ``partition-<i>`` sub-tables."""
+        return (self.tenant, self.namespace, self.local_name)
+
+
+def parse_namespace(namespace: str) -> tuple[str, str]:
+    parts = namespace.split("/")
+    if len(parts) != 2:
+        raise InvalidTopicName(f"namespace {namespace!r} must be 'tenant/namespace'")
+    for seg, what in zip(parts, ("tenant", "namespace"), strict=True):
+        _check_segment(namespace, seg, what)
+    return parts[0], parts[1]

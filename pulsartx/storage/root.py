@@ -1,0 +1,177 @@
+"""The storage root: one URL plus one ``storage_options`` mapping, translated for each library that
+touches storage (delta-rs for tables, fsspec for plain files, pyarrow for fast parquet reads).
+
+Keeping a single mapping matters because delta-rs cannot take an fsspec filesystem: if each layer
+had its own options, a credential or endpoint fixed in one place would silently differ in another.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+from urllib.parse import urlparse
+
+from pulsartx.exceptions import InvalidConfiguration
+
+ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
+DEFAULT_SERVICE_URL = "./pulsartx-data"
+_SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "SESSION", "KEY_ID", "CREDENTIAL", "SAS", "ACCESS_KEY")
+
+
+def redact_options(options: dict[str, str]) -> dict[str, str]:
+    """Storage options with every credential-looking value hidden, for logs, errors and reprs."""
+    return {k: ("***" if any(h in k.upper() for h in _SECRET_HINTS) else v) for k, v in options.items()}
+
+
+def _upper(options: dict[str, str]) -> dict[str, str]:
+    return {k.upper(): v for k, v in options.items()}
+
+
+@dataclass(frozen=True)
+class StorageRoot:
+    """Where everything of one pulsartx installation lives.
+
+    ``url`` is normalised: an absolute local path, or ``scheme://bucket/prefix`` without a trailing
+    slash. Instances are picklable (Spark ships them to executors); the filesystems are rebuilt
+    lazily on the other side.
+    """
+
+    url: str
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def resolve(cls, service_url: str | None = None, storage_options: dict[str, str] | None = None) -> StorageRoot:
+        url = service_url or os.environ.get(ENV_SERVICE_URL) or DEFAULT_SERVICE_URL
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidConfiguration(f"service_url {url!r} is empty: give a local path, file://, or s3://bucket/prefix")
+        options = {str(k): str(v) for k, v in (storage_options or {}).items()}
+        parsed = urlparse(url)
+        if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+            path = parsed.path if parsed.scheme == "file" else url
+            return cls(os.path.abspath(os.path.expanduser(path)), options)
+        if parsed.scheme in ("s3", "s3a", "gs", "az", "abfs", "abfss", "memory"):
+            if not parsed.netloc:
+                raise InvalidConfiguration(f"service_url {url!r} has no bucket: use {parsed.scheme}://bucket/prefix")
+            scheme = "s3" if parsed.scheme == "s3a" else parsed.scheme
+            return cls(f"{scheme}://{parsed.netloc}{parsed.path.rstrip('/')}", options)
+        raise InvalidConfiguration(
+            f"service_url {url!r} has unsupported scheme {parsed.scheme!r}: use a local path, file:// or s3://")
+
+    def __repr__(self) -> str:
+        return f"StorageRoot(url={self.url!r}, storage_options={redact_options(self.storage_options)!r})"
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.url
+
+    @property
+    def scheme(self) -> str:
+        return "file" if self.is_local else self.url.split("://", 1)[0]
+
+    def uri(self, *segments: str) -> str:
+        """URI of a table or file below the root, as delta-rs wants it."""
+        if self.is_local:
+            return os.path.join(self.url, *segments)
+        return posixpath.join(self.url, *segments)
+
+    def fs_path(self, *segments: str) -> str:
+        """The same location as a path for :attr:`fs` (fsspec drops the scheme for object stores)."""
+        if self.is_local:
+            return os.path.join(self.url, *segments)
+        return posixpath.join(self.url.split("://", 1)[1], *segments)
+
+    @property
+    def delta_options(self) -> dict[str, str]:
+        return dict(self.storage_options)
+
+    @cached_property
+    def fs(self) -> Any:
+        """fsspec filesystem for non-table files (topic metadata, snapshots pointers, leases)."""
+        import fsspec
+
+        if self.is_local:
+            return fsspec.filesystem("file", auto_mkdir=True)
+        if self.scheme == "s3":
+            return fsspec.filesystem("s3", **self.s3fs_kwargs())
+        return fsspec.filesystem(self.scheme, **self.storage_options)
+
+    def s3fs_kwargs(self) -> dict[str, Any]:
+        o = _upper(self.storage_options)
+        kw: dict[str, Any] = {}
+        if "AWS_ACCESS_KEY_ID" in o:
+            kw["key"] = o["AWS_ACCESS_KEY_ID"]
+        if "AWS_SECRET_ACCESS_KEY" in o:
+            kw["secret"] = o["AWS_SECRET_ACCESS_KEY"]
+        if "AWS_SESSION_TOKEN" in o:
+            kw["token"] = o["AWS_SESSION_TOKEN"]
+        client: dict[str, Any] = {}
+        endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+        if endpoint:
+            client["endpoint_url"] = endpoint
+        if "AWS_REGION" in o:
+            client["region_name"] = o["AWS_REGION"]
+        if client:
+            kw["client_kwargs"] = client
+        return kw
+
+    @cached_property
+    def arrow_fs(self) -> Any:
+        """pyarrow filesystem for parquet reads: native S3 is markedly faster than going through fsspec."""
+        import pyarrow.fs as pafs
+
+        if self.is_local:
+            return pafs.LocalFileSystem()
+        if self.scheme == "s3":
+            o = _upper(self.storage_options)
+            endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+            kwargs: dict[str, Any] = {
+                "access_key": o.get("AWS_ACCESS_KEY_ID"),
+                "secret_key": o.get("AWS_SECRET_ACCESS_KEY"),
+                "session_token": o.get("AWS_SESSION_TOKEN"),
+                "region": o.get("AWS_REGION", "us-east-1"),
+            }
+            if endpoint:
+                p = urlparse(endpoint)
+                kwargs["endpoint_override"] = p.netloc or endpoint
+                kwargs["scheme"] = p.scheme or "https"
+            return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+
+    # Small JSON documents (topic metadata). Object stores have no rename, so writes are whole-object puts.
+    def read_text(self, *segments: str) -> str | None:
+        try:
+            with self.fs.open(self.fs_path(*segments), "r") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_text(self, text: str, *segments: str) -> None:
+        path = self.fs_path(*segments)
+        if self.is_local:
+            # Write-then-rename so a concurrent reader never sees half a file.
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}-{id(text)}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        else:
+            with self.fs.open(path, "w") as f:
+                f.write(text)
+
+    def exists(self, *segments: str) -> bool:
+        return self.fs.exists(self.fs_path(*segments))
+
+    def listdir(self, *segments: str) -> list[str]:
+        """Names of the direct children of a folder (empty when it does not exist)."""
+        try:
+            entries = self.fs.ls(self.fs_path(*segments), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+
+    def rm(self, *segments: str) -> None:
+        path = self.fs_path(*segments)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
