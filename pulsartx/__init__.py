@@ -3,6 +3,9 @@
 The public API is flat and re-exported here; everything below may change freely.
 """
 from pulsartx.client import Client, Message, Producer, Reader, Result
+from pulsartx.client.transaction import Transaction, TransactionState
+from pulsartx.coordinator.state import TxnStatus
+from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
     InvalidConfiguration,
     NotAllowedError,
@@ -17,5 +20,6 @@ from pulsartx.naming import TopicName
 __version__ = "0.1.0"
 __all__ = [
     "Client", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
-    "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "__version__",
+    "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
+    "TransactionState", "TxnID", "TxnStatus", "__version__",
 ]

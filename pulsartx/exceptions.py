@@ -66,8 +66,11 @@ class TransactionConflict(PulsarException):
     """A transactional acknowledgement conflicts with another one (Pulsar's ack conflict rules)."""
 
 
-class ExpiredTransactionError(PulsarException):
-    """The transaction was fenced by a newer epoch of its transaction key, or timed out."""
+class ExpiredTransactionError(InvalidTxnStatusError):
+    """The transaction was fenced by a newer epoch of its transaction key, or timed out.
+
+    A subclass of InvalidTxnStatusError: the transaction is no longer OPEN, and code that handles
+    the general case keeps working."""
 
 
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

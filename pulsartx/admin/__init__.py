@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from pulsartx.admin.topics import TopicsAdmin
+from pulsartx.admin.transactions import TransactionsAdmin
 
 
 class Admin(TopicsAdmin):
@@ -12,6 +13,7 @@ class Admin(TopicsAdmin):
     def __init__(self, client: Any):
         super().__init__(client.root)
         self.client = client
+        self.transactions = TransactionsAdmin(client)
 
 
-__all__ = ["Admin", "TopicsAdmin"]
+__all__ = ["Admin", "TopicsAdmin", "TransactionsAdmin"]

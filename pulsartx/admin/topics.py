@@ -13,7 +13,7 @@ import time
 
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import partition_segments
-from pulsartx.log.schema import RECORD_SCHEMA
+from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
@@ -40,12 +40,12 @@ class TopicsAdmin:
         if self._read_meta(t) is not None:
             raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
         claimed = delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(0)),
-                                     configuration={"delta.appendOnly": "false"}, name=f"{t.short}-partition-0")
+                                     configuration=PARTITION_TABLE_CONFIG, name=f"{t.short}-partition-0")
         if not claimed and self._read_meta(t) is not None:
             raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
         for i in range(1, partitions):
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
-                               name=f"{t.short}-partition-{i}")
+                               configuration=PARTITION_TABLE_CONFIG, name=f"{t.short}-partition-{i}")
         meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
         self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
         log.info("created topic %s with %d partition(s)", t, partitions)

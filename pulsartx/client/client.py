@@ -11,7 +11,12 @@ from typing import Any
 from pulsartx.admin import Admin
 from pulsartx.client.producer import Producer
 from pulsartx.client.reader import Reader
-from pulsartx.exceptions import AlreadyClosed
+from pulsartx.client.transaction import Transaction
+from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.coordinator.keys import full_key
+from pulsartx.coordinator.registry import Coordinators
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError, PulsarException
 from pulsartx.log.message_id import MessageId
 from pulsartx.storage.root import StorageRoot
 
@@ -19,12 +24,73 @@ log = logging.getLogger(__name__)
 
 
 class Client:
-    def __init__(self, service_url: str | None = None, storage_options: dict[str, str] | None = None, **kwargs: Any):
+    def __init__(self, service_url: str | None = None, storage_options: dict[str, str] | None = None, *,
+                 transaction_key: str | None = None, owner: str | None = None, num_coordinators: int | None = None,
+                 coordinator_config: CoordinatorConfig | None = None, **kwargs: Any):
         self.root = StorageRoot.resolve(service_url, storage_options)
         self._closed = False
         self._children: list[Any] = []
-        self.admin = Admin(self)
+        self.owner = owner
+        self.transaction_key = transaction_key
+        self.epoch: int | None = None
+        self._num_coordinators = num_coordinators
+        self._coordinator_config = coordinator_config
+        self._tcs: Coordinators | None = None
         self._options = kwargs
+        self.admin = Admin(self)
+        if transaction_key is not None:
+            full_key(owner, transaction_key)  # validate before touching storage
+            self._claim_transaction_key()
+
+    def _coordinators(self) -> Coordinators:
+        if self._tcs is None:
+            self._tcs = Coordinators(self.root, self._num_coordinators, self._coordinator_config)
+        return self._tcs
+
+    def _key_tc(self) -> int:
+        return self._coordinators().pick(full_key(self.owner, self.transaction_key))
+
+    def _claim_transaction_key(self) -> None:
+        """The proposal's "connection": bump the key's epoch and abort the previous epoch's txns."""
+        tc_id = self._key_tc()
+        self.epoch, stale = self._coordinators().keys(tc_id).claim(self.owner, self.transaction_key)
+        self._abort_all(stale, f"fenced by epoch {self.epoch} of transaction key {self.transaction_key!r}")
+        log.info("claimed transaction key %r (owner %r) at epoch %d", self.transaction_key, self.owner, self.epoch)
+
+    def _abort_all(self, txn_ids: list[TxnID], reason: str) -> None:
+        for t in txn_ids:
+            try:
+                self._coordinators().for_txn(t).fence(t, reason)
+            except PulsarException as e:
+                log.debug("abort of %s (%s) skipped: %s", t, reason, e)
+
+    def new_transaction(self, timeout_ms: int = 60000, properties: dict[str, str] | None = None) -> Transaction:
+        """Begin a transaction on a TC (by hash of the transaction key, else round-robin)."""
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+        if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
+            raise InvalidConfiguration(f"timeout_ms={timeout_ms!r}: must be a positive number of milliseconds")
+        tcs = self._coordinators()
+        if self.transaction_key is None:
+            meta = tcs.tc(tcs.pick()).new_transaction(timeout_ms, owner=self.owner, properties=properties)
+            return Transaction(self, meta)
+        tc_id = self._key_tc()
+        keys = tcs.keys(tc_id)
+        current = keys.current_epoch(self.owner, self.transaction_key)
+        if current != self.epoch:
+            raise NotAllowedError(
+                f"transaction key {self.transaction_key!r} (owner {self.owner!r}) is at epoch {current}, this client "
+                f"holds epoch {self.epoch}: a newer client claimed the key, so this one may not begin transactions")
+        meta = tcs.tc(tc_id).new_transaction(timeout_ms, owner=self.owner, transaction_key=self.transaction_key,
+                                             epoch=self.epoch, properties=properties)
+        try:
+            earlier = keys.attach(self.owner, self.transaction_key, self.epoch, meta.txn_id)
+        except NotAllowedError:
+            self._abort_all([meta.txn_id], f"fenced: transaction key {self.transaction_key!r} moved to a newer epoch")
+            raise
+        # One active transaction per key: an earlier one still open is superseded.
+        self._abort_all(earlier, f"fenced: superseded by {meta.txn_id} of the same transaction key")
+        return Transaction(self, meta)
 
     def __repr__(self) -> str:
         return f"Client({self.root!r})"

@@ -109,7 +109,9 @@ class Producer:
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
-        for key in list(self._queues):
+        # Iterate over the flush locks, not the queues: a batch the timer thread already popped is
+        # no longer queued, and taking its lock is what waits for that append to finish.
+        for key in list(self._flush_locks):
             self._flush_queue(key)
         if self._errors:
             err, self._errors = self._errors[0], []
@@ -144,12 +146,15 @@ class Producer:
             raise InvalidConfiguration("properties must map str to str")
         if txn is not None:
             txn._check_usable()
+            txn._attach_producer(self)
         with self._lock:
             if sequence_id is None:
                 sequence_id = self._last_seq + 1
             self._last_seq = max(self._last_seq, sequence_id)
-            part = (partition_for_key(partition_key, len(self._partitions)) if partition_key is not None
-                    else self._router.next())
+            idx = (partition_for_key(partition_key, len(self._partitions)) if partition_key is not None
+                   else self._router.next())
+            # A producer on one "-partition-i" name routes everything to that partition's index.
+            part = self._partitions[idx].partition
             p = _Pending(bytes(content), partition_key, properties, event_timestamp, sequence_id, callback, sync)
             p.partition = part  # type: ignore[attr-defined]
             key = (part, txn)
@@ -229,7 +234,20 @@ class Producer:
             for key in due:
                 self._flush_queue(key)
 
+    def discard_transaction(self, txn: Any) -> None:
+        """Drop what is still queued under an aborting transaction: it would never be visible."""
+        with self._lock:
+            keys = [k for k in self._queues if k[1] is txn]
+            dropped = [p for k in keys for p in self._queues.pop(k)]
+            for k in keys:
+                self._first_enqueued.pop(k, None)
+        if dropped:
+            from pulsartx.exceptions import InvalidTxnStatusError
+
+            self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"))
+            self._errors.clear()
+
     def flush_transaction(self, txn: Any) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first)."""
-        for key in [k for k in list(self._queues) if k[1] is txn]:
+        for key in [k for k in list(self._flush_locks) if k[1] is txn]:
             self._flush_queue(key)

@@ -15,8 +15,9 @@ def java_string_hash(key: str) -> int:
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:
-    """Pulsar's ``signSafeMod(hash(key), n)``: the same key always lands on the same partition."""
-    return java_string_hash(key) % num_partitions
+    """Pulsar's ``signSafeMod(JavaStringHash.makeHash(key), n)``, where ``makeHash`` is
+    ``hashCode() & Integer.MAX_VALUE``: the same key always lands on the same partition."""
+    return (java_string_hash(key) & 0x7FFFFFFF) % num_partitions
 
 
 class RoundRobin:

@@ -124,17 +124,21 @@ class PartitionLog:
         return self.root.exists(*self.segments, "_delta_log", f"{0:020d}.json")
 
     # ---- append --------------------------------------------------------------------------------
-    def append(self, records: pa.Table, producer_name: str | None = None) -> AppendResult:
+    def append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None) -> AppendResult:
         """Append ``records`` (from :func:`build_records`) as one Delta commit.
 
         With ``producer_name``, rows whose ``sequence_id`` is not above the producer's last
-        persisted one are dropped, atomically with the offset assignment.
+        persisted one are dropped, atomically with the offset assignment. With ``guard_app_id``, the
+        append happens at most once ever: if a commit already set that app id, nothing is written
+        and ``AppendResult.version`` is None (markers use this to be idempotent).
         """
         table = self._writer_table()
         seqs = records.column("sequence_id").to_pylist() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
         for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
             next_offset = delta.txn_version(table, OFFSET_APP_ID) or 0
+            if guard_app_id is not None and delta.txn_version(table, guard_app_id) is not None:
+                return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             keep = None
             if app_id is not None:
                 keep = new_message_mask(seqs, delta.txn_version(table, app_id))
@@ -146,6 +150,8 @@ class PartitionLog:
             apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
             if app_id is not None:
                 apps[app_id] = max(s for s, k in zip(seqs, keep, strict=True) if k)
+            if guard_app_id is not None:
+                apps[guard_app_id] = next_offset
             try:
                 delta.commit(table, RECORD_SCHEMA, adds=[add], app_transactions=apps)
             except delta.ConcurrentCommit:

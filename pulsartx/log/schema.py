@@ -45,3 +45,7 @@ RECORD_SCHEMA = pa.schema([
 # Columns with min/max statistics in every data file: the offset drives range reads,
 # publish_time drives time-travel reads.
 STATS_COLUMNS = ("offset", "publish_time", "sequence_id")
+
+# Table properties of every partition table. App ids (producer sequence ids, marker guards) idle for
+# a week expire, as Pulsar forgets an inactive producer's dedup state.
+PARTITION_TABLE_CONFIG = {"delta.setTransactionRetentionDuration": "interval 7 days"}

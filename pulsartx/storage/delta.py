@@ -137,7 +137,9 @@ def commit(table: Any, schema: pa.Schema, *, adds: list[Any] = (), removes: list
     dl = _deltalake()
     props = dl.CommitProperties(
         custom_metadata=dict(metadata) if metadata else None,
-        app_transactions=[dl.Transaction(k, int(v)) for k, v in (app_transactions or {}).items()] or None,
+        # last_updated lets delta.setTransactionRetentionDuration expire idle app ids (producers, markers).
+        app_transactions=[dl.Transaction(k, int(v), int(time.time() * 1000))
+                          for k, v in (app_transactions or {}).items()] or None,
         max_commit_retries=32,
     )
     try:

@@ -1,0 +1,127 @@
+"""Batch reads: the driver plans offset ranges and their files, executors read only those files.
+
+Planning opens each partition's Delta log once (``PartitionLog.refresh``) and puts the file list
+into the input partition, so executors never open a Delta log, never import deltalake, and read
+exactly the snapshot the driver saw even if producers keep appending. A partition with more than
+``maxEntriesPerPartition`` offsets in range is split into several input partitions; a partition
+with none still gets one (empty) input partition, so the task count is predictable.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from datasource.offsets import EARLIEST, LATEST, OffsetSpec
+from datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
+from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
+from datasource.topics import partitions_to_read
+from datasource.visibility import Visibility, plan_visibility, visible_records
+from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.log.index import DataFile
+from pulsartx.log.partition import PartitionLog, partition_segments, read_files
+from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
+
+# One executor read call covers at most this much of the range, so memory stays bounded by it
+# rather than by maxEntriesPerPartition, while thousands of tiny files still cost few calls.
+READ_GROUP_BYTES = 64 * 1024 * 1024
+READ_GROUP_RECORDS = 100_000
+
+
+@dataclass
+class OffsetRangePartition(InputPartition):
+    """Offsets ``[start, end)`` of one topic partition, with the files holding them."""
+
+    topic: str  # full topic name without the partition suffix, as __topic shows it
+    partition: int
+    segments: tuple[str, ...]
+    start: int
+    end: int
+    files: tuple[DataFile, ...]
+    visibility: Visibility
+
+
+def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, earliest: int,
+                  latest: int) -> tuple[int, int]:
+    """The offsets to read on one partition, clamped to what exists now. Offsets past the end are
+    clamped rather than waited for: a batch read is a snapshot."""
+    s, e = starting.for_partition(topic), ending.for_partition(topic)
+    if s >= 0 and e >= 0 and s > e:
+        raise InvalidConfiguration(
+            f"options {STARTING_OFFSETS}/{ENDING_OFFSETS}: partition {topic} starts at {s}, after its end {e}; "
+            "the start must not be after the end")
+    start = earliest if s == EARLIEST else latest if s == LATEST else s
+    end = latest if e == LATEST else earliest if e == EARLIEST else e
+    start = min(max(start, earliest), latest)
+    return start, min(max(end, start), latest)
+
+
+def split_range(start: int, end: int, max_entries: int) -> list[tuple[int, int]]:
+    if end <= start:
+        return [(start, start)]
+    return [(lo, min(lo + max_entries, end)) for lo in range(start, end, max_entries)]
+
+
+def plan_partitions(root: StorageRoot, opts: PulsarTxOptions) -> list[OffsetRangePartition]:
+    """Driver side: one or more offset-range input partitions per topic partition."""
+    assert opts.selection is not None
+    partitions = partitions_to_read(root, opts.selection)
+    opts.starting_offsets.check_against(partitions)
+    opts.ending_offsets.check_against(partitions)
+    planned: list[OffsetRangePartition] = []
+    for p in partitions:
+        assert p.partition is not None
+        plog = PartitionLog(root, p)
+        index = plog.refresh()
+        start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset,
+                                   index.end_offset)
+        visibility = plan_visibility(plog, opts.isolation_level)
+        for lo, hi in split_range(start, end, opts.max_entries_per_partition):
+            planned.append(OffsetRangePartition(str(p.base), p.partition, partition_segments(p), lo, hi,
+                                                tuple(index.files_for(lo, hi)), visibility))
+    return planned
+
+
+def file_groups(files: Sequence[DataFile]) -> Iterator[list[DataFile]]:
+    group: list[DataFile] = []
+    size = records = 0
+    for f in files:
+        if group and (size + f.size > READ_GROUP_BYTES or records + f.num_records > READ_GROUP_RECORDS):
+            yield group
+            group, size, records = [], 0, 0
+        group.append(f)
+        size += f.size
+        records += f.num_records
+    if group:
+        yield group
+
+
+def read_partition(root: StorageRoot, part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: raw records of the planned files → visible records → Spark rows."""
+    columns = tuple(dict.fromkeys((*RECORD_COLUMNS, *part.visibility.columns)))
+    for group in file_groups(part.files):
+        raw = read_files(root, part.segments, group, part.start, part.end, columns)
+        rows = visible_records(raw, part.visibility)
+        yield from spark_batches(to_spark_table(rows, part.topic, part.partition))
+
+
+class PulsarTxBatchReader(DataSourceReader):
+    # No pushFilters override: while spark.sql.python.filterPushdown.enabled is false (the default),
+    # merely defining it makes every read fail with DATA_SOURCE_PUSHDOWN_DISABLED.
+
+    def __init__(self, opts: PulsarTxOptions):
+        self.opts = opts
+        # A clean copy of the root travels to executors: no filesystem objects cached by planning.
+        self.root = dataclasses.replace(opts.root)
+
+    def partitions(self) -> list[InputPartition]:
+        return list(plan_partitions(dataclasses.replace(self.root), self.opts))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, OffsetRangePartition):
+            return iter(())  # pyspark substitutes InputPartition(None) for an empty plan
+        return read_partition(self.root, partition)

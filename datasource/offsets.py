@@ -1,0 +1,105 @@
+"""``startingOffsets`` / ``endingOffsets``: Spark's Kafka-source syntax over pulsartx partitions.
+
+Accepted forms: ``"earliest"``, ``"latest"``, or JSON ``{"<topic>": {"<partition>": <offset>}}``
+where ``-2`` means earliest and ``-1`` latest. Topic keys may use any accepted topic-name form
+(``t``, ``tenant/ns/t``, ``persistent://tenant/ns/t``); they are normalised to the full name, so
+two spellings of one topic in the same JSON are rejected as a duplicate. Partitions a JSON does
+not list read from the option's default (earliest for the start, latest for the end), which is
+friendlier than the Kafka source's "you must specify all partitions".
+
+Parsing here is purely syntactic, so it can run before any storage is touched; checking keys
+against real topics is :meth:`OffsetSpec.check_against`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
+from pulsartx.naming import TopicName
+
+EARLIEST = -2
+LATEST = -1
+_SHAPE = ('"earliest", "latest", or JSON per topic and partition like '
+          '{"public/default/my-topic":{"0":23,"1":-2}} (-2 = earliest, -1 = latest)')
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a read starts or ends on each partition: an explicit offset, or EARLIEST/LATEST."""
+
+    option: str
+    default: int
+    # full base topic name -> partition index -> offset (or EARLIEST/LATEST)
+    per_partition: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def for_partition(self, topic: TopicName) -> int:
+        assert topic.partition is not None
+        return self.per_partition.get(str(topic.base), {}).get(topic.partition, self.default)
+
+    def is_explicit(self, topic: TopicName) -> bool:
+        """True when the user gave a real offset (not earliest/latest) for this partition."""
+        return self.for_partition(topic) >= 0
+
+    def check_against(self, partitions: list[TopicName]) -> None:
+        """Every topic and partition the JSON names must be one the read covers: a typo in a key
+        would otherwise silently read from the default position."""
+        known: dict[str, set[int]] = {}
+        for p in partitions:
+            assert p.partition is not None
+            known.setdefault(str(p.base), set()).add(p.partition)
+        for topic, parts in self.per_partition.items():
+            if topic not in known:
+                raise InvalidConfiguration(
+                    f"option {self.option}: topic {topic!r} is not one of the topics this read covers "
+                    f"({', '.join(sorted(known)) or 'none'}); remove it or add it to the topic/topics/topicsPattern option")
+            missing = sorted(set(parts) - known[topic])
+            if missing:
+                raise InvalidConfiguration(
+                    f"option {self.option}: topic {topic} has no partition {missing[0]} in this read "
+                    f"(partitions read: {sorted(known[topic])}); fix the partition number")
+
+
+def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
+    """Parse one offsets option; errors name the option and show the expected shape."""
+    if raw is None:
+        return OffsetSpec(option, default)
+    text = raw.strip()
+    if text.lower() == "earliest":
+        return OffsetSpec(option, EARLIEST)
+    if text.lower() == "latest":
+        return OffsetSpec(option, LATEST)
+
+    def bad(why: str) -> InvalidConfiguration:
+        return InvalidConfiguration(f"option {option}={raw!r} is invalid: {why}; expected {_SHAPE}")
+
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad(f"not valid JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(doc, dict):
+        raise bad(f"the JSON is a {type(doc).__name__}, not an object of topics")
+    out: dict[str, dict[int, int]] = {}
+    for key, parts in doc.items():
+        try:
+            topic = TopicName.parse(key)
+        except InvalidTopicName as e:
+            raise bad(f"topic key {key!r} is not a topic name ({e})") from None
+        if topic.partition is not None:
+            raise bad(f"topic key {key!r} names a partition; use the topic name {topic.base.short!r} "
+                      "and put the partition number in the inner object")
+        name = str(topic)
+        if name in out:
+            raise bad(f"topic {name} appears twice (under different spellings)")
+        if not isinstance(parts, dict):
+            raise bad(f"the value for topic {key!r} must be an object of partition -> offset")
+        offsets: dict[int, int] = {}
+        for pkey, off in parts.items():
+            if not (isinstance(pkey, str) and pkey.isascii() and pkey.isdigit()):
+                raise bad(f"partition key {pkey!r} of topic {key!r} is not a non-negative integer")
+            if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
+                raise bad(f"offset {off!r} for {key!r} partition {pkey} must be an integer >= 0, "
+                          "or -2 (earliest) / -1 (latest)")
+            offsets[int(pkey)] = off
+        out[name] = offsets
+    return OffsetSpec(option, default, out)

@@ -1,0 +1,171 @@
+"""The one parser for ``spark.read/readStream/write.format("pulsartx")`` options.
+
+Option names follow Spark's Kafka source and the pulsar-spark connector. Spark hands them over as
+a case-insensitive mapping with lowercased keys and string values; every error names the option as
+users write it (``topicsPattern``, not ``topicspattern``) and says what to write instead.
+
+Parsing is syntactic and never touches storage, so it can run anywhere; resolving topics against
+the storage root is :mod:`datasource.topics`. Batch write and streaming reuse :func:`parse_options`
+(with ``require_topic=False`` where a ``topic`` column may stand in for the option).
+
+The storage root is resolved here, in the driver-side planner worker, to an absolute path or URL,
+and executors only ever receive that resolved value. ``spark.pulsartx.service.url`` cannot be
+honoured: pyspark's Python workers receive neither the Spark conf nor the SQL conf (only a
+hand-picked list of runtime settings), and ``PythonDataSourceV2`` does not implement
+``SessionConfigSupport``, so ``spark.datasource.pulsartx.*`` is not forwarded as options either.
+The fallbacks are therefore the ``PULSARTX_SERVICE_URL`` environment variable as seen by the
+driver's Python workers (set it before the SparkSession starts, or through
+``spark.executorEnv.PULSARTX_SERVICE_URL``, which reaches them), then ``./pulsartx-data`` relative to
+the driver's working directory.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets
+from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
+from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
+
+SERVICE_URL = "service.url"
+TOPIC = "topic"
+TOPICS = "topics"
+TOPICS_PATTERN = "topicsPattern"
+PATH = "path"
+STARTING_OFFSETS = "startingOffsets"
+ENDING_OFFSETS = "endingOffsets"
+ISOLATION_LEVEL = "isolationLevel"
+MAX_ENTRIES_PER_PARTITION = "maxEntriesPerPartition"
+STORAGE_PREFIX = "pulsartx.storage."
+
+ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
+DEFAULT_MAX_ENTRIES_PER_PARTITION = 500_000
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """Which topics a query names: exactly one of the three options (``path`` counts as ``topic``)."""
+
+    option: str  # TOPIC, TOPICS or TOPICS_PATTERN, as users spell it
+    topics: tuple[TopicName, ...] = ()
+    pattern: str | None = None
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return f"{TOPICS_PATTERN}={self.pattern!r}"
+        return f"{self.option}={','.join(str(t) for t in self.topics)!r}"
+
+
+@dataclass(frozen=True)
+class PulsarTxOptions:
+    """Everything the options say, validated. Picklable: it travels inside readers to executors."""
+
+    root: StorageRoot
+    selection: TopicSelection | None
+    starting_offsets: OffsetSpec
+    ending_offsets: OffsetSpec
+    isolation_level: str
+    max_entries_per_partition: int
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    # Spark already lowercases; plain dicts from tests or other callers may not.
+    return {str(k).lower(): str(v) for k, v in options.items()}
+
+
+def storage_options(options: Mapping[str, str]) -> dict[str, str]:
+    """``pulsartx.storage.<KEY>`` entries as ``{KEY: value}``. Spark lowercased the keys; upper-casing
+    them gives the canonical form of object_store/delta-rs keys (``AWS_ACCESS_KEY_ID``), which are
+    matched case-insensitively anyway."""
+    return {k[len(STORAGE_PREFIX):].upper(): v for k, v in _lower(options).items()
+            if k.startswith(STORAGE_PREFIX) and len(k) > len(STORAGE_PREFIX)}
+
+
+def resolve_root(options: Mapping[str, str]) -> StorageRoot:
+    opts = _lower(options)
+    url = opts.get(SERVICE_URL)
+    if url is not None and not url.strip():
+        raise InvalidConfiguration(f"option {SERVICE_URL} is empty: give the storage root, e.g. /data/pulsartx or "
+                                   "s3://bucket/prefix, or leave it out to use $PULSARTX_SERVICE_URL")
+    try:
+        return StorageRoot.resolve(url, storage_options(opts))
+    except InvalidConfiguration as e:
+        raise InvalidConfiguration(f"option {SERVICE_URL}: {e}") from None
+
+
+def _parse_topic(option: str, name: str) -> TopicName:
+    try:
+        return TopicName.parse(name.strip())
+    except InvalidTopicName as e:
+        raise InvalidConfiguration(f"option {option}: {e}") from None
+
+
+def parse_selection(options: Mapping[str, str], *, required: bool = True) -> TopicSelection | None:
+    opts = _lower(options)
+    given = [(name, opts[name.lower()]) for name in (TOPIC, TOPICS, TOPICS_PATTERN) if name.lower() in opts]
+    if PATH in opts:
+        given.append((f"{TOPIC} (the load()/save() path)", opts[PATH]))
+    choices = f"{TOPIC}, {TOPICS} or {TOPICS_PATTERN}"
+    if len(given) > 1:
+        raise InvalidConfiguration(
+            f"options {' and '.join(n for n, _ in given)} were all given: set exactly one of {choices} "
+            "(a load(path) argument counts as topic)")
+    if not given:
+        if not required:
+            return None
+        raise InvalidConfiguration(
+            f"no topic given: set exactly one of the options {choices}, e.g. "
+            f'.option("{TOPIC}", "my-topic"), .option("{TOPICS}", "a,b") or .option("{TOPICS_PATTERN}", "public/default/t-.*"), '
+            "or pass the topic to load()")
+    option, value = given[0]
+    if option == TOPICS_PATTERN:
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise InvalidConfiguration(f"option {TOPICS_PATTERN}={value!r} is not a valid regular expression: {e}") from None
+        return TopicSelection(TOPICS_PATTERN, pattern=value)
+    if option == TOPICS:
+        names = value.split(",")
+        if any(not n.strip() for n in names):
+            raise InvalidConfiguration(f"option {TOPICS}={value!r} has an empty entry: give comma-separated topic names")
+        topics = tuple(dict.fromkeys(_parse_topic(TOPICS, n) for n in names))
+        return TopicSelection(TOPICS, topics)
+    if not value.strip():
+        raise InvalidConfiguration(f"option {TOPIC} is empty: give a topic name such as 'my-topic'")
+    return TopicSelection(TOPIC, (_parse_topic(TOPIC, value),))
+
+
+def parse_isolation(options: Mapping[str, str]) -> str:
+    raw = _lower(options).get(ISOLATION_LEVEL.lower(), ISOLATION_LEVELS[0])
+    level = raw.strip().upper()
+    if level not in ISOLATION_LEVELS:
+        raise InvalidConfiguration(f"option {ISOLATION_LEVEL}={raw!r} is invalid: use {' or '.join(ISOLATION_LEVELS)}")
+    return level
+
+
+def parse_positive_int(options: Mapping[str, str], option: str, default: int) -> int:
+    raw = _lower(options).get(option.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: give a positive integer")
+    return value
+
+
+def parse_options(options: Mapping[str, str], *, require_topic: bool = True) -> PulsarTxOptions:
+    """Validate every option at once, so a bad one fails at ``load()`` rather than in a task."""
+    opts = _lower(options)
+    return PulsarTxOptions(
+        root=resolve_root(opts),
+        selection=parse_selection(opts, required=require_topic),
+        starting_offsets=parse_offsets(STARTING_OFFSETS, opts.get(STARTING_OFFSETS.lower()), EARLIEST),
+        ending_offsets=parse_offsets(ENDING_OFFSETS, opts.get(ENDING_OFFSETS.lower()), LATEST),
+        isolation_level=parse_isolation(opts),
+        max_entries_per_partition=parse_positive_int(opts, MAX_ENTRIES_PER_PARTITION, DEFAULT_MAX_ENTRIES_PER_PARTITION),
+    )

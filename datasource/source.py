@@ -1,0 +1,65 @@
+"""``PulsarTxDataSource``: the class Spark instantiates for ``format("pulsartx")``.
+
+Module-level imports stay light (pyspark only): the discovery shim imports this module in every
+session's data-source lookup. Everything that touches storage is imported inside the methods,
+which run in the driver's planner workers and in executors.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from datasource.schema import SPARK_SCHEMA
+
+if TYPE_CHECKING:
+    from datasource.options import PulsarTxOptions
+
+SOURCE_NAME = "pulsartx"
+
+
+def check_schema(schema: StructType) -> None:
+    """Rows always have the fixed topic schema (like the Kafka source's), so a user-supplied schema
+    can only restate it; anything else would fail later with an opaque Arrow mismatch."""
+    def shape(s: StructType) -> list[tuple[str, object, bool]]:
+        return [(f.name, f.dataType, f.nullable) for f in s.fields]
+
+    if shape(schema) != shape(SPARK_SCHEMA):
+        from pulsartx.exceptions import InvalidConfiguration
+
+        raise InvalidConfiguration(
+            f"the pulsartx source has a fixed schema and cannot read with .schema({schema.simpleString()}): "
+            f"drop the .schema() call (the schema is {SPARK_SCHEMA.simpleString()}) and select or cast columns instead")
+
+
+class PulsarTxDataSource(DataSource):
+    """Apache Pulsar-style topics on Delta tables, read with Kafka-source-style options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def _read_options(self) -> PulsarTxOptions:
+        from datasource.options import parse_options
+
+        return parse_options(self.options)
+
+    def schema(self) -> StructType:
+        # Validate here: schema() runs at load(), so bad options and unknown topics fail right
+        # away as an AnalysisException instead of at the first action.
+        from datasource.topics import selected_topics
+
+        opts = self._read_options()
+        assert opts.selection is not None
+        selected_topics(opts.root, opts.selection)
+        return SPARK_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from datasource.batch_reader import PulsarTxBatchReader
+
+        check_schema(schema)
+
+        # Parsed again rather than cached from schema(): with a user-supplied schema, schema() is
+        # never called, and this is still the driver, where the storage root must be resolved.
+        return PulsarTxBatchReader(self._read_options())

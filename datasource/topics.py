@@ -1,0 +1,55 @@
+"""Turn a :class:`~datasource.options.TopicSelection` into the partitions to read.
+
+Runs on the driver (planner workers) only: it reads topic metadata from the storage root.
+"""
+from __future__ import annotations
+
+import re
+
+from datasource.options import TopicSelection
+from pulsartx.admin.topics import TopicsAdmin
+from pulsartx.exceptions import TopicNotFound
+from pulsartx.naming import DEFAULT_NAMESPACE, DEFAULT_TENANT, TopicName
+from pulsartx.storage.root import StorageRoot
+
+
+def pattern_matches(pattern: re.Pattern[str], topic: TopicName) -> bool:
+    """A pattern selects a topic when it fully matches any accepted spelling of its name: the full
+    ``persistent://`` name, ``tenant/ns/topic``, or (only in public/default, where it is a valid
+    name on its own) the bare topic name."""
+    names = [str(topic), topic.short]
+    if (topic.tenant, topic.namespace) == (DEFAULT_TENANT, DEFAULT_NAMESPACE):
+        names.append(topic.local_name)
+    return any(pattern.fullmatch(n) for n in names)
+
+
+def selected_topics(root: StorageRoot, selection: TopicSelection) -> list[TopicName]:
+    """The topics (or single partitions) named, in a stable order. Unknown names fail here with
+    the name and how to create it; a pattern that matches nothing is an empty read, as in Kafka's
+    ``subscribePattern`` (streaming relies on that to pick topics up once they exist)."""
+    admin = TopicsAdmin(root)
+    if selection.pattern is not None:
+        rx = re.compile(selection.pattern)
+        return [t for t in (TopicName.parse(n) for n in admin.list_topics()) if pattern_matches(rx, t)]
+    for t in selection.topics:
+        try:
+            admin.get_partitions(str(t))
+        except TopicNotFound as e:
+            if t.partition is not None and str(t.base) in admin.list_topics(t.namespace_name):
+                raise TopicNotFound(f"option {selection.option}: {e}") from None  # the partition index is too high
+            raise TopicNotFound(
+                f"option {selection.option}: topic {t.base} does not exist under {root.url}: create it first with "
+                f"pulsartx.Client(service_url).admin.create_topic({t.base.short!r}, partitions=N) or "
+                f"`pulsartx topics create {t.base.short}`, or check the service.url option") from None
+    return list(selection.topics)
+
+
+def partitions_to_read(root: StorageRoot, selection: TopicSelection) -> list[TopicName]:
+    """Every partition to read, each once, even if two names overlap (``t`` and ``t-partition-0``)."""
+    admin = TopicsAdmin(root)
+    out: dict[TopicName, None] = {}
+    for t in selected_topics(root, selection):
+        for p in admin.partitions_of(t):
+            out[p] = None
+    return list(out)
+

@@ -1,0 +1,100 @@
+"""``client.admin.transactions``: mirrors ``pulsar-admin transactions``."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from pulsartx.coordinator.keys import full_key
+from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidConfiguration
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+
+
+def meta_dict(m: TxnMeta, now_ms: int | None = None) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return {
+        "txn_id": str(m.txn_id), "coordinator_id": m.txn_id.most_bits, "status": m.status.value,
+        "open_duration_ms": now_ms - m.start_ms, "timeout_ms": m.timeout_ms, "start_time_ms": m.start_ms,
+        "last_modification_time_ms": m.last_modified_ms, "partitions": sorted(m.partitions),
+        "subscriptions": sorted(str(s) for s in m.subscriptions), "owner": m.owner,
+        "transaction_key": m.transaction_key, "epoch": m.epoch, "reason": m.reason,
+        "commit_entries": None if m.commit_entries is None else [list(e) for e in m.commit_entries],
+        "properties": dict(m.properties),
+    }
+
+
+class TransactionsAdmin:
+    def __init__(self, client: Client):
+        self.client = client
+
+    def _tcs(self):
+        return self.client._coordinators()
+
+    def get_coordinator_stats(self) -> list[dict[str, Any]]:
+        """Per TC: open/committing/aborting counts, the TxnID counter and the log's size."""
+        out = []
+        for tc in self._tcs().all():
+            metas = tc.transactions()
+            by = {s: sum(1 for m in metas if m.status is s) for s in TxnStatus}
+            out.append({"coordinator_id": tc.tc_id, "state": "Ready", "ongoing_txn_size": by[TxnStatus.OPEN],
+                        "committing": by[TxnStatus.COMMITTING], "aborting": by[TxnStatus.ABORTING],
+                        "recently_committed": by[TxnStatus.COMMITTED], "recently_aborted": by[TxnStatus.ABORTED],
+                        "low_water_mark": tc.txlog.counter, "log_version": tc.txlog.log.version,
+                        "log_entries_since_snapshot": tc.txlog.log.files_since_compaction})
+        return out
+
+    def get_transaction_metadata(self, txn_id: TxnID | str) -> dict[str, Any]:
+        t = TxnID.parse(txn_id)
+        return meta_dict(self._tcs().for_txn(t).get(t, refresh=True))
+
+    def get_slow_transactions(self, timeout_ms: int) -> list[dict[str, Any]]:
+        """Transactions still unfinished after ``timeout_ms`` (Pulsar's ``slow-transactions``)."""
+        if not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise InvalidConfiguration(f"timeout_ms={timeout_ms!r}: must be a non-negative integer")
+        now = int(time.time() * 1000)
+        return [meta_dict(m, now) for tc in self._tcs().all() for m in tc.transactions()
+                if not m.status.is_final and now - m.start_ms >= timeout_ms]
+
+    def abort_transaction(self, txn_id: TxnID | str) -> dict[str, Any]:
+        """Admin override: abort whatever the owner, recorded in the TC log with reason 'admin abort'."""
+        t = TxnID.parse(txn_id)
+        meta = self._tcs().for_txn(t).end_transaction(t, TxnAction.ABORT, reason="admin abort", admin=True)
+        return meta_dict(meta)
+
+    def sweep(self, grace_ms: int | None = None) -> dict[str, int]:
+        """Run one expiration/recovery pass over every TC (what ``coordinator run`` does periodically)."""
+        total = {"timed_out": 0, "completed": 0, "failed": 0}
+        for tc in self._tcs().all():
+            r = tc.sweep(grace_ms=grace_ms)
+            total["timed_out"] += r.timed_out
+            total["completed"] += r.completed
+            total["failed"] += r.failed
+        return total
+
+    # ---- transaction keys ------------------------------------------------------------------------
+    def list_transaction_keys(self) -> list[dict[str, Any]]:
+        tcs = self._tcs()
+        return [dict(i.as_dict(), coordinator_id=tc_id) for tc_id in range(tcs.count) for i in tcs.keys(tc_id).list()]
+
+    def get_transaction_key(self, transaction_key: str, owner: str | None = None) -> dict[str, Any]:
+        tcs = self._tcs()
+        k = full_key(owner, transaction_key)
+        tc_id = tcs.pick(k)
+        for info in tcs.keys(tc_id).list():
+            if info.transaction_key == transaction_key and (info.owner or None) == owner:
+                return dict(info.as_dict(), coordinator_id=tc_id)
+        raise InvalidConfiguration(f"transaction key {transaction_key!r} (owner {owner!r}) does not exist")
+
+    def delete_transaction_key(self, transaction_key: str, owner: str | None = None) -> list[str]:
+        """Remove the key and abort its transactions; returns the aborted TxnIDs."""
+        tcs = self._tcs()
+        txns = tcs.keys(tcs.pick(full_key(owner, transaction_key))).delete(owner, transaction_key)
+        aborted = []
+        for t in txns:
+            m = tcs.for_txn(t).fence(t, f"fenced: transaction key {transaction_key!r} deleted")
+            if m.status is TxnStatus.ABORTED:
+                aborted.append(str(t))
+        return aborted

@@ -1,0 +1,162 @@
+"""Transaction: Pulsar's Java transaction API in Python form (pulsar-client for Python has none).
+
+``with client.new_transaction() as txn:`` commits on success and aborts on an exception.
+Messages sent and acks made with ``txn=`` become visible/effective atomically at commit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta, TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, TransactionConflict
+from pulsartx.naming import TopicName
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+    from pulsartx.log.partition import AppendResult
+
+log = logging.getLogger(__name__)
+
+
+class TransactionState(Enum):
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    ABORTING = "ABORTING"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+    ERROR = "ERROR"
+    TIME_OUT = "TIME_OUT"
+
+
+_FROM_STATUS = {TxnStatus.OPEN: TransactionState.OPEN, TxnStatus.COMMITTING: TransactionState.COMMITTING,
+                TxnStatus.ABORTING: TransactionState.ABORTING, TxnStatus.COMMITTED: TransactionState.COMMITTED,
+                TxnStatus.ABORTED: TransactionState.ABORTED}
+
+
+class Transaction:
+    def __init__(self, client: Client, meta: TxnMeta):
+        self._client = client
+        self.id: TxnID = meta.txn_id
+        self.timeout_ms = meta.timeout_ms
+        self.state = TransactionState.OPEN
+        self._partitions: set[str] = set()
+        self._subscriptions: set[Subscription] = set()
+        self._producers: list[Any] = []
+        self._entries: dict[str, list[tuple[int, int]]] = {}
+        self._conflict: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.id}, {self.state.value})"
+
+    @property
+    def txn_id(self) -> TxnID:
+        return self.id
+
+    # ---- used by producers and consumers --------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.state is TransactionState.TIME_OUT:
+            raise ExpiredTransactionError(f"transaction {self.id} timed out; begin a new transaction")
+        if self.state is not TransactionState.OPEN:
+            raise InvalidTxnStatusError(f"transaction {self.id} is {self.state.value}; only OPEN transactions accept "
+                                        "sends and acks")
+
+    def _tc(self):
+        return self._client._coordinators().for_txn(self.id)
+
+    def _register_partitions(self, partitions: set[str]) -> None:
+        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish."""
+        with self._lock:
+            new = partitions - self._partitions
+        if new:
+            self._call(lambda: self._tc().add_partitions(self.id, new))
+            with self._lock:
+                self._partitions |= new
+
+    def _register_subscription(self, sub: Subscription) -> None:
+        with self._lock:
+            known = sub in self._subscriptions
+        if not known:
+            self._call(lambda: self._tc().add_subscriptions(self.id, [sub]))
+            with self._lock:
+                self._subscriptions.add(sub)
+
+    def _call(self, fn):
+        try:
+            return fn()
+        except ExpiredTransactionError as e:
+            self.state = TransactionState.TIME_OUT if "timed out" in str(e) or "timeout" in str(e) else TransactionState.ABORTED
+            raise
+
+    def _before_append(self, partition: TopicName) -> tuple[int, int]:
+        self._check_usable()
+        self._register_partitions({str(partition)})
+        return self.id.as_tuple()
+
+    def _after_append(self, partition: TopicName, result: AppendResult) -> None:
+        with self._lock:
+            self._entries.setdefault(str(partition), []).extend(result.entries)
+
+    def _attach_producer(self, producer: Any) -> None:
+        with self._lock:
+            if producer not in self._producers:
+                self._producers.append(producer)
+
+    def _mark_conflict(self, exc: BaseException) -> None:
+        self._conflict = exc
+
+    # ---- public API -----------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Flush what this transaction buffered, then commit it everywhere at once."""
+        self._check_usable()
+        try:
+            for p in list(self._producers):
+                p.flush_transaction(self)
+        except Exception:
+            self.state = TransactionState.ERROR
+            self.abort()
+            raise
+        if self._conflict is not None:
+            err = self._conflict
+            self.abort()
+            raise TransactionConflict(f"transaction {self.id} cannot commit: an acknowledgement in it conflicted "
+                                      f"({err}); it was aborted") from err
+        self._end(TxnAction.COMMIT)
+
+    def abort(self) -> None:
+        if self.state in (TransactionState.ABORTED,):
+            return
+        for p in list(self._producers):
+            p.discard_transaction(self)
+        self._end(TxnAction.ABORT)
+
+    def _end(self, action: TxnAction) -> None:
+        self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
+        try:
+            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner)
+        except ExpiredTransactionError as e:
+            self.state = TransactionState.TIME_OUT if "timed out" in str(e) or "timeout" in str(e) else TransactionState.ABORTED
+            raise
+        except InvalidTxnStatusError:
+            self.state = _FROM_STATUS.get(self._tc().get(self.id, refresh=True).status, TransactionState.ERROR)
+            raise
+        except Exception:
+            self.state = TransactionState.ERROR
+            raise
+        self.state = _FROM_STATUS[meta.status]
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        elif self.state is TransactionState.OPEN:
+            try:
+                self.abort()
+            except Exception as e:  # the original exception matters more
+                log.warning("abort of %s after %s failed: %s", self.id, exc_type.__name__, e)

@@ -1,0 +1,284 @@
+"""The transaction coordinator (TC): PIP-31's request processing, expiration and recovery.
+
+There is no broker. A TC is a role any process plays against a TC log in storage, and several may
+play the same TC at once: every status change is a compare-and-set on the log (``tclog``), so e.g. a
+timeout sweeper and a committing client race and exactly one wins. Once COMMITTING/ABORTING is
+durable the outcome is decided; whoever plays the TC next rolls it forward (``recover``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from pulsartx.coordinator.participants import end_on_participants
+from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
+from pulsartx.coordinator.tclog import TransactionLog
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import (
+    ExpiredTransactionError,
+    InvalidTxnStatusError,
+    NotAllowedError,
+    StorageError,
+    TransactionNotFound,
+)
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+MAX_CAS_ATTEMPTS = 500
+REASON_TIMEOUT = "timed out"
+REASON_FENCED = "fenced"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class CoordinatorConfig:
+    compact_every: int = 200
+    finished_retention_ms: int = 300_000
+    # A COMMITTING/ABORTING transaction untouched this long is finished by whoever sweeps; a live
+    # TC is normally still writing its markers before that.
+    recovery_grace_ms: int = 5_000
+
+
+@dataclass
+class SweepResult:
+    timed_out: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class TransactionCoordinator:
+    def __init__(self, root: StorageRoot, tc_id: int, config: CoordinatorConfig | None = None):
+        self.root = root
+        self.tc_id = tc_id
+        self.config = config or CoordinatorConfig()
+        self.txlog = TransactionLog(root, tc_id, self.config.compact_every, self.config.finished_retention_ms)
+        self._lock = threading.RLock()
+        self._opened = False
+        self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
+
+    def open(self, recover: bool = True) -> TransactionCoordinator:
+        with self._lock:
+            if not self._opened:
+                self.txlog.open()
+                self._opened = True
+        if recover:
+            # Opportunistic recovery: anyone who opens a TC finishes what a dead one left behind.
+            self.sweep()
+        return self
+
+    # ---- CAS plumbing -----------------------------------------------------------------------------
+    def _cas(self, txn_id: TxnID, prepare: Callable[[TxnMeta], tuple[TxnMeta, MetadataOp] | None]) -> TxnMeta:
+        """Read-validate-write loop: ``prepare`` sees the latest durable metadata and returns the new
+        metadata to log (or None for "nothing to do"); on a lost race we re-read and re-validate."""
+        with self._lock:
+            for attempt in range(MAX_CAS_ATTEMPTS):
+                meta = self._require(txn_id)
+                prepared = prepare(meta)
+                if prepared is None:
+                    return meta
+                new, op = prepared
+                try:
+                    self.txlog.write(new, op, meta.status)
+                except delta.ConcurrentCommit:
+                    delta.backoff(attempt)
+                    self.txlog.refresh()
+                    continue
+                if self.on_event:
+                    self.on_event("append", new)
+                self._maybe_compact()
+                return new
+        raise StorageError(f"TC {self.tc_id}: could not update {txn_id} after {MAX_CAS_ATTEMPTS} concurrent conflicts")
+
+    def _require(self, txn_id: TxnID) -> TxnMeta:
+        if txn_id.most_bits != self.tc_id:
+            raise TransactionNotFound(f"transaction {txn_id} does not belong to TC {self.tc_id}")
+        meta = self.txlog.get(txn_id.least_bits)
+        if meta is None:
+            self.txlog.refresh()
+            meta = self.txlog.get(txn_id.least_bits)
+        if meta is None:
+            if txn_id.least_bits <= self.txlog.counter:
+                raise TransactionNotFound(
+                    f"transaction {txn_id} has finished and its metadata was trimmed from TC {self.tc_id}")
+            raise TransactionNotFound(f"transaction {txn_id} was never issued by TC {self.tc_id}")
+        return meta
+
+    def _maybe_compact(self) -> None:
+        try:
+            self.txlog.maybe_compact(now_ms())
+        except Exception as e:  # compaction is an optimisation; the log stays correct without it
+            log.warning("TC %d log compaction failed: %s", self.tc_id, e)
+
+    # ---- requests (PIP-31 "TC Request Processing") -----------------------------------------------
+    def new_transaction(self, timeout_ms: int, owner: str | None = None, transaction_key: str | None = None,
+                        epoch: int | None = None, properties: dict[str, str] | None = None) -> TxnMeta:
+        with self._lock:
+            for attempt in range(MAX_CAS_ATTEMPTS):
+                t = now_ms()
+                meta = TxnMeta(TxnID(self.tc_id, self.txlog.counter + 1), TxnStatus.OPEN, int(timeout_ms), t, t,
+                               owner=owner, transaction_key=transaction_key, epoch=epoch, properties=dict(properties or {}))
+                try:
+                    self.txlog.write_new(meta)
+                except delta.ConcurrentCommit:
+                    delta.backoff(attempt)
+                    self.txlog.refresh()
+                    continue
+                if self.on_event:
+                    self.on_event("created", meta)
+                self._maybe_compact()
+                return meta
+        raise StorageError(f"TC {self.tc_id}: could not allocate a TxnID after {MAX_CAS_ATTEMPTS} conflicts")
+
+    def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
+        with self._lock:
+            if refresh:
+                self.txlog.refresh()
+            return self._require(txn_id)
+
+    def add_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> TxnMeta:
+        parts = set(partitions)
+
+        def prepare(meta: TxnMeta):
+            _check_usable(meta)
+            if parts <= meta.partitions:
+                return None  # set semantics: a repeat is a no-op
+            return meta.with_partitions(parts, now_ms()), MetadataOp.ADD_PARTITION
+
+        return self._cas(txn_id, prepare)
+
+    def add_subscriptions(self, txn_id: TxnID, subscriptions: Iterable[Subscription]) -> TxnMeta:
+        subs = set(subscriptions)
+
+        def prepare(meta: TxnMeta):
+            _check_usable(meta)
+            if subs <= meta.subscriptions:
+                return None
+            return meta.with_subscriptions(subs, now_ms()), MetadataOp.ADD_SUBSCRIPTION
+
+        return self._cas(txn_id, prepare)
+
+    def end_transaction(self, txn_id: TxnID, action: TxnAction, *, commit_entries=None, reason: str | None = None,
+                        owner: str | None = None, admin: bool = False,
+                        before_participants: Callable[[TxnMeta], None] | None = None) -> TxnMeta:
+        """Log COMMITTING/ABORTING (the decision), apply it on every participant in parallel, then
+        log COMMITTED/ABORTED. Repeating the same action is safe; the opposite one is refused."""
+
+        def decide(meta: TxnMeta):
+            if not admin and owner is not None and meta.owner is not None and owner != meta.owner:
+                raise NotAllowedError(f"transaction {txn_id} belongs to owner {meta.owner!r}, not {owner!r}: "
+                                      "only its owner (or an admin abort) may end it")
+            if meta.status is TxnStatus.OPEN and action is TxnAction.COMMIT and meta.expired(now_ms()):
+                raise _expired(meta, "it passed its timeout")
+            try:
+                proceed = end_request(meta, action)
+            except InvalidTxnStatusError:
+                if meta.reason and (meta.reason.startswith(REASON_FENCED) or meta.reason.startswith(REASON_TIMEOUT)):
+                    raise _expired(meta, meta.reason) from None
+                raise
+            if not proceed:
+                return None
+            changes = {}
+            if action is TxnAction.COMMIT and commit_entries is not None:
+                changes["commit_entries"] = tuple((str(p), int(a), int(b)) for p, a, b in commit_entries)
+            return meta.transition(action.ending_status, now_ms(), reason, **changes), MetadataOp.UPDATE
+
+        meta = self._cas(txn_id, decide)
+        if meta.status.is_final:
+            return meta
+        if before_participants is not None:
+            before_participants(meta)
+        return self._complete(meta)
+
+    def _complete(self, meta: TxnMeta) -> TxnMeta:
+        """Roll a decided transaction forward: participants, then the final status."""
+        action = TxnAction.COMMIT if meta.status is TxnStatus.COMMITTING else TxnAction.ABORT
+        failures = end_on_participants(self.root, meta, action)
+        if failures:
+            return meta  # stays decided; recovery retries (PIP-31's TransactionOpRetryTimer)
+
+        def finish(m: TxnMeta):
+            if m.status.is_final:
+                return None
+            return m.transition(action.final_status, now_ms()), MetadataOp.UPDATE
+
+        final = self._cas(meta.txn_id, finish)
+        if self.on_event:
+            self.on_event(final.status.value.lower(), final)
+        return final
+
+    # ---- expiration and recovery ---------------------------------------------------------------
+    def sweep(self, now: int | None = None, grace_ms: int | None = None) -> SweepResult:
+        """Abort expired OPEN transactions and finish COMMITTING/ABORTING ones (PIP-31
+        "TC Transaction Expiration"). Safe to run from any number of processes at once."""
+        now = now_ms() if now is None else now
+        grace = self.config.recovery_grace_ms if grace_ms is None else grace_ms
+        res = SweepResult()
+        with self._lock:
+            self.txlog.refresh()
+            metas = self.txlog.all()
+        for meta in metas:
+            try:
+                if meta.expired(now):
+                    self.abort_expired(meta.txn_id)
+                    res.timed_out += 1
+                elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) and now - meta.last_modified_ms >= grace:
+                    if not self._complete(self.get(meta.txn_id)).status.is_final:
+                        res.failed += 1
+                    else:
+                        res.completed += 1
+            except (InvalidTxnStatusError, TransactionNotFound):
+                continue  # someone else moved it on first
+            except Exception as e:
+                res.failed += 1
+                log.warning("TC %d sweep: %s failed: %s", self.tc_id, meta.txn_id, e)
+        return res
+
+    def abort_expired(self, txn_id: TxnID) -> TxnMeta:
+        """Abort an OPEN transaction past its timeout (sweeper or reader-side resolution)."""
+        def decide(meta: TxnMeta):
+            if meta.status is not TxnStatus.OPEN or not meta.expired(now_ms()):
+                return None
+            return meta.transition(TxnStatus.ABORTING, now_ms(), REASON_TIMEOUT), MetadataOp.UPDATE
+
+        meta = self._cas(txn_id, decide)
+        if meta.status is TxnStatus.ABORTING:
+            if self.on_event and meta.reason == REASON_TIMEOUT:
+                self.on_event("timeout", meta)
+            return self._complete(meta)
+        return meta
+
+    def fence(self, txn_id: TxnID, reason: str) -> TxnMeta:
+        """Abort an OPEN transaction because its transaction key moved to a newer epoch."""
+        def decide(meta: TxnMeta):
+            if meta.status is not TxnStatus.OPEN:
+                return None
+            return meta.transition(TxnStatus.ABORTING, now_ms(), reason), MetadataOp.UPDATE
+
+        meta = self._cas(txn_id, decide)
+        return self._complete(meta) if meta.status is TxnStatus.ABORTING else meta
+
+    def transactions(self, refresh: bool = True) -> list[TxnMeta]:
+        with self._lock:
+            if refresh:
+                self.txlog.refresh()
+            return self.txlog.all()
+
+
+def _expired(meta: TxnMeta, why: str) -> ExpiredTransactionError:
+    return ExpiredTransactionError(f"transaction {meta.txn_id} is expired: {why}; begin a new transaction")
+
+
+def _check_usable(meta: TxnMeta) -> None:
+    """Send/ack on a transaction: a fenced or timed-out one raises ExpiredTransactionError."""
+    if meta.status is not TxnStatus.OPEN and meta.reason and (
+            meta.reason.startswith(REASON_FENCED) or meta.reason.startswith(REASON_TIMEOUT)):
+        raise _expired(meta, meta.reason)
+    if meta.status is TxnStatus.OPEN and meta.expired(now_ms()):
+        raise _expired(meta, "it passed its timeout")

@@ -1,0 +1,146 @@
+"""Transaction keys and connection epochs (the fencing proposal, seed 001).
+
+For each ``owner&key`` the responsible TC keeps (epoch, transactions of that epoch) in its own
+KeyedLog table, not in the TC log, because finished TC-log entries are trimmed. Constructing a
+Client with a key is the proposal's "connection": it bumps the epoch (a CAS on the key row) and
+aborts the previous epoch's open transaction. A transaction is attached to its key with a CAS that
+requires the epoch to be unchanged, so either the new epoch's claim sees it and aborts it, or the
+old client sees the new epoch and is refused: no transaction of a fenced epoch survives.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, StorageError
+from pulsartx.storage import delta
+from pulsartx.storage.keyed_log import KeyedLog
+from pulsartx.storage.root import StorageRoot
+
+MAX_TXNS_PER_KEY = 32
+MAX_ATTEMPTS = 500
+
+KEY_SCHEMA = pa.schema([
+    pa.field("seq", pa.int64(), False),
+    pa.field("owner", pa.string(), False),
+    pa.field("transaction_key", pa.string(), False),
+    pa.field("epoch", pa.int64(), False),
+    pa.field("txn_ids", pa.list_(pa.struct([("most_bits", pa.int64()), ("least_bits", pa.int64())]))),
+    pa.field("claimed_ms", pa.int64()),
+    pa.field("updated_ms", pa.int64()),
+    pa.field("deleted", pa.bool_()),
+])
+
+
+def full_key(owner: str | None, key: str) -> str:
+    """The proposal's ``owner&key``; '&' is therefore forbidden inside a key."""
+    if not isinstance(key, str) or not key:
+        raise InvalidConfiguration(f"transaction_key={key!r}: must be a non-empty string")
+    if "&" in key:
+        raise InvalidConfiguration(f"transaction_key={key!r} contains '&', which separates owner and key: remove it")
+    if owner is not None and "&" in owner:
+        raise InvalidConfiguration(f"owner={owner!r} contains '&', which separates owner and key: remove it")
+    return f"{owner or ''}&{key}"
+
+
+@dataclass(frozen=True)
+class TransactionKeyInfo:
+    owner: str
+    transaction_key: str
+    epoch: int
+    txn_ids: list[TxnID]
+    claimed_ms: int
+    age_ms: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"owner": self.owner, "transaction_key": self.transaction_key, "epoch": self.epoch,
+                "txn_ids": [str(t) for t in self.txn_ids], "claimed_ms": self.claimed_ms, "age_ms": self.age_ms}
+
+
+class TransactionKeyStore:
+    def __init__(self, root: StorageRoot, tc_id: int):
+        self.tc_id = tc_id
+        self.log = KeyedLog(root, ("coordinator", f"tc-{tc_id}", "transaction-keys"), KEY_SCHEMA,
+                            key_of=lambda r: f"{r['owner']}&{r['transaction_key']}", name=f"tc-{tc_id}-keys")
+        self._opened = False
+
+    def _ensure(self) -> None:
+        if not self._opened:
+            self.log.open()
+            self._opened = True
+        else:
+            self.log.refresh()
+
+    def _update(self, k: str, change) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        self._ensure()
+        for attempt in range(MAX_ATTEMPTS):
+            old = self.log.get(k)
+            new = change(old)
+            try:
+                self.log.put([new])
+                return old, new
+            except delta.ConcurrentCommit:
+                delta.backoff(attempt)
+                self.log.refresh()
+        raise StorageError(f"transaction key {k!r}: too many concurrent updates")
+
+    def claim(self, owner: str | None, key: str) -> tuple[int, list[TxnID]]:
+        """Bump the epoch; returns the new epoch and the previous epoch's transactions to abort."""
+        k = full_key(owner, key)
+        o, name = k.split("&", 1)
+        now = int(time.time() * 1000)
+
+        def change(old):
+            epoch = 0 if old is None or old["deleted"] else old["epoch"] + 1
+            return {"seq": (old["seq"] + 1) if old else 0, "owner": o, "transaction_key": name, "epoch": epoch,
+                    "txn_ids": [], "claimed_ms": now, "updated_ms": now, "deleted": False}
+
+        old, new = self._update(k, change)
+        stale = [TxnID(t["most_bits"], t["least_bits"]) for t in (old or {}).get("txn_ids") or []]
+        return new["epoch"], stale
+
+    def attach(self, owner: str | None, key: str, epoch: int, txn_id: TxnID) -> list[TxnID]:
+        """Record ``txn_id`` under the key if ``epoch`` is still current; returns the key's earlier
+        transactions, which the caller aborts (one active transaction per key)."""
+        k = full_key(owner, key)
+        now = int(time.time() * 1000)
+
+        def change(old):
+            if old is None or old["deleted"] or old["epoch"] != epoch:
+                current = None if old is None or old["deleted"] else old["epoch"]
+                raise NotAllowedError(
+                    f"transaction key {key!r} (owner {owner!r}) is at epoch {current}, this client holds epoch {epoch}: "
+                    "a newer client claimed the key, so this one may not begin transactions")
+            txns = (old["txn_ids"] or []) + [{"most_bits": txn_id.most_bits, "least_bits": txn_id.least_bits}]
+            return {**old, "seq": old["seq"] + 1, "txn_ids": txns[-MAX_TXNS_PER_KEY:], "updated_ms": now}
+
+        old, _ = self._update(k, change)
+        return [TxnID(t["most_bits"], t["least_bits"]) for t in old["txn_ids"] or []]
+
+    def current_epoch(self, owner: str | None, key: str) -> int | None:
+        self._ensure()
+        row = self.log.get(full_key(owner, key))
+        return None if row is None or row["deleted"] else row["epoch"]
+
+    def delete(self, owner: str | None, key: str) -> list[TxnID]:
+        k = full_key(owner, key)
+
+        def change(old):
+            if old is None or old["deleted"]:
+                raise InvalidConfiguration(f"transaction key {key!r} (owner {owner!r}) does not exist")
+            return {**old, "seq": old["seq"] + 1, "deleted": True, "updated_ms": int(time.time() * 1000)}
+
+        old, _ = self._update(k, change)
+        return [TxnID(t["most_bits"], t["least_bits"]) for t in old["txn_ids"] or []]
+
+    def list(self) -> list[TransactionKeyInfo]:
+        self._ensure()
+        now = int(time.time() * 1000)
+        return [TransactionKeyInfo(r["owner"], r["transaction_key"], r["epoch"],
+                                   [TxnID(t["most_bits"], t["least_bits"]) for t in r["txn_ids"] or []],
+                                   r["claimed_ms"], now - r["claimed_ms"])
+                for r in self.log.rows.values() if not r["deleted"]]

@@ -1,0 +1,55 @@
+"""The TC's participants: where ending a transaction must be applied (PIP-31 CommandEndTxnOnPartition
+and CommandEndTxnOnSubscription). Handlers are idempotent, so a TC may retry them at will, and
+they run in parallel so a commit's latency is one marker write, not one per partition."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+MAX_PARALLEL = 16
+
+
+def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: TxnAction) -> None:
+    from pulsartx.buffer.markers import write_marker
+
+    entries = None
+    if meta.commit_entries is not None:
+        entries = [(a, b) for p, a, b in meta.commit_entries if p == partition]
+    write_marker(root, partition, meta.txn_id, action, entries)
+
+
+def end_on_subscription(root: StorageRoot, meta: TxnMeta, sub: Subscription, action: TxnAction) -> None:
+    from pulsartx.subscription.pendingack import end_transaction_on_subscription
+
+    end_transaction_on_subscription(root, sub.topic, sub.subscription, meta.txn_id, action)
+
+
+def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> list[tuple[str, BaseException]]:
+    """Apply the outcome everywhere; returns the participants that failed (to be retried later)."""
+    jobs: list[tuple[str, Any, tuple]] = [(p, end_on_partition, (root, meta, p, action)) for p in sorted(meta.partitions)]
+    jobs += [(str(s), end_on_subscription, (root, meta, s, action)) for s in sorted(meta.subscriptions, key=str)]
+    failures: list[tuple[str, BaseException]] = []
+    if not jobs:
+        return failures
+    if len(jobs) == 1:
+        name, fn, args = jobs[0]
+        try:
+            fn(*args)
+        except Exception as e:
+            failures.append((name, e))
+        return failures
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(jobs)), thread_name_prefix="pulsartx-tc-end") as pool:
+        futures = [(name, pool.submit(fn, *args)) for name, fn, args in jobs]
+        for name, fut in futures:
+            try:
+                fut.result()
+            except Exception as e:
+                failures.append((name, e))
+    for name, e in failures:
+        log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
+    return failures

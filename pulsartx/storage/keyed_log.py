@@ -1,0 +1,164 @@
+"""KeyedLog: a Delta table of full-state records where the latest record per key wins.
+
+This is Kafka's compacted ``__transaction_state`` topic, on Delta: each row restates its key's
+whole state plus a per-key sequence number, so
+  * replay is "highest seq per key", with no ordering across keys needed;
+  * an update is a compare-and-set on the key: the commit carries the app-transaction id of the
+    key's bucket, and any concurrent commit to the same bucket after our snapshot makes it fail,
+    after which the caller re-reads and re-validates (the spurious conflicts between keys that
+    share a bucket only cost a retry; bucketing bounds the number of app ids Delta keeps);
+  * compaction (the snapshot) rewrites the live rows into one file in one overwrite commit, so
+    opening costs the live keys plus the entries since the last compaction, not the history.
+
+The TC log, the transaction-key table, subscription cursors and pending-ack stores are KeyedLogs.
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from pulsartx.exceptions import CorruptedLog, StorageError
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+BUCKETS = 256
+SEQ = "seq"
+
+
+def bucket_app_id(name: str, key: str) -> str:
+    return f"pulsartx.{name}.{zlib.crc32(key.encode()) % BUCKETS}"
+
+
+class KeyedLog:
+    def __init__(self, root: StorageRoot, segments: tuple[str, ...], schema: pa.Schema,
+                 key_of: Callable[[Mapping[str, Any]], str], name: str, compact_every: int = 200):
+        if SEQ not in schema.names:
+            raise ValueError(f"KeyedLog schema needs a {SEQ!r} column")
+        self.root = root
+        self.segments = segments
+        self.schema = schema
+        self.key_of = key_of
+        self.name = name
+        self.compact_every = compact_every
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._table: Any = None
+        self._tail = delta.LogTail(root, segments)
+        self.version = -1
+        self.files_since_compaction = 0
+        self.appended = 0
+
+    # ---- loading -------------------------------------------------------------------------------
+    def open(self) -> KeyedLog:
+        """Load the live state: the active files of the table (last compaction + entries since)."""
+        t = delta.open_table(self.root, *self.segments)
+        if t is None:
+            delta.create_table(self.root, self.schema, *self.segments, name=self.name)
+            t = delta.open_table(self.root, *self.segments)
+            if t is None:
+                raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
+        self._table = t
+        self.rows = {}
+        files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
+        self._apply(self._read_files(files))
+        self.version = t.version()
+        self.files_since_compaction = len(files)
+        return self
+
+    def _read_files(self, files: Iterable[str]) -> list[dict[str, Any]]:
+        import pyarrow.dataset as ds
+
+        paths = [self.root.fs_path(*self.segments, f) for f in files]
+        if not paths:
+            return []
+        try:
+            return ds.dataset(paths, schema=self.schema, format="parquet", filesystem=self.root.arrow_fs).to_table().to_pylist()
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptedLog(f"{self.name} table {self.root.uri(*self.segments)}: cannot read data files: {e}") from e
+
+    def _apply(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        changed = []
+        for r in rows:
+            k = self.key_of(r)
+            cur = self.rows.get(k)
+            if cur is None or r[SEQ] > cur[SEQ]:
+                self.rows[k] = r
+                changed.append(r)
+        return changed
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
+        if self._table is None:
+            self.open()
+            return list(self.rows.values())
+        self._table.update_incremental()
+        target = self._table.version()
+        changed: list[dict[str, Any]] = []
+        for v in range(self.version + 1, target + 1):
+            actions = self._tail.read_commit(v)
+            if actions is None:  # log cleaned up under us: reload from the snapshot
+                self.open()
+                return list(self.rows.values())
+            adds = [a["add"]["path"] for a in actions if "add" in a]
+            if any("remove" in a for a in actions):
+                self.files_since_compaction = len(adds)
+            else:
+                self.files_since_compaction += len(adds)
+            changed.extend(self._apply(self._read_files(adds)))
+        self.version = target
+        return changed
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
+
+    # ---- writing -------------------------------------------------------------------------------
+    def put(self, rows: list[dict[str, Any]], extra_app_ids: Mapping[str, int] | None = None,
+            metadata: Mapping[str, str] | None = None) -> None:
+        """Append full-state rows with a CAS on each row's key. Raises ConcurrentCommit when another
+        writer touched one of the keys' buckets since our snapshot; the caller refreshes and retries."""
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        add = delta.write_data_file(self.root, table, self.segments, "e", [SEQ])
+        apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
+        apps.update(extra_app_ids or {})
+        try:
+            delta.commit(self._table, self.schema, adds=[add], app_transactions=apps, metadata=metadata)
+        except delta.ConcurrentCommit:
+            try:
+                self.root.arrow_fs.delete_file(self.root.fs_path(*self.segments, add.path))
+            except OSError:
+                pass
+            raise
+        # Our own commit is applied from memory; refresh() picks up anything interleaved.
+        self._apply(rows)
+        self.files_since_compaction += 1
+        self.appended += 1
+        self.refresh()
+
+    def app_version(self, app_id: str) -> int | None:
+        return delta.txn_version(self._table, app_id)
+
+    def needs_compaction(self) -> bool:
+        return self.files_since_compaction >= self.compact_every
+
+    def compact(self, keep: Callable[[dict[str, Any]], bool]) -> bool:
+        """Rewrite the live rows (those ``keep`` accepts) as one file replacing every active file.
+
+        Correct under concurrency: it removes only the files in its snapshot, so an entry committed
+        concurrently survives; if delta-rs reports a conflict we simply skip this round."""
+        self.refresh()
+        live = [r for r in self.rows.values() if keep(r)]
+        table = pa.Table.from_pylist(live, schema=self.schema)
+        add = delta.write_data_file(self.root, table, self.segments, "snapshot", [SEQ])
+        try:
+            self._table.create_write_transaction([add], mode="overwrite", schema=self.schema)
+        except Exception as e:
+            log.info("%s compaction skipped (concurrent writer): %s", self.name, e)
+            return False
+        self.refresh()
+        self.rows = {k: v for k, v in self.rows.items() if keep(v)}
+        self.files_since_compaction = 1
+        return True

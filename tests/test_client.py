@@ -1,0 +1,419 @@
+"""Client, Producer, Reader and topic administration against a real storage root."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import pulsartx
+from pulsartx import Client, InvalidConfiguration, MessageId, Result, Timeout, TopicNotFound
+from pulsartx.client.routing import partition_for_key
+from pulsartx.exceptions import AlreadyClosed, InvalidTopicName, TopicAlreadyExists
+
+
+@pytest.fixture
+def cl(tmp_path):
+    c = Client(str(tmp_path / "root"))
+    yield c
+    c.close()
+
+
+def _read_all(client: Client, topic: str, start: MessageId = MessageId.earliest, **kw) -> list:
+    reader = client.create_reader(topic, start, **kw)
+    out = []
+    while True:
+        try:
+            out.append(reader.read_next(timeout_millis=100))
+        except Timeout:
+            break
+    reader.close()
+    return out
+
+
+# ---- admin --------------------------------------------------------------------------------------
+
+
+def test_create_topic_twice(cl):
+    t = cl.admin.create_topic("orders", partitions=3)
+    assert str(t) == "persistent://public/default/orders"
+    with pytest.raises(TopicAlreadyExists, match=r"topic persistent://public/default/orders already exists"):
+        cl.admin.create_topic("persistent://public/default/orders")
+    with pytest.raises(TopicAlreadyExists, match="already exists"):
+        cl.admin.create_topic("public/default/orders", partitions=1)
+    assert cl.admin.get_partitions("orders") == 3  # untouched by the failed creates
+
+
+@pytest.mark.parametrize("bad", [0, -1, "x", 1.5, True, None, 10_001])
+def test_create_topic_bad_partitions(cl, bad):
+    with pytest.raises(InvalidConfiguration) as ei:
+        cl.admin.create_topic("t", partitions=bad)
+    assert f"partitions={bad!r}" in str(ei.value)
+    assert "must be an integer from 1 to 10000" in str(ei.value)
+    assert cl.admin.list_topics() == []
+
+
+def test_create_topic_rejects_partition_name_and_bad_names(cl):
+    with pytest.raises(InvalidConfiguration, match="without '-partition-2'"):
+        cl.admin.create_topic("t-partition-2")
+    with pytest.raises(InvalidTopicName, match=r"rule: no '\.\.' in a name"):
+        cl.admin.create_topic("t/../escape")
+
+
+def test_get_partitions_list_and_delete(cl):
+    cl.admin.create_topic("a", partitions=2)
+    cl.admin.create_topic("tenant1/ns1/b")
+    cl.admin.create_topic("persistent://tenant1/ns2/c", partitions=4)
+    n = cl.admin.get_partitions("a")
+    assert n == 2 and type(n) is int
+    assert cl.admin.get_partitions("a-partition-1") == 2
+    with pytest.raises(TopicNotFound, match="has 2 partition"):
+        cl.admin.get_partitions("a-partition-2")
+    assert cl.admin.get_partitions("tenant1/ns2/c") == 4
+    assert cl.get_topic_partitions("a") == ["persistent://public/default/a-partition-0",
+                                            "persistent://public/default/a-partition-1"]
+    assert cl.get_topic_partitions("a-partition-1") == ["persistent://public/default/a-partition-1"]
+
+    assert cl.admin.list_topics() == ["persistent://public/default/a", "persistent://tenant1/ns1/b",
+                                      "persistent://tenant1/ns2/c"]
+    assert cl.admin.list_topics(namespace=None) == cl.admin.list_topics()
+    assert cl.admin.list_topics("public/default") == ["persistent://public/default/a"]
+    assert cl.admin.list_topics("tenant1/ns2") == ["persistent://tenant1/ns2/c"]
+    assert cl.admin.list_topics("nobody/here") == []
+
+    cl.admin.delete_topic("tenant1/ns1/b")
+    assert cl.admin.list_topics() == ["persistent://public/default/a", "persistent://tenant1/ns2/c"]
+    with pytest.raises(TopicNotFound, match="tenant1/ns1/b does not exist"):
+        cl.admin.get_partitions("tenant1/ns1/b")
+    with pytest.raises(TopicNotFound):
+        cl.admin.delete_topic("tenant1/ns1/b")
+    with pytest.raises(TopicNotFound):
+        cl.admin.delete_topic("never-created")
+
+    # A deleted topic can be created again, empty.
+    cl.admin.create_topic("tenant1/ns1/b", partitions=2)
+    assert cl.admin.get_partitions("tenant1/ns1/b") == 2
+    assert _read_all(cl, "tenant1/ns1/b") == []
+
+
+def test_delete_then_recreate_drops_messages(cl):
+    cl.admin.create_topic("t")
+    with cl.create_producer("t") as p:
+        p.send(b"old")
+    cl.admin.delete_topic("t")
+    cl.admin.create_topic("t")
+    with cl.create_producer("t") as p:
+        assert p.send(b"new") == MessageId(0, 0)
+    assert [m.data() for m in _read_all(cl, "t")] == [b"new"]
+
+
+def test_missing_topic(cl):
+    with pytest.raises(TopicNotFound, match="persistent://public/default/ghost does not exist"):
+        cl.create_producer("ghost")
+    with pytest.raises(TopicNotFound, match="ghost"):
+        cl.create_reader("ghost", MessageId.earliest)
+    with pytest.raises(TopicNotFound):
+        cl.get_topic_partitions("ghost")
+    assert issubclass(TopicNotFound, pulsartx.PulsarException)
+
+
+# ---- producer -----------------------------------------------------------------------------------
+
+
+def test_send_returns_message_ids(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t", producer_name="prod-1")
+    assert (p.topic(), p.producer_name(), p.last_sequence_id()) == ("persistent://public/default/t", "prod-1", -1)
+    ids = [p.send(b"m%d" % i) for i in range(5)]
+    assert ids == [MessageId(0, i) for i in range(5)]
+    assert [(m.partition(), m.offset()) for m in ids] == [(0, i) for i in range(5)]
+    assert p.last_sequence_id() == 4
+    p.close()
+    assert not p.is_connected()
+
+
+def test_send_async_callbacks_and_flush(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t", batching_max_messages=4, batching_max_publish_delay_ms=10_000)
+    got: list[tuple[Result, MessageId]] = []
+    lock = threading.Lock()
+
+    def cb(res, mid):
+        with lock:
+            got.append((res, mid))
+
+    for i in range(10):
+        p.send_async(b"a%d" % i, cb)
+    # Two full batches of 4 were appended by send_async itself; 2 messages still wait for the delay.
+    assert got == [(Result.Ok, MessageId(0, i)) for i in range(8)]
+    p.flush()
+    assert got == [(Result.Ok, MessageId(0, i)) for i in range(10)]
+    p.flush()  # nothing queued: a no-op
+    assert len(got) == 10
+    assert [m.data() for m in _read_all(cl, "t")] == [b"a%d" % i for i in range(10)]
+
+
+def test_flush_waits_for_a_batch_the_timer_already_took(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t", batching_max_publish_delay_ms=0)
+    for i in range(10):
+        got = []
+        p.send_async(b"x%d" % i, lambda r, m, got=got: got.append((r, m)))
+        time.sleep(0.003)  # let the timer thread pop the batch first
+        p.flush()
+        assert got == [(Result.Ok, MessageId(0, i))]
+    p.close()
+
+
+def test_close_flushes_pending(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t", batching_max_publish_delay_ms=60_000)
+    got = []
+    for i in range(3):
+        p.send_async(b"c%d" % i, lambda r, m: got.append(m))
+    p.close()
+    assert got == [MessageId(0, i) for i in range(3)]
+    assert [m.data() for m in _read_all(cl, "t")] == [b"c0", b"c1", b"c2"]
+
+
+def test_closed_producer_raises(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t")
+    p.send(b"x")
+    p.close()
+    p.close()  # idempotent
+    with pytest.raises(AlreadyClosed, match="is closed"):
+        p.send(b"y")
+    with pytest.raises(AlreadyClosed, match="is closed"):
+        p.send_async(b"y", None)
+
+
+@pytest.mark.parametrize("content", ["text", 123, None, ["b"]])
+def test_non_bytes_content(cl, content):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t")
+    with pytest.raises(InvalidConfiguration, match="content must be bytes"):
+        p.send(content)
+    with pytest.raises(InvalidConfiguration, match="content must be bytes"):
+        p.send_async(content, None)
+    assert p.send(b"ok") == MessageId(0, 0)  # nothing was queued by the failed sends
+
+
+def test_bad_properties_and_options(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t")
+    with pytest.raises(InvalidConfiguration, match="properties must map str to str"):
+        p.send(b"x", properties={"a": 1})
+    with pytest.raises(InvalidConfiguration, match="batching_max_messages=0"):
+        cl.create_producer("t", batching_max_messages=0)
+    with pytest.raises(InvalidConfiguration, match="batching_max_publish_delay_ms=-1"):
+        cl.create_producer("t", batching_max_publish_delay_ms=-1)
+
+
+def test_bytes_like_content(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t")
+    p.send(bytearray(b"ba"))
+    p.send(memoryview(b"mv"))
+    p.send(b"")
+    assert [m.data() for m in _read_all(cl, "t")] == [b"ba", b"mv", b""]
+
+
+def test_client_close_closes_children(tmp_path):
+    c = Client(str(tmp_path / "root"))
+    c.admin.create_topic("t")
+    p = c.create_producer("t")
+    r = c.create_reader("t", MessageId.earliest)
+    c.close()
+    assert not p.is_connected() and not r.is_connected()
+    with pytest.raises(AlreadyClosed):
+        c.create_producer("t")
+    with pytest.raises(AlreadyClosed):
+        r.read_next(timeout_millis=10)
+
+
+# ---- message fields round trip ------------------------------------------------------------------
+
+
+def test_fields_round_trip_through_reader(cl):
+    cl.admin.create_topic("t")
+    p = cl.create_producer("t")
+    sent = [
+        (b"v0", {"a": "1"}, "k0", 1_700_000_000_001),
+        (b"v1", None, None, None),
+        (b"v2", {"x": "", "unicode-\u00e9": "\u65e5\u672c"}, "k\U0001F600", 1),
+        (b"\x00\xff", {}, "", 1_800_000_000_999),
+    ]
+    before = int(time.time() * 1000)
+    for value, props, key, ev in sent:
+        p.send(value, properties=props, partition_key=key, event_timestamp=ev)
+    after = int(time.time() * 1000)
+    msgs = _read_all(cl, "t")
+    assert [m.data() for m in msgs] == [b"v0", b"v1", b"v2", b"\x00\xff"]
+    assert [m.value() for m in msgs] == [m.data() for m in msgs]
+    assert [m.properties() for m in msgs] == [{"a": "1"}, {}, {"x": "", "unicode-\u00e9": "\u65e5\u672c"}, {}]
+    assert [m.partition_key() for m in msgs] == ["k0", None, "k\U0001F600", ""]
+    assert [m.event_timestamp() for m in msgs] == [1_700_000_000_001, 0, 1, 1_800_000_000_999]
+    assert [m.message_id() for m in msgs] == [MessageId(0, i) for i in range(4)]
+    assert [m.topic_name() for m in msgs] == ["persistent://public/default/t"] * 4
+    assert all(before - 1 <= m.publish_timestamp() <= after + 1 for m in msgs)
+    assert [m.publish_timestamp() for m in msgs] == sorted(m.publish_timestamp() for m in msgs)
+
+
+# ---- reader positioning -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ten(cl):
+    cl.admin.create_topic("t")
+    with cl.create_producer("t") as p:
+        for i in range(10):
+            p.send(b"m%d" % i)
+    return cl
+
+
+def test_read_next_timeout_on_empty_topic(cl):
+    cl.admin.create_topic("empty")
+    r = cl.create_reader("empty", MessageId.earliest)
+    assert not r.has_message_available()
+    t0 = time.monotonic()
+    with pytest.raises(Timeout, match="within 200 ms"):
+        r.read_next(timeout_millis=200)
+    assert 0.19 <= time.monotonic() - t0 < 2.0
+    assert issubclass(Timeout, pulsartx.PulsarException)
+
+
+def test_reader_from_earliest_and_has_message_available(ten):
+    r = ten.create_reader("t", MessageId.earliest)
+    assert r.topic() == "persistent://public/default/t"
+    seen = []
+    while r.has_message_available():
+        seen.append(r.read_next(timeout_millis=1000).data())
+    assert seen == [b"m%d" % i for i in range(10)]
+    assert not r.has_message_available()
+    with pytest.raises(Timeout):
+        r.read_next(timeout_millis=50)
+    # Iteration yields what is available, then stops.
+    r.seek(MessageId(0, 6))
+    assert [m.data() for m in r] == [b"m7", b"m8", b"m9"]
+
+
+def test_start_message_id_exclusive_and_inclusive(ten):
+    assert [m.data() for m in _read_all(ten, "t", MessageId(0, 4))] == [b"m%d" % i for i in range(5, 10)]
+    assert [m.data() for m in _read_all(ten, "t", MessageId(0, 4), start_message_id_inclusive=True)] == [
+        b"m%d" % i for i in range(4, 10)]
+    assert _read_all(ten, "t", MessageId(0, 9)) == []
+    assert [m.data() for m in _read_all(ten, "t", MessageId(0, 9), start_message_id_inclusive=True)] == [b"m9"]
+    assert [m.message_id() for m in _read_all(ten, "t", MessageId(0, 0))] == [MessageId(0, i) for i in range(1, 10)]
+
+
+def test_seek(ten):
+    r = ten.create_reader("t", MessageId.earliest)
+    assert [r.read_next(1000).data() for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    r.seek(MessageId(0, 7))
+    assert r.read_next(1000).message_id() == MessageId(0, 8)
+    r.seek(MessageId.earliest)
+    assert r.read_next(1000).data() == b"m0"
+    r.seek(MessageId(0, 1))
+    assert r.read_next(1000).data() == b"m2"
+    r.seek(MessageId.latest)
+    assert not r.has_message_available()
+    with pytest.raises(Timeout):
+        r.read_next(timeout_millis=50)
+
+
+def test_seek_inclusive_reader(ten):
+    r = ten.create_reader("t", MessageId(0, 3), start_message_id_inclusive=True)
+    assert r.read_next(1000).data() == b"m3"
+    r.seek(MessageId(0, 8))
+    assert [m.data() for m in r] == [b"m8", b"m9"]
+
+
+def test_latest_reader_sees_only_later_messages(ten):
+    r = ten.create_reader("t", MessageId.latest)
+    assert not r.has_message_available()
+    with ten.create_producer("t") as p:
+        p.send(b"later-0")
+        p.send(b"later-1")
+    msgs = [r.read_next(timeout_millis=1000) for _ in range(2)]
+    assert [(m.data(), m.message_id()) for m in msgs] == [(b"later-0", MessageId(0, 10)), (b"later-1", MessageId(0, 11))]
+    with pytest.raises(Timeout):
+        r.read_next(timeout_millis=50)
+
+
+def test_reader_waits_for_a_message_sent_later(ten):
+    r = ten.create_reader("t", MessageId.latest)
+
+    def send_later():
+        time.sleep(0.2)
+        with ten.create_producer("t") as p:
+            p.send(b"late")
+
+    th = threading.Thread(target=send_later)
+    th.start()
+    try:
+        assert r.read_next(timeout_millis=10_000).data() == b"late"
+    finally:
+        th.join()
+
+
+def test_reader_rejects_bad_start(ten):
+    with pytest.raises(InvalidConfiguration, match="start_message_id must be a MessageId"):
+        ten.create_reader("t", "earliest")
+    with pytest.raises(InvalidConfiguration, match="isolation_level='DIRTY'"):
+        ten.create_reader("t", MessageId.earliest, isolation_level="DIRTY")
+
+
+# ---- routing ------------------------------------------------------------------------------------
+
+
+def test_keyed_messages_land_on_partition_for_key(cl):
+    cl.admin.create_topic("k", partitions=4)
+    p = cl.create_producer("k")
+    keys = [f"user-{i}" for i in range(40)] + ["polygenelubricants", "hello", "\U0001F600"]
+    ids = {key: p.send(key.encode(), partition_key=key) for key in keys}
+    p.close()
+    assert {key: mid.partition() for key, mid in ids.items()} == {key: partition_for_key(key, 4) for key in keys}
+    assert ids["polygenelubricants"].partition() == 0
+    assert len({mid.partition() for mid in ids.values()}) == 4
+    for part in range(4):
+        msgs = _read_all(cl, f"k-partition-{part}")
+        expected = [key for key in keys if partition_for_key(key, 4) == part]
+        assert [m.partition_key() for m in msgs] == expected
+        assert [m.message_id() for m in msgs] == [MessageId(part, i) for i in range(len(expected))]
+    # A reader of the whole topic sees every message exactly once.
+    assert Counter(m.partition_key() for m in _read_all(cl, "k")) == Counter(keys)
+
+
+def test_unkeyed_round_robin(cl):
+    cl.admin.create_topic("rr", partitions=4)
+    p = cl.create_producer("rr")
+    parts = [p.send(b"u%d" % i).partition() for i in range(12)]
+    p.close()
+    assert parts == [(parts[0] + i) % 4 for i in range(12)]
+    assert Counter(parts) == {0: 3, 1: 3, 2: 3, 3: 3}
+    msgs = _read_all(cl, "rr")
+    assert sorted(m.data() for m in msgs) == sorted(b"u%d" % i for i in range(12))
+    for part in range(4):
+        assert [m.message_id() for m in _read_all(cl, f"rr-partition-{part}")] == [MessageId(part, i) for i in range(3)]
+
+
+def test_unkeyed_async_batches_spread_evenly(cl):
+    cl.admin.create_topic("rr", partitions=3)
+    p = cl.create_producer("rr", batching_max_messages=10, batching_max_publish_delay_ms=10_000)
+    got = []
+    for i in range(30):
+        p.send_async(b"%d" % i, lambda r, m: got.append(m))
+    p.flush()
+    assert Counter(m.partition() for m in got) == {0: 10, 1: 10, 2: 10}
+    assert sorted(got) == sorted(MessageId(part, i) for part in range(3) for i in range(10))
+
+
+def test_producer_to_single_partition_name(cl):
+    cl.admin.create_topic("sp", partitions=3)
+    p = cl.create_producer("sp-partition-2")
+    assert [p.send(b"x%d" % i) for i in range(3)] == [MessageId(2, i) for i in range(3)]
+    p.close()
+    assert [m.data() for m in _read_all(cl, "sp-partition-2")] == [b"x0", b"x1", b"x2"]
+    assert _read_all(cl, "sp-partition-0") == []
