@@ -12,8 +12,6 @@ import os
 import traceback
 from collections import Counter
 
-import pytest
-
 N_PROCS = 4
 N_APPENDS = int(os.environ.get("PULSARTX_TEST_CONCURRENT_APPENDS", "200"))
 JOIN_TIMEOUT_S = 300
@@ -85,12 +83,12 @@ def _producer_second_life(root_url: str, topic: str, name: str, resend: list[int
 # ---- parent helpers -----------------------------------------------------------------------------
 
 
-def _spawn_all(tmp_path, jobs: list[tuple]) -> list:
+def _spawn_all(tmp_path, jobs: list[tuple], tag: str = "r") -> list:
     """Run ``_run_child(path, *job)`` per job in spawned processes; return each child's result."""
     ctx = mp.get_context("spawn")
     procs, paths = [], []
     for i, job in enumerate(jobs):
-        path = str(tmp_path / f"result-{i}.json")
+        path = str(tmp_path / f"{tag}-result-{i}.json")
         proc = ctx.Process(target=_run_child, args=(path, *job), daemon=True)
         proc.start()
         procs.append(proc)
@@ -146,12 +144,9 @@ def _partition_state(root_url: str, topic: str):
 
 def test_concurrent_appenders_get_dense_distinct_offsets(tmp_path):
     root_url = _setup(tmp_path)
-    go = mp.get_context("spawn").Event()
+    go = mp.get_context("spawn").Barrier(N_PROCS)  # all writers start once all are up
     jobs = [(_append_worker, root_url, "race-partition-0", w, N_APPENDS, None, f"writer-{w}", 0, go)
             for w in range(N_PROCS)]
-    import threading
-
-    threading.Timer(0.5, go.set).start()  # the children block on it until all are up
     results = _spawn_all(tmp_path, jobs)
     total = N_PROCS * N_APPENDS
 
@@ -181,7 +176,7 @@ def test_concurrent_appenders_get_dense_distinct_offsets(tmp_path):
 
 def test_same_producer_name_race_persists_each_sequence_id_once(tmp_path):
     root_url = _setup(tmp_path)
-    go = mp.get_context("spawn").Event()
+    go = mp.get_context("spawn").Barrier(2)
     n = 120
     # Different batch boundaries, so that batches partially overlap and dedup has to cut inside them.
     sizes_a = [3] * (n // 3)
@@ -189,9 +184,6 @@ def test_same_producer_name_race_persists_each_sequence_id_once(tmp_path):
     assert sum(sizes_a) == sum(sizes_b) == n
     jobs = [(_append_worker, root_url, "race-partition-0", 0, n, sizes_a, "shared", 0, go),
             (_append_worker, root_url, "race-partition-0", 1, n, sizes_b, "shared", 0, go)]
-    import threading
-
-    threading.Timer(0.5, go.set).start()
     results = _spawn_all(tmp_path, jobs)
 
     table, commits = _partition_state(root_url, "race-partition-0")
@@ -219,13 +211,12 @@ def test_same_producer_name_race_persists_each_sequence_id_once(tmp_path):
 
 def test_dedup_survives_a_restart(tmp_path):
     root_url = _setup(tmp_path)
-    (first,) = _spawn_all(tmp_path / "a" if (tmp_path / "a").mkdir() is None else tmp_path,
-                          [(_producer_first_life, root_url, "race", "N", 50)])
+    (first,) = _spawn_all(tmp_path, [(_producer_first_life, root_url, "race", "N", 50)], tag="first")
     assert first["ids"] == [[0, i] for i in range(50)]
     assert first["last_sequence_id"] == 49
 
-    (second,) = _spawn_all(tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path,
-                           [(_producer_second_life, root_url, "race", "N", list(range(40, 50)))])
+    (second,) = _spawn_all(tmp_path, [(_producer_second_life, root_url, "race", "N", list(range(40, 50)))],
+                           tag="second")
     assert second["last_at_start"] == 49
     # Deduplicated sends are acknowledged without a new position.
     assert second["resend_ids"] == [[0, -1]] * 10
@@ -240,8 +231,7 @@ def test_dedup_survives_a_restart(tmp_path):
     assert set(table.column("producer_name").to_pylist()) == {"N"}
 
 
-@pytest.mark.parametrize("n", [3])
-def test_spawned_child_sees_parent_writes(tmp_path, n):
+def test_spawned_child_sees_parent_writes(tmp_path):
     """The parent has already used deltalake; spawned children must still work (no fork panic)."""
     from pulsartx.log.partition import PartitionLog, build_records
     from pulsartx.naming import TopicName
@@ -249,9 +239,9 @@ def test_spawned_child_sees_parent_writes(tmp_path, n):
 
     root_url = _setup(tmp_path)
     plog = PartitionLog(StorageRoot.resolve(root_url), TopicName.parse("race-partition-0"))
+    n = 3
     plog.append(build_records([b"parent-%d" % i for i in range(n)]))
-    go = mp.get_context("spawn").Event()
-    go.set()
+    go = mp.get_context("spawn").Barrier(1)
     (res,) = _spawn_all(tmp_path, [(_append_worker, root_url, "race-partition-0", 9, 2, None, "child", 0, go)])
     assert res["offsets"] == [[n], [n + 1]]
     assert plog.read(0, plog.end_offset()).column("value").to_pylist() == [

@@ -74,6 +74,37 @@ class TransactionsAdmin:
             total["failed"] += r.failed
         return total
 
+    # ---- transaction buffer ------------------------------------------------------------------------
+    def get_transaction_buffer_stats(self, topic: str) -> list[dict[str, Any]]:
+        """Per partition: state, maxReadPosition, ongoing and aborted counts, last snapshot offset."""
+        from pulsartx.buffer.buffer import TransactionBuffer
+        from pulsartx.log.partition import PartitionLog
+
+        return [TransactionBuffer(PartitionLog(self.client.root, p)).stats()
+                for p in self.client.admin.partitions_of(topic)]
+
+    def get_transaction_in_buffer_stats(self, txn_id: TxnID | str, topic: str) -> list[dict[str, Any]]:
+        """Where one transaction stands in each partition of ``topic``: ONGOING (with its first
+        offset), COMMITTED/ABORTED (with the marker offset), or NONE."""
+        from pulsartx.buffer.buffer import TransactionBuffer
+        from pulsartx.buffer.state import txn_key
+        from pulsartx.log.partition import PartitionLog
+
+        t = TxnID.parse(txn_id)
+        k = txn_key(t.most_bits, t.least_bits)
+        out = []
+        for p in self.client.admin.partitions_of(topic):
+            s = TransactionBuffer(PartitionLog(self.client.root, p)).state()
+            if k in s.ongoing:
+                row = {"state": "ONGOING", "startPosition": s.ongoing[k], "markerPosition": None}
+            elif k in s.ended:
+                row = {"state": "ABORTED" if k in s.aborted else "COMMITTED", "startPosition": None,
+                       "markerPosition": s.ended[k]}
+            else:
+                row = {"state": "NONE", "startPosition": None, "markerPosition": None}
+            out.append({"partition": str(p), "txn_id": str(t), **row})
+        return out
+
     # ---- transaction keys ------------------------------------------------------------------------
     def list_transaction_keys(self) -> list[dict[str, Any]]:
         tcs = self._tcs()

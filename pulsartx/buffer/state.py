@@ -1,0 +1,159 @@
+"""The transaction buffer's state as a pure fold over a partition's records (PIP-31 marker
+approach, as Pulsar shipped it: maxReadPosition plus an aborted-transaction set).
+
+Folding a record batch in offset order maintains:
+  * ``ongoing``: transactions with data in the partition and no marker yet, with their first offset;
+  * ``aborted``: transactions whose TXN_ABORT marker is in the partition (offset of the marker);
+  * ``ended``: every transaction whose marker was seen (commit or abort), with the marker offset:
+    data of a transaction after its own marker (a straggler) is never visible;
+  * ``ranges``: for commit markers that list their entries, the exact visible offset ranges.
+maxReadPosition is the offset just before the first message of the earliest ongoing transaction,
+or the last offset of the log when none is ongoing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pulsartx.log.schema import MessageType
+
+# Transactions are keyed as one int64 so visibility filters vectorise: TC id in the high bits.
+TC_SHIFT = 40
+MAX_ENDED = 100_000
+
+
+def txn_key(most: int, least: int) -> int:
+    return (most << TC_SHIFT) | least
+
+
+def key_txn(key: int) -> tuple[int, int]:
+    return key >> TC_SHIFT, key & ((1 << TC_SHIFT) - 1)
+
+
+def txn_key_column(table: pa.Table) -> pa.Array:
+    most = table.column("txn_most_bits").cast(pa.int64())
+    least = table.column("txn_least_bits").cast(pa.int64())
+    return pc.add(pc.shift_left(most, TC_SHIFT), least)
+
+
+FOLD_COLUMNS = ["offset", "type", "txn_most_bits", "txn_least_bits", "marker_entries"]
+
+
+@dataclass
+class BufferState:
+    end_offset: int = 0  # next offset to fold
+    ongoing: dict[int, int] = field(default_factory=dict)
+    aborted: dict[int, int] = field(default_factory=dict)
+    ended: dict[int, int] = field(default_factory=dict)
+    ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    markers_since_snapshot: int = 0
+    snapshot_offset: int = -1
+
+    @property
+    def max_read_position(self) -> int:
+        """Last offset a READ_COMMITTED reader may see (inclusive); -1 for nothing."""
+        if self.ongoing:
+            return min(self.ongoing.values()) - 1
+        return self.end_offset - 1
+
+    @property
+    def read_limit(self) -> int:
+        return self.max_read_position + 1
+
+    def fold(self, records: pa.Table) -> BufferState:
+        """Advance over ``records`` (offsets ``end_offset`` onwards, in order). Only rows that carry
+        a transaction matter; plain rows just move the end."""
+        if records.num_rows == 0:
+            return self
+        offsets = records.column("offset")
+        has_txn = pc.is_valid(records.column("txn_most_bits"))
+        txn_rows = records.filter(has_txn)
+        if txn_rows.num_rows:
+            keys = txn_key_column(txn_rows).to_pylist()
+            types = txn_rows.column("type").to_pylist()
+            offs = txn_rows.column("offset").to_pylist()
+            entries = txn_rows.column("marker_entries").to_pylist()
+            for k, t, o, e in zip(keys, types, offs, entries, strict=True):
+                if t == MessageType.DATA.value:
+                    if k not in self.ongoing and k not in self.ended:
+                        self.ongoing[k] = o
+                else:
+                    self.ongoing.pop(k, None)
+                    if k in self.ended:
+                        continue  # a repeated marker can never change an outcome
+                    self.ended[k] = o
+                    self.markers_since_snapshot += 1
+                    if t == MessageType.TXN_ABORT.value:
+                        self.aborted[k] = o
+                    elif e is not None:
+                        self.ranges[k] = [(r["first_offset"], r["last_offset"]) for r in e]
+            self._trim()
+        self.end_offset = int(pc.max(offsets).as_py()) + 1
+        return self
+
+    def _trim(self) -> None:
+        """Bound ``ended``: the oldest transactions that are neither aborted nor range-limited only
+        served straggler detection, which recent ones cover (see docs/semantics.md)."""
+        if len(self.ended) <= MAX_ENDED:
+            return
+        for k in sorted(self.ended, key=self.ended.get)[: len(self.ended) - MAX_ENDED]:
+            if k not in self.aborted and k not in self.ranges:
+                del self.ended[k]
+
+    def trim_below(self, start_offset: int) -> int:
+        """Forget aborted/ranged transactions whose data retention removed (PIP-196's lesson: the
+        aborted set must not grow forever). Returns how many entries were dropped."""
+        drop = [k for k, m in self.ended.items() if m < start_offset]
+        for k in drop:
+            self.ended.pop(k, None)
+            self.aborted.pop(k, None)
+            self.ranges.pop(k, None)
+        return len(drop)
+
+    def filter(self) -> VisibilityFilter:
+        return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges))
+
+
+@dataclass(frozen=True)
+class VisibilityFilter:
+    """What READ_COMMITTED may return, as a small picklable value: the Spark driver computes it once
+    and ships it to executors, which then never need the partition's history."""
+
+    read_limit: int
+    aborted: dict[int, int]
+    ended: dict[int, int]
+    ranges: dict[int, list[tuple[int, int]]]
+    # Transactions decided COMMIT in the TC whose marker is not written yet (no fractured reads).
+    decided_commits: frozenset[int] = frozenset()
+
+    def apply(self, table: pa.Table) -> pa.Table:
+        """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``)."""
+        data = table.filter(pc.equal(table.column("type"), MessageType.DATA.value))
+        if data.num_rows == 0 or data.column("txn_most_bits").null_count == data.num_rows:
+            return data
+        keys = txn_key_column(data)
+        plain = pc.is_null(keys)
+        visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
+        mask = pc.or_kleene(plain, visible)
+        special = {k: v for k, v in self.ended.items() if k not in self.aborted}
+        if special and any(k in special for k in set(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist())):
+            mask = self._straggler_and_range_mask(data, keys, mask)
+        return data.filter(pc.fill_null(mask, True))
+
+    def _straggler_and_range_mask(self, data: pa.Table, keys: pa.Array, mask: pa.Array) -> pa.Array:
+        offs = data.column("offset").to_pylist()
+        ks = keys.to_pylist()
+        m = mask.to_pylist()
+        for i, (k, o) in enumerate(zip(ks, offs, strict=True)):
+            if k is None or not m[i]:
+                continue
+            end = self.ended.get(k)
+            if end is not None and o > end:
+                m[i] = False
+                continue
+            rs = self.ranges.get(k)
+            if rs is not None and not any(a <= o <= b for a, b in rs):
+                m[i] = False
+        return pa.array(m, pa.bool_())
