@@ -73,13 +73,14 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions) -> list[OffsetRang
     opts.starting_offsets.check_against(partitions)
     opts.ending_offsets.check_against(partitions)
     planned: list[OffsetRangePartition] = []
+    plogs = {str(p): PartitionLog(root, p) for p in partitions}
+    indexes = {name: plog.refresh() for name, plog in plogs.items()}
+    visibilities = plan_visibility(root, plogs, opts.isolation_level)
     for p in partitions:
         assert p.partition is not None
-        plog = PartitionLog(root, p)
-        index = plog.refresh()
-        start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset,
-                                   index.end_offset)
-        visibility = plan_visibility(plog, opts.isolation_level)
+        index, visibility = indexes[str(p)], visibilities[str(p)]
+        limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
+        start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit)
         for lo, hi in split_range(start, end, opts.max_entries_per_partition):
             planned.append(OffsetRangePartition(str(p.base), p.partition, partition_segments(p), lo, hi,
                                                 tuple(index.files_for(lo, hi)), visibility))

@@ -1,28 +1,29 @@
 """Which stored records of a partition a Spark read may return: the executor half of
 :mod:`pulsartx.buffer.reads`.
 
-The split is deliberate. The driver decides *what could be visible* when it plans (the offset
-range, and later the transaction state: maxReadPosition, aborted transactions, committed ranges
-from markers) and freezes it into a picklable :class:`Visibility` carried by each input partition.
-The executor then calls :func:`visible_records` on the raw records of its range, and nothing else
-decides visibility. The transaction-buffer work extends exactly these two places: fields on
-``Visibility`` (filled in :func:`plan_visibility`) and the filter in ``visible_records``; the
-columns it needs go in :attr:`Visibility.columns`.
-
-Today both isolation levels return every DATA record and never a marker, matching
-``VisibilityReader.fetch``.
+The driver decides *what is visible* when it plans: it folds every partition of the read, then
+asks the TCs about every transaction still ongoing in any of them
+(:func:`pulsartx.buffer.reads.consistent_filters`). The result, one picklable
+:class:`~pulsartx.buffer.state.VisibilityFilter` per partition, travels in the input partition;
+the executor applies it to the raw records of its range and nothing else decides visibility.
+Because all partitions share one set of TC decisions, a read never returns part of a
+transaction, even while its markers are still being written (no fractured reads).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pulsartx.buffer.state import VisibilityFilter
 from pulsartx.log.schema import MessageType
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from pulsartx.log.partition import PartitionLog
+    from pulsartx.storage.root import StorageRoot
+
+READ_COMMITTED = "READ_COMMITTED"
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,39 @@ class Visibility:
     """What the driver decided about one partition's visibility, shipped to the executor."""
 
     isolation_level: str
+    filter: VisibilityFilter | None = None  # READ_COMMITTED only
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Stored columns :func:`visible_records` needs besides the output ones."""
-        return ("type",)
+        if self.filter is None:
+            return ("type",)
+        return ("type", "txn_most_bits", "txn_least_bits")
+
+    @property
+    def read_limit(self) -> int | None:
+        """Offsets at or past this are not visible yet (maxReadPosition + 1); None: no limit."""
+        return None if self.filter is None else self.filter.read_limit
 
 
-def plan_visibility(plog: PartitionLog, isolation_level: str) -> Visibility:
-    """Driver side: freeze the partition's visibility state for a read planned now."""
-    return Visibility(isolation_level)
+def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation_level: str) -> dict[str, Visibility]:
+    """Driver side: one consistent visibility decision for all partitions of a read planned now."""
+    if isolation_level != READ_COMMITTED:
+        return {name: Visibility(isolation_level) for name in plogs}
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.buffer.reads import consistent_filters
+    from pulsartx.coordinator.registry import Coordinators
+
+    states = {name: TransactionBuffer(plog).state() for name, plog in plogs.items()}
+    coordinators = Coordinators(root) if any(s.ongoing for s in states.values()) else None
+    filters = consistent_filters(coordinators, states)
+    return {name: Visibility(isolation_level, filters[name]) for name in plogs}
 
 
 def visible_records(records: pa.Table, visibility: Visibility) -> pa.Table:
     """Executor side: the raw records of a planned range, reduced to what the reader may see."""
+    if visibility.filter is not None:
+        return visibility.filter.apply(records)
     import pyarrow.compute as pc
 
     return records.filter(pc.equal(records.column("type"), MessageType.DATA.value))

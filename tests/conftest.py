@@ -13,16 +13,8 @@ from pathlib import Path
 
 import pytest
 
-# Quiet JVM logging: Spark's default profile prints INFO/WARN lines for every stage and task.
-_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
+# The project's quiet log4j2 profile: Spark's default prints INFO lines for every stage and task.
+LOG4J2 = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +24,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    conf_dir = tmp_path_factory.mktemp("spark-conf")
-    log4j = conf_dir / "log4j2.properties"
-    log4j.write_text(_LOG4J2)
+    scratch = tmp_path_factory.mktemp("spark")
     session = (
         SparkSession.builder.master("local[2]")
         .appName("pulsartx-tests")
@@ -43,8 +33,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-        .config("spark.sql.warehouse.dir", str(conf_dir / "warehouse"))
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2}")
+        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -280,7 +280,7 @@ def test_read_next_timeout_on_empty_topic(cl):
     t0 = time.monotonic()
     with pytest.raises(Timeout, match="within 200 ms"):
         r.read_next(timeout_millis=200)
-    assert 0.19 <= time.monotonic() - t0 < 2.0
+    assert 0.19 <= time.monotonic() - t0 < 5.0
     assert issubclass(Timeout, pulsartx.PulsarException)
 
 

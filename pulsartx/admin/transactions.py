@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pulsartx.coordinator.keys import full_key
 from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.exceptions import InvalidConfiguration, TransactionNotFound
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -125,7 +125,10 @@ class TransactionsAdmin:
         txns = tcs.keys(tcs.pick(full_key(owner, transaction_key))).delete(owner, transaction_key)
         aborted = []
         for t in txns:
-            m = tcs.for_txn(t).fence(t, f"fenced: transaction key {transaction_key!r} deleted")
+            try:
+                m = tcs.for_txn(t).fence(t, f"fenced: transaction key {transaction_key!r} deleted")
+            except TransactionNotFound:
+                continue  # finished long ago and trimmed from the TC log: nothing to abort
             if m.status is TxnStatus.ABORTED:
                 aborted.append(str(t))
         return aborted

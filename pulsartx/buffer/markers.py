@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.log.partition import AppendResult, PartitionLog, build_records
+from pulsartx.log.partition import AppendResult, PartitionLog, build_records, shared_log
 from pulsartx.log.schema import MARKER_ENTRIES, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
@@ -35,7 +35,7 @@ def write_marker(root: StorageRoot, partition: str, txn_id: TxnID, action: TxnAc
     ``entries``: for a commit, the exact (first, last) offset ranges that belong to the transaction
     in this partition; messages of the transaction outside them stay invisible forever.
     """
-    plog = plog or PartitionLog(root, TopicName.parse(partition))
+    plog = plog or shared_log(root, TopicName.parse(partition))
     mtype = MessageType.TXN_COMMIT if action is TxnAction.COMMIT else MessageType.TXN_ABORT
     marker_entries = None
     if entries is not None and action is TxnAction.COMMIT:

@@ -4,59 +4,91 @@ READ_UNCOMMITTED returns every DATA record. READ_COMMITTED returns DATA records 
 maxReadPosition, minus aborted transactions, minus entries a commit marker left out, minus a
 transaction's stragglers after its own marker. Markers are never returned.
 
-Stuck transactions: when the earliest ongoing transaction blocks maxReadPosition, the reader asks
-its TC. An OPEN transaction past its timeout is aborted right there (reader-side resolution), and a
-decided one whose markers a dead TC never wrote is rolled forward, so a partition is blocked for no
-longer than the timeout, with or without a sweeper running.
+Markers are written only after the TC logged COMMITTING/ABORTING, so the TC record is the
+decision and a marker merely materialises it. Readers use that (:func:`consistent_filters`):
+for every transaction still ongoing in the partitions being read, they ask its TC once, after
+folding all partitions:
+  * decided COMMIT: visible in every partition alike, marker written or not: a read of several
+    partitions never returns part of a transaction (no fractured reads);
+  * decided ABORT, or unknown to the TC: hidden;
+  * OPEN past its timeout: aborted right there (reader-side resolution), so a dead client blocks
+    a partition for no longer than its timeout, with or without a sweeper;
+  * OPEN: it bounds maxReadPosition, as in Pulsar and Kafka (the LSO).
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
-from pulsartx.buffer.state import BufferState, key_txn
+from pulsartx.buffer.state import BufferState, Decision, VisibilityFilter, key_txn
 from pulsartx.log.partition import PartitionLog
 from pulsartx.log.schema import MessageType
 
 log = logging.getLogger(__name__)
-RESOLVE_EVERY_S = 0.5
+RESOLVE_EVERY_S = 0.2
 
 
-def resolve_blocking(coordinators: Any, state: BufferState, grace_ms: int | None = None) -> bool:
-    """Try to unblock the transaction holding maxReadPosition; True when it was finished here."""
+def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
+    """TC metadata for each transaction key (None: unknown to its TC), one log refresh per TC."""
     from pulsartx.coordinator.coordinator import now_ms
-    from pulsartx.coordinator.state import TxnStatus
     from pulsartx.coordinator.txnid import TxnID
-    from pulsartx.exceptions import PulsarException
+    from pulsartx.exceptions import PulsarException, TransactionNotFound
 
-    if not state.ongoing:
-        return False
-    key = min(state.ongoing, key=state.ongoing.get)
-    txn_id = TxnID(*key_txn(key))
-    try:
-        tc = coordinators.for_txn(txn_id)
-        meta = tc.get(txn_id, refresh=True)
-    except PulsarException as e:
-        log.debug("cannot resolve %s: %s", txn_id, e)
-        return False
-    grace = tc.config.recovery_grace_ms if grace_ms is None else grace_ms
-    if meta.expired(now_ms()):
-        log.info("reader-side resolution: aborting expired transaction %s blocking %s", txn_id, state)
-        return tc.abort_expired(txn_id).status is TxnStatus.ABORTED
-    if meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) and now_ms() - meta.last_modified_ms >= grace:
-        return tc.end_transaction(txn_id, _action_of(meta.status)).status.is_final
-    return False
+    by_tc: dict[int, list[int]] = defaultdict(list)
+    for k in keys:
+        by_tc[key_txn(k)[0]].append(k)
+    out: dict[int, Any] = {}
+    for tc_id, ks in by_tc.items():
+        try:
+            tc = coordinators.tc(tc_id)
+            tc.transactions(refresh=True)
+        except PulsarException as e:
+            log.debug("TC %d unavailable for visibility decisions: %s", tc_id, e)
+            continue  # undecided: those transactions keep blocking, which is always safe
+        for k in ks:
+            txn_id = TxnID(*key_txn(k))
+            try:
+                meta = tc.get(txn_id)
+                if meta.expired(now_ms()):
+                    log.info("reader-side resolution: aborting expired transaction %s", txn_id)
+                    meta = tc.abort_expired(txn_id)
+                out[k] = meta
+            except TransactionNotFound:
+                out[k] = None
+            except PulsarException as e:
+                log.debug("cannot decide %s: %s", txn_id, e)
+    return out
 
 
-def _action_of(status):
-    from pulsartx.coordinator.state import TxnAction, TxnStatus
+def consistent_filters(coordinators: Any, states: Mapping[str, BufferState]) -> dict[str, VisibilityFilter]:
+    """READ_COMMITTED filters for several partitions that agree on every transaction's outcome."""
+    from pulsartx.coordinator.state import TxnStatus
 
-    return TxnAction.COMMIT if status is TxnStatus.COMMITTING else TxnAction.ABORT
+    keys = set().union(*(s.ongoing.keys() for s in states.values())) if states else set()
+    metas = _lookup(coordinators, keys) if keys and coordinators is not None else {}
+    out = {}
+    for name, s in states.items():
+        decided: dict[int, Decision] = {}
+        for k in s.ongoing:
+            if k not in metas:
+                continue
+            m = metas[k]
+            if m is None or m.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
+                decided[k] = Decision(False)
+            elif m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+                ranges = None
+                if m.commit_entries is not None:
+                    ranges = tuple((a, b) for p, a, b in m.commit_entries if p == name)
+                decided[k] = Decision(True, ranges)
+        out[name] = s.filter(decided)
+    return out
 
 
 class VisibilityReader:
@@ -66,7 +98,8 @@ class VisibilityReader:
         self.isolation = isolation_level
         self.buffer = TransactionBuffer(plog)
         self._end = 0
-        self._last_resolve = 0.0
+        self._filter: VisibilityFilter | None = None
+        self._last_decide = 0.0
 
     @property
     def committed(self) -> bool:
@@ -78,12 +111,25 @@ class VisibilityReader:
             self._end = self.log.end_offset()
             return self._end
         state = self.buffer.state()
-        if state.ongoing and self.client is not None and time.monotonic() - self._last_resolve >= RESOLVE_EVERY_S:
-            self._last_resolve = time.monotonic()
-            if resolve_blocking(self.client._coordinators(), state):
-                state = self.buffer.state()
-        self._end = state.read_limit
+        if not state.ongoing or self.client is None:
+            self._filter = state.filter()
+        elif self._filter is None or time.monotonic() - self._last_decide >= RESOLVE_EVERY_S:
+            # Asking the TCs costs a log refresh each, so a polling reader does it at a bounded rate.
+            self._last_decide = time.monotonic()
+            name = str(self.log.topic)
+            self._filter = consistent_filters(self.client._coordinators(), {name: state})[name]
+        else:
+            self._filter = self._refold(state)
+        self._end = self._filter.read_limit
         return self._end
+
+    def _refold(self, state: BufferState) -> VisibilityFilter:
+        """Between TC checks, keep the decisions already made for transactions still ongoing."""
+        assert self._filter is not None
+        decided = {k: Decision(True, tuple(self._filter.ranges.get(k, ())) or None)
+                   for k in self._filter.decided_commits if k in state.ongoing}
+        decided.update({k: Decision(False) for k in state.ongoing if k in self._filter.aborted})
+        return state.filter(decided)
 
     def more_readable(self, position: int) -> bool:
         return position < self._end
@@ -94,5 +140,6 @@ class VisibilityReader:
             return self.log.read(0, 0), position
         table = self.log.read(position, end)
         if self.committed:
-            return self.buffer.state(refresh=False).filter().apply(table), end
+            assert self._filter is not None
+            return self._filter.apply(table), end
         return table.filter(pc.equal(table.column("type"), MessageType.DATA.value)), end

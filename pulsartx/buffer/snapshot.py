@@ -81,11 +81,11 @@ class SnapshotStore:
     def save(self, state: BufferState) -> bool:
         t = delta.open_table(self.root, *self.segments)
         if t is None:
-            delta.create_table(self.root, SNAPSHOT_SCHEMA, *self.segments, name="transaction-buffer-snapshot")
+            delta.create_table(self.root, SNAPSHOT_SCHEMA, *self.segments, name="transaction-buffer-snapshot",
+                               configuration=delta.stats_config(["offset"]))
             t = delta.open_table(self.root, *self.segments)
-        add = delta.write_data_file(self.root, state_to_table(state), self.segments, "snapshot", ["offset"])
         try:
-            t.create_write_transaction([add], mode="overwrite", schema=SNAPSHOT_SCHEMA)
+            delta.write(t, state_to_table(state), mode="overwrite")
         except Exception as e:
             log.debug("snapshot of %s skipped: %s", self.segments, e)
             return False

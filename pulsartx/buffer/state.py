@@ -112,8 +112,34 @@ class BufferState:
             self.ranges.pop(k, None)
         return len(drop)
 
-    def filter(self) -> VisibilityFilter:
-        return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges))
+    def filter(self, decided: dict[int, Decision] | None = None) -> VisibilityFilter:
+        """The READ_COMMITTED filter. ``decided``: outcomes the TC already logged for transactions
+        still ongoing here (markers not written yet); they no longer block maxReadPosition."""
+        if not decided:
+            return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges))
+        aborted = dict(self.aborted)
+        ranges = dict(self.ranges)
+        commits = set()
+        for k, d in decided.items():
+            if k not in self.ongoing:
+                continue
+            if d.commit:
+                commits.add(k)
+                if d.ranges is not None:
+                    ranges[k] = list(d.ranges)
+            else:
+                aborted[k] = self.end_offset
+        blocking = [o for k, o in self.ongoing.items() if k not in decided]
+        limit = min(blocking) if blocking else self.end_offset
+        return VisibilityFilter(limit, aborted, dict(self.ended), ranges, frozenset(commits))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A TC outcome for a transaction whose marker a partition does not hold yet."""
+
+    commit: bool
+    ranges: tuple[tuple[int, int], ...] | None = None  # the commit's entries in this partition
 
 
 @dataclass(frozen=True)
@@ -137,8 +163,8 @@ class VisibilityFilter:
         plain = pc.is_null(keys)
         visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
         mask = pc.or_kleene(plain, visible)
-        special = {k: v for k, v in self.ended.items() if k not in self.aborted}
-        if special and any(k in special for k in set(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist())):
+        special = (self.ended.keys() - self.aborted.keys()) | self.ranges.keys()
+        if special and not special.isdisjoint(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist()):
             mask = self._straggler_and_range_mask(data, keys, mask)
         return data.filter(pc.fill_null(mask, True))
 

@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pulsartx.client.result import Result
@@ -29,17 +28,31 @@ log = logging.getLogger(__name__)
 SendCallback = Callable[[Result, MessageId | None], None]
 
 
-@dataclass
 class _Pending:
-    content: bytes
-    key: str | None
-    properties: dict[str, str] | None
-    event_ms: int | None
-    sequence_id: int
-    callback: SendCallback | None
-    sync: bool = False
-    result: list = field(default_factory=list)  # filled with MessageId or exception
-    done: threading.Event = field(default_factory=threading.Event)
+    """One queued message. Slotted and Event-free for async sends: at 1 KiB a message, per-message
+    Python overhead is what bounds producer throughput, not storage."""
+
+    __slots__ = ("content", "key", "properties", "event_ms", "sequence_id", "callback", "sync", "partition",
+                 "result", "done", "full")
+
+    def __init__(self, content: bytes, key: str | None, properties: dict[str, str] | None, event_ms: int | None,
+                 sequence_id: int, callback: SendCallback | None, sync: bool, partition: int):
+        self.content = content
+        self.key = key
+        self.properties = properties
+        self.event_ms = event_ms
+        self.sequence_id = sequence_id
+        self.callback = callback
+        self.sync = sync
+        self.partition = partition
+        self.result: MessageId | BaseException | None = None
+        self.done = threading.Event() if sync else None
+        self.full = False  # set when this message filled its batch: the sender flushes it
+
+    def finish(self, result: MessageId | BaseException) -> None:
+        self.result = result
+        if self.done is not None:
+            self.done.set()
 
 
 class Producer:
@@ -91,7 +104,7 @@ class Producer:
         p = self._enqueue(content, None, properties, partition_key, sequence_id, event_timestamp, txn, sync=True)
         self._flush_queue(self._queue_key(p, txn))
         p.done.wait()
-        out = p.result[0]
+        out = p.result
         if isinstance(out, BaseException):
             raise out
         return out
@@ -101,18 +114,14 @@ class Producer:
                    event_timestamp: int | None = None, txn: Any = None, **_: Any) -> None:
         """Queue the message; ``callback(result, message_id)`` runs once it is durable (or failed)."""
         p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
-        key = self._queue_key(p, txn)
-        with self._lock:
-            full = len(self._queues.get(key, ())) >= self._max_messages
-        if full:
-            self._flush_queue(key)
+        if p.full:
+            self._flush_queue(self._queue_key(p, txn))
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
         # Iterate over the flush locks, not the queues: a batch the timer thread already popped is
         # no longer queued, and taking its lock is what waits for that append to finish.
-        for key in list(self._flush_locks):
-            self._flush_queue(key)
+        self._flush_keys(list(self._flush_locks))
         if self._errors:
             err, self._errors = self._errors[0], []
             raise err
@@ -147,29 +156,70 @@ class Producer:
         if txn is not None:
             txn._check_usable()
             txn._attach_producer(self)
+        n = len(self._partitions)
+        if n == 1:
+            idx = 0
+        elif partition_key is not None:
+            idx = partition_for_key(partition_key, n)
+        else:
+            idx = None
         with self._lock:
             if sequence_id is None:
                 sequence_id = self._last_seq + 1
-            self._last_seq = max(self._last_seq, sequence_id)
-            idx = (partition_for_key(partition_key, len(self._partitions)) if partition_key is not None
-                   else self._router.next())
+            if sequence_id > self._last_seq:
+                self._last_seq = sequence_id
+            if idx is None:
+                idx = self._router.next()
             # A producer on one "-partition-i" name routes everything to that partition's index.
             part = self._partitions[idx].partition
-            p = _Pending(bytes(content), partition_key, properties, event_timestamp, sequence_id, callback, sync)
-            p.partition = part  # type: ignore[attr-defined]
+            p = _Pending(content if type(content) is bytes else bytes(content), partition_key, properties,
+                         event_timestamp, sequence_id, callback, sync, part)
             key = (part, txn)
-            q = self._queues.setdefault(key, [])
+            q = self._queues.get(key)
             if not q:
+                if q is None:
+                    q = self._queues[key] = []
                 self._first_enqueued[key] = time.monotonic()
+                if key not in self._flush_locks:
+                    self._flush_locks[key] = threading.Lock()
             q.append(p)
-            self._flush_locks.setdefault(key, threading.Lock())
+            p.full = len(q) >= self._max_messages
         return p
 
     @staticmethod
     def _queue_key(p: _Pending, txn: Any) -> tuple[int, Any]:
-        return (p.partition, txn)  # type: ignore[attr-defined]
+        return (p.partition, txn)
 
-    def _flush_queue(self, key: tuple[int, Any]) -> None:
+    def _flush_keys(self, keys: list[tuple[int, Any]]) -> None:
+        """Flush several queues: partitions of each transaction are registered with one TC call,
+        then the partitions are appended in parallel (delta-rs releases the GIL while committing)."""
+        if not keys:
+            return
+        registered = False
+        for txn in {k[1] for k in keys if k[1] is not None}:
+            with self._lock:
+                parts = {str(self._logs[k[0]].topic) for k in keys if k[1] is txn and self._queues.get(k)}
+            if parts:
+                try:
+                    txn._register_partitions(parts)
+                    registered = True
+                except PulsarException as e:
+                    with self._lock:
+                        batch = [p for k in keys if k[1] is txn for p in self._queues.pop(k, [])]
+                    if batch:
+                        self._fail(batch, e)
+                        self._errors.clear()
+                    raise
+        if len(keys) == 1:
+            self._flush_queue(keys[0], registered)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, len(keys)), thread_name_prefix="pulsartx-flush") as pool:
+            for f in [pool.submit(self._flush_queue, k, registered) for k in keys]:
+                f.result()
+
+    def _flush_queue(self, key: tuple[int, Any], registered: bool = False) -> None:
         lock = self._flush_locks.get(key)
         if lock is None:
             return
@@ -178,15 +228,15 @@ class Producer:
                 batch = self._queues.pop(key, [])
                 self._first_enqueued.pop(key, None)
             if batch:
-                self._append(key, batch)
+                self._append(key, batch, registered)
 
-    def _append(self, key: tuple[int, Any], batch: list[_Pending]) -> None:
+    def _append(self, key: tuple[int, Any], batch: list[_Pending], registered: bool = False) -> None:
         part, txn = key
         plog = self._logs[part]
         try:
             txn_bits = None
             if txn is not None:
-                txn_bits = txn._before_append(plog.topic)
+                txn_bits = txn._before_append(plog.topic, registered)
             records = build_records(
                 [p.content for p in batch], keys=[p.key for p in batch], properties=[p.properties for p in batch],
                 event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
@@ -203,8 +253,7 @@ class Producer:
         for p, off in zip(batch, res.offsets, strict=True):
             # A deduplicated message was persisted earlier; Pulsar reports it without a new position.
             mid = MessageId(part, off if off is not None else -1)
-            p.result.append(mid)
-            p.done.set()
+            p.finish(mid)
             if p.callback is not None:
                 self._run_callback(p.callback, Result.Ok, mid)
 
@@ -213,8 +262,7 @@ class Producer:
         if not all(p.sync for p in batch):
             self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
         for p in batch:
-            p.result.append(exc)
-            p.done.set()
+            p.finish(exc)
             if p.callback is not None:
                 self._run_callback(p.callback, Result.of(exc), None)
 
@@ -249,5 +297,4 @@ class Producer:
 
     def flush_transaction(self, txn: Any) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first)."""
-        for key in [k for k in list(self._flush_locks) if k[1] is txn]:
-            self._flush_queue(key)
+        self._flush_keys([k for k in list(self._flush_locks) if k[1] is txn])

@@ -69,13 +69,18 @@ class Transaction:
         return self._client._coordinators().for_txn(self.id)
 
     def _register_partitions(self, partitions: set[str]) -> None:
-        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish."""
+        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish.
+        Already-registered partitions still cost one check with the TC, so that a transaction fenced
+        or timed out elsewhere fails the send with ExpiredTransactionError instead of writing data
+        that could never become visible."""
         with self._lock:
             new = partitions - self._partitions
         if new:
             self._call(lambda: self._tc().add_partitions(self.id, new))
             with self._lock:
                 self._partitions |= new
+        else:
+            self._call(lambda: self._tc().check_usable(self.id))
 
     def _register_subscription(self, sub: Subscription) -> None:
         with self._lock:
@@ -92,9 +97,12 @@ class Transaction:
             self.state = TransactionState.TIME_OUT if "timed out" in str(e) or "timeout" in str(e) else TransactionState.ABORTED
             raise
 
-    def _before_append(self, partition: TopicName) -> tuple[int, int]:
+    def _before_append(self, partition: TopicName, registered: bool = False) -> tuple[int, int]:
+        """Called by a producer right before appending a batch of this transaction to ``partition``;
+        ``registered`` when the producer already registered it in this flush (one TC call for all)."""
         self._check_usable()
-        self._register_partitions({str(partition)})
+        if not registered:
+            self._register_partitions({str(partition)})
         return self.id.as_tuple()
 
     def _after_append(self, partition: TopicName, result: AppendResult) -> None:

@@ -142,14 +142,24 @@ class TransactionCoordinator:
                 self.txlog.refresh()
             return self._require(txn_id)
 
+    def check_usable(self, txn_id: TxnID) -> TxnMeta:
+        """Fail fast when a transaction can no longer take sends or acks (fenced, timed out, ended)."""
+        meta = self.get(txn_id, refresh=True)
+        _check_usable(meta)
+        if meta.status is not TxnStatus.OPEN:
+            raise InvalidTxnStatusError(f"transaction {txn_id} is {meta.status.value}; only OPEN transactions accept "
+                                        "sends and acks")
+        return meta
+
     def add_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> TxnMeta:
         parts = set(partitions)
 
         def prepare(meta: TxnMeta):
             _check_usable(meta)
+            new = meta.with_partitions(parts, now_ms())  # only OPEN accepts it, even a repeat (PIP-31)
             if parts <= meta.partitions:
                 return None  # set semantics: a repeat is a no-op
-            return meta.with_partitions(parts, now_ms()), MetadataOp.ADD_PARTITION
+            return new, MetadataOp.ADD_PARTITION
 
         return self._cas(txn_id, prepare)
 
@@ -158,9 +168,10 @@ class TransactionCoordinator:
 
         def prepare(meta: TxnMeta):
             _check_usable(meta)
+            new = meta.with_subscriptions(subs, now_ms())  # only OPEN accepts it, even a repeat (PIP-31)
             if subs <= meta.subscriptions:
                 return None
-            return meta.with_subscriptions(subs, now_ms()), MetadataOp.ADD_SUBSCRIPTION
+            return new, MetadataOp.ADD_SUBSCRIPTION
 
         return self._cas(txn_id, prepare)
 
@@ -226,7 +237,7 @@ class TransactionCoordinator:
         for meta in metas:
             try:
                 if meta.expired(now):
-                    self.abort_expired(meta.txn_id)
+                    self.abort_expired(meta.txn_id, now)
                     res.timed_out += 1
                 elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) and now - meta.last_modified_ms >= grace:
                     if not self._complete(self.get(meta.txn_id)).status.is_final:
@@ -240,10 +251,11 @@ class TransactionCoordinator:
                 log.warning("TC %d sweep: %s failed: %s", self.tc_id, meta.txn_id, e)
         return res
 
-    def abort_expired(self, txn_id: TxnID) -> TxnMeta:
-        """Abort an OPEN transaction past its timeout (sweeper or reader-side resolution)."""
+    def abort_expired(self, txn_id: TxnID, now: int | None = None) -> TxnMeta:
+        """Abort an OPEN transaction past its timeout at ``now`` (default: the clock), for the
+        sweeper or reader-side resolution."""
         def decide(meta: TxnMeta):
-            if meta.status is not TxnStatus.OPEN or not meta.expired(now_ms()):
+            if meta.status is not TxnStatus.OPEN or not meta.expired(now_ms() if now is None else now):
                 return None
             return meta.transition(TxnStatus.ABORTING, now_ms(), REASON_TIMEOUT), MetadataOp.UPDATE
 

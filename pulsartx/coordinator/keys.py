@@ -95,7 +95,8 @@ class TransactionKeyStore:
         now = int(time.time() * 1000)
 
         def change(old):
-            epoch = 0 if old is None or old["deleted"] else old["epoch"] + 1
+            # Never reused, even after a delete: a client fenced before it must stay fenced.
+            epoch = 0 if old is None else old["epoch"] + 1
             return {"seq": (old["seq"] + 1) if old else 0, "owner": o, "transaction_key": name, "epoch": epoch,
                     "txn_ids": [], "claimed_ms": now, "updated_ms": now, "deleted": False}
 

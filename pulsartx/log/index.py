@@ -25,6 +25,11 @@ class DataFile:
     max_publish_us: int | None = None
 
 
+# Delta statistics keep timestamps at millisecond precision and delta-rs truncates, so the true
+# maximum of a file can be up to 999 µs above its recorded maximum.
+TS_STATS_SLACK_US = 999
+
+
 def _iso_to_us(v: Any) -> int | None:
     if v is None:
         return None
@@ -33,13 +38,17 @@ def _iso_to_us(v: Any) -> int | None:
     return int(dt.datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1_000_000)
 
 
+def _max_us(v: int | None) -> int | None:
+    return None if v is None else v + TS_STATS_SLACK_US
+
+
 def data_file_from_add(add: dict[str, Any]) -> DataFile | None:
     stats = parse_stats(add.get("stats"))
     lo, hi = stats.get("minValues", {}), stats.get("maxValues", {})
     if "offset" not in lo or "offset" not in hi:
         return None  # an empty file carries no offsets
     return DataFile(int(lo["offset"]), int(hi["offset"]), add["path"], int(add.get("size", 0)),
-                    int(stats.get("numRecords", 0)), _iso_to_us(lo.get("publish_time")), _iso_to_us(hi.get("publish_time")))
+                    int(stats.get("numRecords", 0)), _iso_to_us(lo.get("publish_time")), _max_us(_iso_to_us(hi.get("publish_time"))))
 
 
 class FileIndex:
@@ -62,7 +71,7 @@ class FileIndex:
             files.append(DataFile(int(lo), int(hi), acts["path"][i], int(acts["size_bytes"][i]),
                                   int(acts.get("num_records", [0] * n)[i] or 0),
                                   None if pmin is None else int(pmin.timestamp() * 1_000_000),
-                                  None if pmax is None else int(pmax.timestamp() * 1_000_000)))
+                                  None if pmax is None else _max_us(int(pmax.timestamp() * 1_000_000))))
         self._files = sorted(files)
         self._mins = [f.min_offset for f in self._files]
         self.version = table.version()

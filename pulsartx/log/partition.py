@@ -1,10 +1,10 @@
 """PartitionLog: one topic partition as an append-only Delta table with dense offsets.
 
 Append protocol (one Delta commit per batch):
-  1. from the current snapshot, read the next offset (app-transaction ``pulsartx.offset``) and the
-     producer's last sequence id (app-transaction ``pulsartx.producer.<name>``);
-  2. drop already-persisted sequence ids, number the rest from the next offset, write one file;
-  3. commit the file together with both app-transaction versions.
+  1. from the writer handle's snapshot, read the next offset (app-transaction ``pulsartx.offset``)
+     and the producer's last sequence id (app-transaction ``pulsartx.producer.<name>``);
+  2. drop already-persisted sequence ids and number the rest from the next offset;
+  3. write them as one commit that sets both app-transaction versions.
 Every append sets ``pulsartx.offset``, so two appenders from the same snapshot conflict and exactly
 one wins: offsets are never given twice, and the loser retries from the new snapshot (re-running
 the dedup check, which makes dedup race-free too).
@@ -12,6 +12,7 @@ the dedup check, which makes dedup race-free too).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_mask, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
-from pulsartx.log.schema import RECORD_SCHEMA, STATS_COLUMNS, MessageType
+from pulsartx.log.schema import RECORD_SCHEMA, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
@@ -106,6 +107,10 @@ class PartitionLog:
         self._table: Any = None
         self._index: FileIndex | None = None
         self._tail = delta.LogTail(root, self.segments)
+        self._append_lock = threading.Lock()
+        # App-transaction versions this writer set in its last commit: valid for the handle's
+        # snapshot until it is refreshed (transaction_version costs ~1 ms a call).
+        self._known_apps: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
@@ -132,34 +137,39 @@ class PartitionLog:
         append happens at most once ever: if a commit already set that app id, nothing is written
         and ``AppendResult.version`` is None (markers use this to be idempotent).
         """
+        with self._append_lock:  # one DeltaTable snapshot per log: appends through it are serial
+            return self._append(records, producer_name, guard_app_id)
+
+    def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None) -> AppendResult:
         table = self._writer_table()
         seqs = records.column("sequence_id").to_pylist() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
         for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
-            next_offset = delta.txn_version(table, OFFSET_APP_ID) or 0
+            next_offset = self._app_version(table, OFFSET_APP_ID) or 0
             if guard_app_id is not None and delta.txn_version(table, guard_app_id) is not None:
                 return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             keep = None
             if app_id is not None:
-                keep = new_message_mask(seqs, delta.txn_version(table, app_id))
+                keep = new_message_mask(seqs, self._app_version(table, app_id))
                 if not any(keep):
                     return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             rows = records if keep is None or all(keep) else records.filter(pa.array(keep))
             data = _finish(rows, next_offset, int(time.time() * 1_000_000))
-            add = delta.write_data_file(self.root, data, self.segments, f"{next_offset:020d}", STATS_COLUMNS)
             apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
             if app_id is not None:
                 apps[app_id] = max(s for s, k in zip(seqs, keep, strict=True) if k)
             if guard_app_id is not None:
                 apps[guard_app_id] = next_offset
             try:
-                delta.commit(table, RECORD_SCHEMA, adds=[add], app_transactions=apps)
+                version = delta.write(table, data, app_transactions=apps)
             except delta.ConcurrentCommit:
-                self._discard(add.path)
                 delta.backoff(attempt)
+                self._known_apps.clear()
                 table.update_incremental()
                 continue
-            version = self._advance(table)
+            # Every append sets the offset app id, so no other append can have slipped in between:
+            # the versions we just wrote are the handle's current ones.
+            self._known_apps = {k: v for k, v in apps.items() if k != guard_app_id}
             offsets: list[int | None] = []
             o = next_offset
             for k in keep if keep is not None else [True] * records.num_rows:
@@ -171,23 +181,16 @@ class PartitionLog:
         raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
                            "too many concurrent writers on one partition: add partitions or retry later")
 
-    def _advance(self, table: Any) -> int:
-        """Move the writer snapshot past our own commit so the next append does not conflict with it."""
-        try:
-            table.update_incremental()
-        except Exception as e:  # the commit is durable; a stale snapshot only costs a retry
-            log.debug("update_incremental after commit failed on %s: %s", self.topic, e)
-        return table.version()
-
-    def _discard(self, name: str) -> None:
-        try:
-            self.root.arrow_fs.delete_file(self.root.fs_path(*self.segments, name))
-        except OSError:
-            pass  # vacuum removes uncommitted files anyway
+    def _app_version(self, table: Any, app_id: str) -> int | None:
+        if app_id in self._known_apps:
+            return self._known_apps[app_id]
+        return delta.txn_version(table, app_id)
 
     def last_sequence_id(self, producer_name: str) -> int | None:
         t = self._writer_table()
-        t.update_incremental()
+        with self._append_lock:
+            self._known_apps.clear()
+            t.update_incremental()
         return delta.txn_version(t, producer_app_id(producer_name))
 
     # ---- reads ---------------------------------------------------------------------------------
@@ -217,6 +220,21 @@ class PartitionLog:
     def read(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
         """All records with ``start <= offset < end`` in offset order (every type, no isolation)."""
         return read_files(self.root, self.segments, self.index.files_for(start, end), start, end, columns)
+
+
+_SHARED: dict[tuple[str, str], PartitionLog] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_log(root: StorageRoot, topic: TopicName) -> PartitionLog:
+    """A process-wide PartitionLog per partition, for writers that come and go (the TC's marker
+    channel): reusing its DeltaTable avoids re-reading the Delta log on every marker."""
+    key = (root.url, str(topic))
+    with _SHARED_LOCK:
+        plog = _SHARED.get(key)
+        if plog is None or plog.root != root:
+            plog = _SHARED[key] = PartitionLog(root, topic)
+        return plog
 
 
 def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[DataFile], start: int, end: int,

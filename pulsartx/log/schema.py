@@ -48,4 +48,5 @@ STATS_COLUMNS = ("offset", "publish_time", "sequence_id")
 
 # Table properties of every partition table. App ids (producer sequence ids, marker guards) idle for
 # a week expire, as Pulsar forgets an inactive producer's dedup state.
-PARTITION_TABLE_CONFIG = {"delta.setTransactionRetentionDuration": "interval 7 days"}
+PARTITION_TABLE_CONFIG = {"delta.setTransactionRetentionDuration": "interval 7 days",
+                          "delta.dataSkippingStatsColumns": ",".join(STATS_COLUMNS)}

@@ -1,9 +1,9 @@
 """The only Delta operations pulsartx needs: create, open, write a data file, commit files with a
 compare-and-set, and tail the commit log.
 
-Why pre-written files plus ``create_write_transaction`` instead of ``write_deltalake``: we choose the
-file name and the statistics (min/max offset drive every range read), we can retry a conflicted
-commit without re-reading the table, and a commit costs ~8 ms instead of ~25 ms.
+Every write goes through ``write_deltalake`` on a reused DeltaTable handle: re-opening a table
+re-reads its log, so latency would grow with history (notes/deltalake.md), whereas a reused
+handle is advanced in place by each successful write.
 
 The compare-and-set: a commit carrying ``Transaction(app_id, v)`` fails if any commit after the
 writer's snapshot set the same app_id. delta-rs does not check ``v`` itself, so callers compare the
@@ -11,24 +11,18 @@ snapshot's ``transaction_version`` before committing (see notes/deltalake.md).
 """
 from __future__ import annotations
 
-import datetime as dt_
 import json
 import logging
-import math
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
-_EPOCH = dt_.datetime(1970, 1, 1, tzinfo=dt_.UTC)
 
 
 class ConcurrentCommit(StorageError):
@@ -79,61 +73,32 @@ def create_table(root: StorageRoot, schema: pa.Schema, *segments: str,
         raise StorageError(f"cannot create Delta table {uri}: {e}") from e
 
 
-def _stat_value(v: Any) -> Any:
-    if isinstance(v, dt_.datetime):
-        return v.astimezone(dt_.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return v
+_WRITER_PROPERTIES: Any = None
 
 
-def _ts_bound(scalar: pa.Scalar, up: bool) -> str | None:
-    """Delta keeps timestamp stats at millisecond precision: round outward so pruning stays correct."""
-    if not scalar.is_valid:
-        return None
-    micros = scalar.cast(pa.int64()).as_py()
-    millis = math.ceil(micros / 1000) if up else math.floor(micros / 1000)
-    return _stat_value(_EPOCH + dt_.timedelta(milliseconds=millis))
+def _writer_properties() -> Any:
+    global _WRITER_PROPERTIES
+    if _WRITER_PROPERTIES is None:
+        _WRITER_PROPERTIES = _deltalake().WriterProperties(compression="ZSTD", compression_level=1)
+    return _WRITER_PROPERTIES
 
 
-def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name in columns:
-        col = table.column(name)
-        nulls[name] = col.null_count
-        if col.null_count == len(col) or len(col) == 0:
-            continue
-        mm = pc.min_max(col)
-        if pa.types.is_timestamp(col.type):
-            mins[name], maxs[name] = _ts_bound(mm["min"], False), _ts_bound(mm["max"], True)
-        else:
-            mins[name], maxs[name] = mm["min"].as_py(), mm["max"].as_py()
-    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+def stats_config(columns: Iterable[str]) -> dict[str, str]:
+    """Table properties limiting file statistics to the columns we prune on: cheaper writes, and
+    the statistics any Delta reader sees are exactly the ones our reads rely on."""
+    return {"delta.dataSkippingStatsColumns": ",".join(columns)}
 
 
-def write_data_file(root: StorageRoot, table: pa.Table, segments: tuple[str, ...], prefix: str,
-                    stats_columns: Iterable[str]) -> Any:
-    """Write one parquet file into a table's folder and return its (uncommitted) AddAction.
+def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | None = None,
+          metadata: Mapping[str, str] | None = None, mode: str = "append") -> int:
+    """Write ``data`` as one commit through a reused DeltaTable handle and return the new version.
 
-    An uncommitted file is invisible to every Delta reader; if the commit never happens, vacuum
-    removes it.
+    ``write_deltalake`` on a handle advances the handle in place (no ``update_incremental``) and
+    costs about as much as the raw append. With ``app_transactions`` it is a compare-and-set:
+    :class:`ConcurrentCommit` when another commit set one of those app ids after the handle's
+    snapshot; the handle is then unchanged and the caller refreshes and retries. A lost attempt
+    may leave an unreferenced data file, which vacuum removes.
     """
-    dl = _deltalake()
-    name = f"{prefix}-{uuid.uuid4().hex}.parquet"
-    path = root.fs_path(*segments, name)
-    try:
-        pq.write_table(table, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1,
-                       write_statistics=list(stats_columns))
-        size = root.arrow_fs.get_file_info(path).size
-    except OSError as e:
-        raise StorageError(f"cannot write data file {root.uri(*segments, name)}: {e}") from e
-    return dl.transaction.AddAction(name, size, {}, int(time.time() * 1000), True, file_stats(table, stats_columns))
-
-
-def commit(table: Any, schema: pa.Schema, *, adds: list[Any] = (), removes: list[Any] = (),
-           app_transactions: Mapping[str, int] | None = None, metadata: Mapping[str, str] | None = None,
-           mode: str = "append") -> None:
-    """Commit files atomically; raise :class:`ConcurrentCommit` when an app-transaction CAS lost."""
     dl = _deltalake()
     props = dl.CommitProperties(
         custom_metadata=dict(metadata) if metadata else None,
@@ -143,9 +108,12 @@ def commit(table: Any, schema: pa.Schema, *, adds: list[Any] = (), removes: list
         max_commit_retries=32,
     )
     try:
-        table.create_write_transaction(list(adds) + list(removes), mode=mode, schema=schema, commit_properties=props)
+        dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(), commit_properties=props)
     except dl.exceptions.CommitFailedError as e:
         raise ConcurrentCommit(str(e)) from e
+    except OSError as e:
+        raise StorageError(f"cannot write to Delta table {table.table_uri}: {e}") from e
+    return table.version()
 
 
 def txn_version(table: Any, app_id: str) -> int | None:

@@ -57,7 +57,8 @@ class KeyedLog:
         """Load the live state: the active files of the table (last compaction + entries since)."""
         t = delta.open_table(self.root, *self.segments)
         if t is None:
-            delta.create_table(self.root, self.schema, *self.segments, name=self.name)
+            delta.create_table(self.root, self.schema, *self.segments, name=self.name,
+                               configuration=delta.stats_config([SEQ]))
             t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
@@ -90,8 +91,9 @@ class KeyedLog:
                 changed.append(r)
         return changed
 
-    def refresh(self) -> list[dict[str, Any]]:
-        """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
+    def refresh(self, own_file: str | None = None) -> list[dict[str, Any]]:
+        """Apply commits made since our snapshot (by anyone); returns the rows that changed.
+        ``own_file``: a file this process just committed and already applied, not read back."""
         if self._table is None:
             self.open()
             return list(self.rows.values())
@@ -108,7 +110,7 @@ class KeyedLog:
                 self.files_since_compaction = len(adds)
             else:
                 self.files_since_compaction += len(adds)
-            changed.extend(self._apply(self._read_files(adds)))
+            changed.extend(self._apply(self._read_files([a for a in adds if a != own_file])))
         self.version = target
         return changed
 
@@ -120,23 +122,30 @@ class KeyedLog:
             metadata: Mapping[str, str] | None = None) -> None:
         """Append full-state rows with a CAS on each row's key. Raises ConcurrentCommit when another
         writer touched one of the keys' buckets since our snapshot; the caller refreshes and retries."""
-        table = pa.Table.from_pylist(rows, schema=self.schema)
-        add = delta.write_data_file(self.root, table, self.segments, "e", [SEQ])
         apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
         apps.update(extra_app_ids or {})
-        try:
-            delta.commit(self._table, self.schema, adds=[add], app_transactions=apps, metadata=metadata)
-        except delta.ConcurrentCommit:
-            try:
-                self.root.arrow_fs.delete_file(self.root.fs_path(*self.segments, add.path))
-            except OSError:
-                pass
-            raise
-        # Our own commit is applied from memory; refresh() picks up anything interleaved.
+        version = delta.write(self._table, pa.Table.from_pylist(rows, schema=self.schema),
+                              app_transactions=apps, metadata=metadata)
+        self._catch_up(version)
         self._apply(rows)
         self.files_since_compaction += 1
         self.appended += 1
-        self.refresh()
+
+    def _catch_up(self, own_version: int) -> None:
+        """After our write landed at ``own_version`` (the handle moved there), apply the commits
+        other writers made in between, so memory matches the handle's snapshot again."""
+        for v in range(self.version + 1, own_version):
+            actions = self._tail.read_commit(v)
+            if actions is None:
+                self.open()
+                return
+            adds = [a["add"]["path"] for a in actions if "add" in a]
+            if any("remove" in a for a in actions):
+                self.files_since_compaction = len(adds)
+            else:
+                self.files_since_compaction += len(adds)
+            self._apply(self._read_files(adds))
+        self.version = own_version
 
     def app_version(self, app_id: str) -> int | None:
         return delta.txn_version(self._table, app_id)
@@ -147,18 +156,17 @@ class KeyedLog:
     def compact(self, keep: Callable[[dict[str, Any]], bool]) -> bool:
         """Rewrite the live rows (those ``keep`` accepts) as one file replacing every active file.
 
-        Correct under concurrency: it removes only the files in its snapshot, so an entry committed
-        concurrently survives; if delta-rs reports a conflict we simply skip this round."""
+        Correct under concurrency: the overwrite removes only the files of its own snapshot, so an
+        entry committed concurrently survives; if delta-rs reports a conflict we skip this round."""
         self.refresh()
         live = [r for r in self.rows.values() if keep(r)]
-        table = pa.Table.from_pylist(live, schema=self.schema)
-        add = delta.write_data_file(self.root, table, self.segments, "snapshot", [SEQ])
         try:
-            self._table.create_write_transaction([add], mode="overwrite", schema=self.schema)
+            version = delta.write(self._table, pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
         except Exception as e:
             log.info("%s compaction skipped (concurrent writer): %s", self.name, e)
+            self._table.update_incremental()
             return False
-        self.refresh()
+        self._catch_up(version)
         self.rows = {k: v for k, v in self.rows.items() if keep(v)}
         self.files_since_compaction = 1
         return True
