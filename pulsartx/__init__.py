@@ -3,6 +3,7 @@
 The public API is flat and re-exported here; everything below may change freely.
 """
 from pulsartx.client import Client, Message, Producer, Reader, Result
+from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
 from pulsartx.client.transaction import Transaction, TransactionState
 from pulsartx.coordinator.state import TxnStatus
 from pulsartx.coordinator.txnid import TxnID
@@ -19,7 +20,7 @@ from pulsartx.naming import TopicName
 
 __version__ = "0.1.0"
 __all__ = [
-    "Client", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
+    "Client", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
     "TransactionState", "TxnID", "TxnStatus", "__version__",
 ]

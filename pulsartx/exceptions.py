@@ -37,6 +37,10 @@ class AlreadyClosed(PulsarException):
     """The producer, reader, consumer or client was already closed."""
 
 
+class ConsumerBusy(PulsarException):
+    """An Exclusive subscription already has a live consumer (pulsar-client's ConsumerBusy)."""
+
+
 class ProducerFenced(PulsarException):
     """Another producer with the same name won the race for a sequence id."""
 

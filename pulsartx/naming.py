@@ -116,3 +116,11 @@ def parse_namespace(namespace: str) -> tuple[str, str]:
     for seg, what in zip(parts, ("tenant", "namespace"), strict=True):
         _check_segment(namespace, seg, what)
     return parts[0], parts[1]
+
+
+def check_subscription_name(name: str) -> str:
+    """Subscription names become a storage segment too, so they follow the same rules."""
+    if not isinstance(name, str):
+        raise InvalidTopicName(f"subscription name must be a string, got {type(name).__name__}")
+    _check_segment(name, name, "subscription name")
+    return name

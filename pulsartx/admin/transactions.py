@@ -105,6 +105,49 @@ class TransactionsAdmin:
             out.append({"partition": str(p), "txn_id": str(t), **row})
         return out
 
+    # ---- pending acks ------------------------------------------------------------------------------
+    def get_pending_ack_stats(self, topic: str, subscription: str) -> list[dict[str, Any]]:
+        """Per partition: the cursor position and what is in PENDING_ACK, by transaction."""
+        from pulsartx.buffer.state import key_txn
+        from pulsartx.subscription.store import SubscriptionStore
+
+        out = []
+        for p in self.client.admin.partitions_of(topic):
+            store = SubscriptionStore(self.client.root, p, subscription)
+            c = store.cursor() if store.exists() else None
+            if c is None:
+                out.append({"partition": str(p), "subscription": subscription, "state": "None"})
+                continue
+            txns = {str(TxnID(*key_txn(k))): len(rs) for k, rs in c.pending.items()}
+            if c.pending_cumulative is not None:
+                txns.setdefault(str(TxnID(*key_txn(c.pending_cumulative[0]))), 0)
+            out.append({"partition": str(p), "subscription": subscription, "state": "Ready",
+                        "markDeletePosition": c.mark_delete, "individuallyAckedRanges": len(c.acked.ranges()),
+                        "pendingAckCount": c.pending_count(), "ongoingTxnCount": len(txns), "transactions": txns,
+                        "pendingCumulativeAck": None if c.pending_cumulative is None else
+                        {"txn_id": str(TxnID(*key_txn(c.pending_cumulative[0]))),
+                         "position": c.pending_cumulative[1]}})
+        return out
+
+    def get_transaction_in_pending_ack_stats(self, txn_id: TxnID | str, topic: str,
+                                             subscription: str) -> list[dict[str, Any]]:
+        """Per partition: the offsets ``txn_id`` holds in PENDING_ACK on ``subscription``."""
+        from pulsartx.buffer.state import txn_key
+        from pulsartx.subscription.store import SubscriptionStore
+
+        t = TxnID.parse(txn_id)
+        k = txn_key(t.most_bits, t.least_bits)
+        out = []
+        for p in self.client.admin.partitions_of(topic):
+            store = SubscriptionStore(self.client.root, p, subscription)
+            c = store.cursor() if store.exists() else None
+            rs = c.pending.get(k) if c else None
+            cum = c.pending_cumulative[1] if c and c.pending_cumulative and c.pending_cumulative[0] == k else None
+            out.append({"partition": str(p), "txn_id": str(t), "subscription": subscription,
+                        "pendingAckRanges": [] if rs is None else [list(r) for r in rs.ranges()],
+                        "pendingAckCount": 0 if rs is None else len(rs), "cumulativeAckPosition": cum})
+        return out
+
     # ---- transaction keys ------------------------------------------------------------------------
     def list_transaction_keys(self) -> list[dict[str, Any]]:
         tcs = self._tcs()

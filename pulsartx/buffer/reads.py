@@ -126,7 +126,8 @@ class VisibilityReader:
     def _refold(self, state: BufferState) -> VisibilityFilter:
         """Between TC checks, keep the decisions already made for transactions still ongoing."""
         assert self._filter is not None
-        decided = {k: Decision(True, tuple(self._filter.ranges.get(k, ())) or None)
+        ranges = self._filter.ranges
+        decided = {k: Decision(True, tuple(ranges[k]) if k in ranges else None)  # () shows nothing
                    for k in self._filter.decided_commits if k in state.ongoing}
         decided.update({k: Decision(False) for k in state.ongoing if k in self._filter.aborted})
         return state.filter(decided)
@@ -138,8 +139,11 @@ class VisibilityReader:
         end = min(self.end_position(), position + max_records)
         if end <= position:
             return self.log.read(0, 0), position
-        table = self.log.read(position, end)
+        return self.visible(self.log.read(position, end)), end
+
+    def visible(self, table: pa.Table) -> pa.Table:
+        """The visible DATA rows of raw records read below the last :meth:`end_position`."""
         if self.committed:
             assert self._filter is not None
-            return self._filter.apply(table), end
-        return table.filter(pc.equal(table.column("type"), MessageType.DATA.value)), end
+            return self._filter.apply(table)
+        return table.filter(pc.equal(table.column("type"), MessageType.DATA.value))

@@ -39,6 +39,9 @@ def state_to_table(s: BufferState) -> pa.Table:
               "last_offset": None} for k, o in s.ended.items()]
     rows += [{"kind": "RANGE", "txn_key": k, "offset": None, "first_offset": a, "last_offset": b}
              for k, rs in s.ranges.items() for a, b in rs]
+    # A commit that listed no entries here shows nothing: kept as a RANGE row without offsets.
+    rows += [{"kind": "RANGE", "txn_key": k, "offset": None, "first_offset": None, "last_offset": None}
+             for k, rs in s.ranges.items() if not rs]
     return pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA)
 
 
@@ -55,7 +58,9 @@ def table_to_state(t: pa.Table) -> BufferState:
             if kind == "ABORTED":
                 s.aborted[r["txn_key"]] = r["offset"]
         elif kind == "RANGE":
-            s.ranges.setdefault(r["txn_key"], []).append((r["first_offset"], r["last_offset"]))
+            rs = s.ranges.setdefault(r["txn_key"], [])
+            if r["first_offset"] is not None:
+                rs.append((r["first_offset"], r["last_offset"]))
     s.snapshot_offset = s.end_offset
     return s
 

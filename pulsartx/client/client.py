@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from pulsartx.admin import Admin
+from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
 from pulsartx.client.producer import Producer
 from pulsartx.client.reader import Reader
 from pulsartx.client.transaction import Transaction
@@ -112,6 +113,17 @@ class Client:
         return self._track(Reader(self, topic, start_message_id, reader_name=reader_name,
                                   start_message_id_inclusive=start_message_id_inclusive,
                                   isolation_level=isolation_level, **kwargs))
+
+    def subscribe(self, topic: str, subscription_name: str, consumer_type: ConsumerType = ConsumerType.Exclusive,
+                  initial_position: InitialPosition = InitialPosition.Latest, isolation_level: str = "READ_COMMITTED",
+                  receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
+                  negative_ack_redelivery_delay_ms: int = 60000, **kwargs: Any) -> Consumer:
+        """A consumer on a durable subscription (created at ``initial_position`` if new)."""
+        return self._track(Consumer(self, topic, subscription_name, consumer_type=consumer_type,
+                                    initial_position=initial_position, isolation_level=isolation_level,
+                                    receiver_queue_size=receiver_queue_size,
+                                    unacked_messages_timeout_ms=unacked_messages_timeout_ms,
+                                    negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms, **kwargs))
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         """pulsar-client's name: the partition topic names of ``topic``."""

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 FETCH_MAX = 1000
 POLL_MIN_S, POLL_MAX_S = 0.005, 0.2
+# While other partitions have messages buffered, a caught-up partition (whose check costs a storage
+# refresh) is re-checked at most this often: reading n messages then costs O(n), not O(n x partitions).
+RECHECK_S = 0.05
 ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
 
 
@@ -42,6 +45,7 @@ class PartitionFetcher:
         self.visible = VisibilityReader(client, self.log, isolation_level)
         self.position = 0
         self.buffer: deque[Message] = deque()
+        self.caught_up_at = float("-inf")  # when fill() last found nothing new
 
     def seek(self, offset: int) -> None:
         self.position = max(0, offset)
@@ -58,6 +62,7 @@ class PartitionFetcher:
                 self.buffer.extend(messages_from_table(table, str(self.topic.base), self.topic.partition))
                 return True
             if not self.visible.more_readable(self.position):
+                self.caught_up_at = time.monotonic()
                 return False
 
 
@@ -94,7 +99,16 @@ class Reader:
 
     def has_message_available(self) -> bool:
         self._check_open()
-        return any(f.fill() for f in self._fetchers)
+        return any(f.buffer for f in self._fetchers) or any(f.fill() for f in self._fetchers)
+
+    def _ready(self) -> list[PartitionFetcher]:
+        """Fetchers with a message buffered. When none has one, every partition is checked."""
+        ready = [f for f in self._fetchers if f.buffer]
+        now = time.monotonic()
+        for f in self._fetchers:
+            if not f.buffer and (not ready or now - f.caught_up_at >= RECHECK_S) and f.fill():
+                ready.append(f)
+        return ready
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next visible message; waits for one, raising :class:`Timeout` after ``timeout_millis``."""
@@ -102,7 +116,7 @@ class Reader:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         sleep = POLL_MIN_S
         while True:
-            ready = [f for f in self._fetchers if f.fill()]
+            ready = self._ready()
             if ready:
                 f = min(ready, key=lambda f: (f.buffer[0].publish_timestamp(), f.topic.partition))
                 return f.buffer.popleft()

@@ -1,10 +1,251 @@
-"""Where pending acks live; the subscriptions issue replaces this with the redo-log store."""
+"""Durable subscription state on one partition: the cursor and its pending-ack store.
+
+Both live in one KeyedLog table per (subscription, partition) under
+``<root>/subscriptions/<tenant>/<namespace>/<topic>/<subscription>/partition-<i>``:
+  * key ``cursor``: mark-delete offset, individually acked ranges, pending acks per transaction
+    (PENDING_ACK), the pending cumulative ack, redelivery counts;
+  * key ``claims``: which Shared consumer holds which offsets, until when.
+Every change is a read-validate-write compare-and-set on its key, so Pulsar's ack-conflict rules
+and the "nobody holds a message twice" rule hold across processes. Each row restates the whole
+state, so the table is a redo log: replaying its latest row restores PENDING_ACK exactly, and
+compaction drops the history (finished transactions vanish from the state when they end).
+"""
 from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import StorageError
+from pulsartx.naming import TopicName, check_subscription_name
+from pulsartx.storage import delta
+from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.ranges import RangeSet
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_ATTEMPTS = 500
+CURSOR, CLAIMS = "cursor", "claims"
+
+_RANGE = pa.struct([("first", pa.int64()), ("last", pa.int64())])
+STATE_SCHEMA = pa.schema([
+    pa.field("seq", pa.int64(), False),
+    pa.field("key", pa.string(), False),
+    pa.field("mark_delete", pa.int64()),
+    pa.field("acked", pa.list_(_RANGE)),
+    pa.field("pending", pa.list_(pa.struct([("txn_most_bits", pa.int64()), ("txn_least_bits", pa.int64()),
+                                             ("first", pa.int64()), ("last", pa.int64())]))),
+    pa.field("pending_cumulative_txn_most_bits", pa.int64()),
+    pa.field("pending_cumulative_txn_least_bits", pa.int64()),
+    pa.field("pending_cumulative_position", pa.int64()),
+    pa.field("redelivery", pa.list_(pa.struct([("offset", pa.int64()), ("count", pa.int64())]))),
+    pa.field("claims", pa.list_(pa.struct([("consumer", pa.string()), ("first", pa.int64()), ("last", pa.int64()),
+                                            ("expires_ms", pa.int64())]))),
+    pa.field("deleted", pa.bool_()),
+    pa.field("updated_ms", pa.int64()),
+])
+
+
+def _key(most: int, least: int) -> int:
+    from pulsartx.buffer.state import txn_key
+
+    return txn_key(most, least)
+
+
+def _bits(key: int) -> tuple[int, int]:
+    from pulsartx.buffer.state import key_txn
+
+    return key_txn(key)
+
+
+def subscription_dir(topic: TopicName, subscription: str) -> tuple[str, ...]:
+    return ("subscriptions", *topic.path_segments(), check_subscription_name(subscription))
+
+
+def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
+    cum = c.pending_cumulative
+    cm, cl = _bits(cum[0]) if cum else (None, None)
+    return {
+        "seq": seq, "key": CURSOR, "mark_delete": c.mark_delete,
+        "acked": [{"first": a, "last": b} for a, b in c.acked.ranges()],
+        "pending": [{"txn_most_bits": _bits(k)[0], "txn_least_bits": _bits(k)[1], "first": a, "last": b}
+                    for k, rs in c.pending.items() for a, b in rs.ranges()],
+        "pending_cumulative_txn_most_bits": cm, "pending_cumulative_txn_least_bits": cl,
+        "pending_cumulative_position": cum[1] if cum else None,
+        "redelivery": [{"offset": o, "count": n} for o, n in sorted(c.redelivery.items())],
+        "claims": None, "deleted": c.deleted, "updated_ms": int(time.time() * 1000),
+    }
+
+
+def row_to_cursor(r: dict[str, Any]) -> CursorState:
+    c = CursorState(mark_delete=r["mark_delete"], acked=RangeSet((x["first"], x["last"]) for x in r["acked"] or ()),
+                    deleted=bool(r["deleted"]))
+    for p in r["pending"] or ():
+        c.pending.setdefault(_key(p["txn_most_bits"], p["txn_least_bits"]), RangeSet()).add_range(p["first"], p["last"])
+    if r["pending_cumulative_position"] is not None:
+        c.pending_cumulative = (_key(r["pending_cumulative_txn_most_bits"], r["pending_cumulative_txn_least_bits"]),
+                                r["pending_cumulative_position"])
+    c.redelivery = {x["offset"]: x["count"] for x in r["redelivery"] or ()}
+    return c
+
+
+@dataclass(frozen=True)
+class Claim:
+    consumer: str
+    first: int
+    last: int
+    expires_ms: int
+
+
+class SubscriptionStore:
+    """One subscription's durable state on one partition."""
+
+    def __init__(self, root: StorageRoot, partition: TopicName, subscription: str):
+        assert partition.partition is not None
+        self.root = root
+        self.partition = partition
+        self.subscription = subscription
+        self.segments = (*subscription_dir(partition, subscription), f"partition-{partition.partition}")
+        self.log = KeyedLog(root, self.segments, STATE_SCHEMA, key_of=lambda r: r["key"],
+                            name=f"sub-{subscription}-{partition.partition}", compact_every=100)
+        self._lock = threading.RLock()
+        self._opened = False
+
+    def _ensure(self, refresh: bool = True) -> None:
+        if not self._opened:
+            self.log.open()
+            self._opened = True
+        elif refresh:
+            self.log.refresh()
+
+    def exists(self) -> bool:
+        return self.root.exists(*self.segments, "_delta_log")
+
+    def cursor(self, refresh: bool = True) -> CursorState | None:
+        with self._lock:
+            self._ensure(refresh)
+            r = self.log.get(CURSOR)
+            return None if r is None else row_to_cursor(r)
+
+    def create(self, mark_delete: int) -> CursorState:
+        """Create the cursor at ``mark_delete`` unless it exists (the first subscriber decides)."""
+        def change(c: CursorState | None) -> tuple[CursorState, CursorState]:
+            if c is not None and not c.deleted:
+                return c, c
+            new = CursorState(mark_delete=mark_delete)
+            return new, new
+
+        return self._update_cursor(change, create=True)
+
+    def update(self, fn: Callable[[CursorState], T]) -> T:
+        """Apply ``fn`` to a copy of the latest cursor and store the result with a CAS; re-run on a
+        lost race. ``fn`` may raise (e.g. TransactionConflict) to change nothing."""
+        def change(c: CursorState | None):
+            if c is None:
+                raise StorageError(f"subscription {self.subscription!r} on {self.partition} has no cursor")
+            new = c.copy()
+            out = fn(new)
+            return new, out
+
+        return self._update_cursor(change)
+
+    def _update_cursor(self, change, create: bool = False):
+        with self._lock:
+            self._ensure()
+            for attempt in range(MAX_ATTEMPTS):
+                row = self.log.get(CURSOR)
+                cur = None if row is None else row_to_cursor(row)
+                new, out = change(cur)
+                if new is cur:
+                    return out
+                try:
+                    self.log.put([cursor_to_row((row["seq"] + 1) if row else 0, new)])
+                except delta.ConcurrentCommit:
+                    delta.backoff(attempt)
+                    self.log.refresh()
+                    continue
+                self._maybe_compact()
+                return out
+        raise StorageError(f"subscription {self.subscription!r} on {self.partition}: too many concurrent updates")
+
+    def _maybe_compact(self) -> None:
+        if self.log.needs_compaction():
+            try:
+                self.log.compact(lambda r: True)
+            except Exception as e:  # an optimisation only
+                log.debug("compaction of %s skipped: %s", self.segments, e)
+
+    # ---- Shared consumers' claims -------------------------------------------------------------------
+    def claims(self, refresh: bool = True) -> list[Claim]:
+        with self._lock:
+            self._ensure(refresh)
+            r = self.log.get(CLAIMS)
+            return [] if r is None else [Claim(**c) for c in r["claims"] or ()]
+
+    def update_claims(self, fn: Callable[[list[Claim]], tuple[list[Claim], T]]) -> T:
+        with self._lock:
+            self._ensure()
+            for attempt in range(MAX_ATTEMPTS):
+                row = self.log.get(CLAIMS)
+                current = [] if row is None else [Claim(**c) for c in row["claims"] or ()]
+                new, out = fn(current)
+                if new == current:
+                    return out
+                r = {f.name: None for f in STATE_SCHEMA}
+                r.update(seq=(row["seq"] + 1) if row else 0, key=CLAIMS, deleted=False,
+                         updated_ms=int(time.time() * 1000),
+                         claims=[{"consumer": c.consumer, "first": c.first, "last": c.last, "expires_ms": c.expires_ms}
+                                 for c in new])
+                try:
+                    self.log.put([r])
+                except delta.ConcurrentCommit:
+                    delta.backoff(attempt)
+                    self.log.refresh()
+                    continue
+                self._maybe_compact()
+                return out
+        raise StorageError(f"subscription {self.subscription!r} on {self.partition}: too many concurrent claim updates")
+
+
+_SHARED: dict[tuple[str, str, str], SubscriptionStore] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> SubscriptionStore:
+    """A process-wide store per (partition, subscription): the TC's participant calls reuse it."""
+    key = (root.url, str(partition), subscription)
+    with _SHARED_LOCK:
+        s = _SHARED.get(key)
+        if s is None or s.root != root:
+            s = _SHARED[key] = SubscriptionStore(root, partition, subscription)
+        return s
 
 
 def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: TxnID, action: TxnAction) -> None:
-    return None
+    """TC participant: apply a transaction's outcome to its pending acks on one partition.
+    Idempotent: a transaction with nothing pending changes nothing."""
+    partition = TopicName.parse(topic)
+    store = shared_store(root, partition, subscription)
+    if not store.exists():
+        return
+    k = _key(txn_id.most_bits, txn_id.least_bits)
+
+    def apply(c: CursorState) -> None:
+        if action is TxnAction.COMMIT:
+            c.commit(k)
+        else:
+            c.abort(k)
+
+    cur = store.cursor()
+    if cur is None or (k not in cur.pending and (cur.pending_cumulative is None or cur.pending_cumulative[0] != k)):
+        return
+    store.update(apply)

@@ -1,0 +1,552 @@
+"""Consumer, with pulsar-client's names: durable subscriptions, acknowledgements (plain,
+cumulative, negative, transactional), redelivery, and Exclusive / Failover / Shared types.
+
+There is no broker to dispatch, so each consumer dispatches to itself from storage:
+  * what it may deliver on a partition is every visible offset above the cursor's mark-delete
+    position that is not acked, not in PENDING_ACK, not held by itself and, for Shared, not
+    claimed by another live consumer (``store.py`` keeps claims with expiries);
+  * offsets it can never deliver (markers, aborted or left-out transactional data) are
+    acknowledged as it passes them, so the mark-delete position keeps moving, as Pulsar does;
+  * plain acks are grouped and persisted every ``acknowledgment_group_time_ms`` (Pulsar's ack
+    grouping); transactional acks are durable in the pending-ack store before the call returns.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from pulsartx.buffer.reads import VisibilityReader, _lookup
+from pulsartx.buffer.state import txn_key
+from pulsartx.client.message import Message, messages_from_table
+from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S, check_isolation
+from pulsartx.coordinator.state import Subscription
+from pulsartx.exceptions import (
+    AlreadyClosed,
+    InvalidConfiguration,
+    NotAllowedError,
+    PulsarException,
+    Timeout,
+    TransactionConflict,
+)
+from pulsartx.log.message_id import MessageId
+from pulsartx.log.partition import PartitionLog
+from pulsartx.naming import TopicName, check_subscription_name
+from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.leases import LeaseStore
+from pulsartx.subscription.ranges import RangeSet
+from pulsartx.subscription.store import Claim, SubscriptionStore
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+
+log = logging.getLogger(__name__)
+RESOLVE_EVERY_S = 0.5
+
+
+class ConsumerType(Enum):
+    Exclusive = 0
+    Shared = 1
+    Failover = 2
+    KeyShared = 3
+
+
+class InitialPosition(Enum):
+    Latest = 0
+    Earliest = 1
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(eq=False)  # identity: used as a dict key
+class _Partition:
+    """One partition of the subscription, as this consumer sees it."""
+
+    topic: TopicName
+    store: SubscriptionStore
+    visible: VisibilityReader
+    queue: deque[Message] = field(default_factory=deque)
+    held: dict[int, float] = field(default_factory=dict)  # delivered, unacked: offset -> delivery time
+    nacked: dict[int, float] = field(default_factory=dict)  # offset -> redeliver-not-before (monotonic)
+    acks: list[int] = field(default_factory=list)  # grouped plain acks not yet persisted
+    cumulative: int | None = None
+    redeliver: list[int] = field(default_factory=list)  # redelivery-count bumps not yet persisted
+    # Acks taken by a flush whose cursor write has not landed: still not deliverable meanwhile.
+    inflight: list[int] = field(default_factory=list)
+    inflight_cumulative: int | None = None
+    cursor: CursorState | None = None
+    last_resolve: float = 0.0
+
+    @property
+    def index(self) -> int:
+        assert self.topic.partition is not None
+        return self.topic.partition
+
+
+class Consumer:
+    def __init__(self, client: Client, topic: str, subscription_name: str,
+                 consumer_type: ConsumerType = ConsumerType.Exclusive,
+                 initial_position: InitialPosition = InitialPosition.Latest, isolation_level: str = "READ_COMMITTED",
+                 receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
+                 negative_ack_redelivery_delay_ms: int = 60000, consumer_name: str | None = None,
+                 lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100, **_ignored: Any):
+        check_subscription_name(subscription_name)
+        if not isinstance(consumer_type, ConsumerType):
+            raise InvalidConfiguration(f"consumer_type={consumer_type!r}: use pulsartx.ConsumerType.Exclusive, "
+                                       "Failover or Shared")
+        if consumer_type is ConsumerType.KeyShared:
+            raise InvalidConfiguration("consumer_type=KeyShared is not supported: use Exclusive, Failover or Shared")
+        if not isinstance(initial_position, InitialPosition):
+            raise InvalidConfiguration(f"initial_position={initial_position!r}: use pulsartx.InitialPosition.Latest "
+                                       "or Earliest")
+        if not isinstance(receiver_queue_size, int) or receiver_queue_size < 1:
+            raise InvalidConfiguration(f"receiver_queue_size={receiver_queue_size!r}: must be a positive integer")
+        if unacked_messages_timeout_ms is not None and unacked_messages_timeout_ms <= 0:
+            raise InvalidConfiguration(f"unacked_messages_timeout_ms={unacked_messages_timeout_ms!r}: must be > 0 "
+                                       "or None")
+        if negative_ack_redelivery_delay_ms < 0 or lease_ms <= 0 or acknowledgment_group_time_ms < 0:
+            raise InvalidConfiguration("negative_ack_redelivery_delay_ms and acknowledgment_group_time_ms must be "
+                                       ">= 0, lease_ms > 0")
+        self._client = client
+        self._topic = str(TopicName.parse(topic))
+        self._subscription = subscription_name
+        self._type = consumer_type
+        self._isolation = check_isolation(isolation_level)
+        self._queue_size = receiver_queue_size
+        self._unacked_timeout = unacked_messages_timeout_ms
+        self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
+        self._lease_ms = lease_ms
+        self._group_s = acknowledgment_group_time_ms / 1000.0
+        self._name = consumer_name or f"pulsartx-consumer-{uuid.uuid4().hex[:12]}"
+        self._id = f"{self._name}-{uuid.uuid4().hex[:8]}"
+        self._lock = threading.RLock()
+        self._closed = False
+        self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
+        self._leases.register_type(consumer_type.name)
+        self._active = consumer_type is ConsumerType.Shared
+        if consumer_type is ConsumerType.Exclusive:
+            self._leases.acquire_exclusive(self._id, lease_ms)
+            self._active = True
+        elif consumer_type is ConsumerType.Failover:
+            self._active = self._leases.try_acquire(self._id, lease_ms)
+        self._parts = [self._open_partition(p, initial_position) for p in client.admin.partitions_of(topic)]
+        self._rr = 0
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._background, name=f"pulsartx-{self._name}", daemon=True)
+        self._thread.start()
+
+    def _open_partition(self, p: TopicName, initial: InitialPosition) -> _Partition:
+        store = SubscriptionStore(self._client.root, p, self._subscription)
+        vis = VisibilityReader(self._client, PartitionLog(self._client.root, p), self._isolation)
+        cur = store.cursor()
+        if cur is None or cur.deleted:
+            start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
+            cur = store.create(start)
+        return _Partition(p, store, vis, cursor=cur)
+
+    # ---- pulsar-client API -----------------------------------------------------------------------
+    def topic(self) -> str:
+        return self._topic
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def consumer_name(self) -> str:
+        return self._name
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; waits for one, raising :class:`Timeout` after ``timeout_millis``."""
+        self._check_open()
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        sleep = POLL_MIN_S
+        while True:
+            msg = self._next()
+            if msg is not None:
+                return msg
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Timeout(f"no message on {self._topic} (subscription {self._subscription!r}) within "
+                              f"{timeout_millis} ms")
+            wait = sleep if deadline is None else max(0.0, min(sleep, deadline - time.monotonic()))
+            time.sleep(wait)
+            sleep = min(POLL_MAX_S, sleep * 2)
+
+    def batch_receive(self, max_num_messages: int | None = None, timeout_millis: int = 100) -> list[Message]:
+        """Whatever is available within ``timeout_millis`` (at most ``max_num_messages``, default the
+        receiver queue size); an empty list when nothing came (Pulsar's BatchReceivePolicy)."""
+        self._check_open()
+        limit = max_num_messages or self._queue_size
+        out: list[Message] = []
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        while len(out) < limit:
+            msg = self._next()
+            if msg is not None:
+                out.append(msg)
+                continue
+            if out or time.monotonic() >= deadline:
+                break
+            time.sleep(min(POLL_MIN_S * 4, max(0.0, deadline - time.monotonic())))
+        return out
+
+    def acknowledge(self, message: Message | MessageId | Iterable[Message | MessageId], txn: Any = None) -> None:
+        """Acknowledge one message (or several). With ``txn`` the acks are PENDING_ACK until the
+        transaction ends, durable before this returns, and may raise TransactionConflict."""
+        self._check_open()
+        by_part = self._group(message)
+        if txn is None:
+            with self._lock:
+                for part, offs in by_part.items():
+                    for o in offs:
+                        part.held.pop(o, None)
+                    part.acks.extend(offs)
+            if self._group_s == 0:
+                self._flush_acks()
+            return
+        self._txn_ack(txn, by_part, lambda c, k, offs: c.txn_ack(k, offs))
+
+    def acknowledge_cumulative(self, message: Message | MessageId, txn: Any = None) -> None:
+        """Acknowledge everything up to and including ``message`` on its partition."""
+        self._check_open()
+        if isinstance(message, list | tuple | set):
+            raise NotAllowedError("acknowledge_cumulative takes one message or MessageId, not several")
+        if self._type is ConsumerType.Shared:
+            raise NotAllowedError(f"cumulative acknowledgement is not allowed on a Shared subscription "
+                                  f"({self._subscription!r}): acknowledge messages individually")
+        (part, offs), = self._group(message).items()
+        pos = offs[0]
+        if txn is None:
+            with self._lock:
+                for o in [o for o in part.held if o <= pos]:
+                    del part.held[o]
+                part.cumulative = pos if part.cumulative is None else max(part.cumulative, pos)
+            if self._group_s == 0:
+                self._flush_acks()
+            return
+        self._txn_ack(txn, {part: offs}, lambda c, k, offs: c.txn_ack_cumulative(k, offs[0]), cumulative=pos)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Redeliver this message after ``negative_ack_redelivery_delay_ms`` (to any consumer)."""
+        self._check_open()
+        until = time.monotonic() + self._nack_delay
+        with self._lock:
+            for part, offs in self._group(message).items():
+                for o in offs:
+                    part.held.pop(o, None)
+                    part.nacked[o] = until
+                    part.redeliver.append(o)
+        self._release_claims()
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Everything delivered and not acknowledged becomes deliverable again (PENDING_ACK excluded)."""
+        self._check_open()
+        with self._lock:
+            for part in self._parts:
+                offs = list(part.held) + [m.message_id().offset() for m in part.queue]
+                part.redeliver.extend(part.held)
+                part.held.clear()
+                part.queue.clear()
+                part.nacked = {o: t for o, t in part.nacked.items() if o not in offs}
+        self._flush_acks()
+        self._release_claims()
+
+    def seek(self, message_id: MessageId) -> None:
+        """Reset the subscription: the next message delivered is ``message_id`` (or the
+        earliest/latest). Acknowledgement state above that position is dropped."""
+        self._check_open()
+        self._flush_acks()
+        for part in self._parts:
+            if message_id.is_earliest:
+                pos = part.visible.log.index.start_offset
+            elif message_id.is_latest:
+                pos = part.visible.log.end_offset()
+            elif message_id.partition() == part.index or len(self._parts) == 1:
+                pos = message_id.offset()
+            else:
+                continue
+            part.store.update(lambda c, pos=pos: c.reset(pos))
+            with self._lock:
+                part.queue.clear()
+                part.held.clear()
+                part.nacked.clear()
+                part.cursor = None
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription and its state; the consumer is closed."""
+        self._check_open()
+        self.close()
+        self._client.root.rm(*self._parts[0].store.segments[:-1])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._flush_acks()
+            self._release_claims(all_held=True)
+        finally:
+            self._closed = True
+            self._wake.set()
+            if self._type is not ConsumerType.Shared:
+                try:
+                    self._leases.release(self._id)
+                except PulsarException as e:
+                    log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self):
+        while True:
+            yield self.receive()
+
+    # ---- acknowledgement internals ------------------------------------------------------------------
+    def _group(self, message: Any) -> dict[_Partition, list[int]]:
+        items = message if isinstance(message, list | tuple | set) else [message]
+        out: dict[_Partition, list[int]] = {}
+        for m in items:
+            mid = m.message_id() if isinstance(m, Message) else m
+            if not isinstance(mid, MessageId) or mid.is_earliest or mid.is_latest:
+                raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
+            part = self._part(mid.partition())
+            out.setdefault(part, []).append(mid.offset())
+        return out
+
+    def _part(self, index: int) -> _Partition:
+        for p in self._parts:
+            if p.index == index:
+                return p
+        if len(self._parts) == 1:
+            return self._parts[0]
+        raise InvalidConfiguration(f"partition {index} is not part of {self._topic}")
+
+    def _txn_ack(self, txn: Any, by_part: dict[_Partition, list[int]], apply, cumulative: int | None = None) -> None:
+        txn._check_usable()
+        for part in by_part:
+            # ADD_SUBSCRIPTION before the pending ack is written: the TC always knows where to end it.
+            txn._register_subscription(Subscription(str(part.topic), self._subscription))
+        k = txn_key(*txn.id.as_tuple())
+        for part, offs in by_part.items():
+            try:
+                part.store.update(lambda c, offs=offs: apply(c, k, offs))
+            except TransactionConflict as e:
+                txn._mark_conflict(e)
+                raise
+            with self._lock:
+                for o in offs:
+                    part.held.pop(o, None)
+                if cumulative is not None:
+                    for o in [o for o in part.held if o <= cumulative]:
+                        del part.held[o]
+                part.cursor = None
+
+    def _flush_acks(self) -> None:
+        for part in self._parts:
+            with self._lock:
+                acks, cum, bumps = part.acks, part.cumulative, part.redeliver
+                part.acks, part.cumulative, part.redeliver = [], None, []
+                part.inflight, part.inflight_cumulative = acks, cum
+            if not acks and cum is None and not bumps:
+                continue
+
+            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps) -> None:
+                if bumps:
+                    c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
+                if acks:
+                    c.ack(acks)
+                if cum is not None:
+                    c.ack_cumulative(cum)
+
+            try:
+                part.cursor = part.store.update(lambda c, f=apply: (f(c), c)[1])
+            except PulsarException as e:  # keep them for the next flush: an ack is never dropped
+                log.warning("persisting acknowledgements of %s failed, will retry: %s", self._name, e)
+                with self._lock:
+                    part.acks[:0] = acks
+                    part.redeliver[:0] = bumps
+                    if cum is not None:
+                        part.cumulative = cum if part.cumulative is None else max(part.cumulative, cum)
+            finally:
+                with self._lock:
+                    part.inflight, part.inflight_cumulative = [], None
+
+    # ---- dispatch ---------------------------------------------------------------------------------
+    def _next(self) -> Message | None:
+        if not self._ensure_active():
+            return None
+        with self._lock:
+            n = len(self._parts)
+            for i in range(n):
+                part = self._parts[(self._rr + i) % n]
+                if part.queue:
+                    self._rr = (self._rr + i + 1) % n
+                    msg = part.queue.popleft()
+                    part.held[msg.message_id().offset()] = time.monotonic()
+                    return msg
+        for part in self._parts:
+            self._fill(part)
+        with self._lock:
+            ready = [p for p in self._parts if p.queue]
+            if not ready:
+                return None
+            part = min(ready, key=lambda p: (p.queue[0].publish_timestamp(), p.index))
+            msg = part.queue.popleft()
+            part.held[msg.message_id().offset()] = time.monotonic()
+            return msg
+
+    def _ensure_active(self) -> bool:
+        if self._active:
+            return True
+        if self._leases.try_acquire(self._id, self._lease_ms):
+            log.info("consumer %s is now the active consumer of %r", self._name, self._subscription)
+            self._active = True
+            for part in self._parts:
+                part.cursor = None
+        return self._active
+
+    def _fill(self, part: _Partition) -> None:
+        if part.queue:
+            return
+        cursor = part.store.cursor()
+        if cursor is None or cursor.deleted:
+            return
+        part.cursor = cursor
+        self._resolve_pending(part, cursor)
+        limit = part.visible.end_position()
+        now = time.monotonic()
+        with self._lock:
+            busy = cursor.unavailable()
+            for o in part.held:
+                busy.add(o)
+            for o, t in list(part.nacked.items()):
+                if t > now:
+                    busy.add(o)
+                else:
+                    del part.nacked[o]
+            for o in (*part.acks, *part.inflight):
+                busy.add(o)
+            for cum in (part.cumulative, part.inflight_cumulative):
+                if cum is not None:
+                    busy.add_range(cursor.mark_delete + 1, cum)
+        candidates = list(busy.gaps(cursor.mark_delete + 1, limit, min(self._queue_size, FETCH_MAX)))
+        if not candidates:
+            return
+        if self._type is ConsumerType.Shared:
+            candidates = self._claim(part, candidates, cursor.mark_delete)
+            if not candidates:
+                return
+        table = part.visible.log.read(candidates[0], candidates[-1] + 1)
+        wanted = set(candidates)
+        rows = part.visible.visible(table)
+        msgs = [m for m in messages_from_table(rows, str(part.topic.base), part.index)
+                if m.message_id().offset() in wanted]
+        delivered = {m.message_id().offset() for m in msgs}
+        skipped = [o for o in candidates if o not in delivered and o < limit]
+        with self._lock:
+            if skipped:
+                part.acks.extend(skipped)  # markers and invisible data: acked as we pass them
+            for m in msgs:
+                m._redelivery_count = cursor.redelivery_count(m.message_id().offset())
+                part.queue.append(m)
+
+    def _resolve_pending(self, part: _Partition, cursor: CursorState) -> None:
+        """Consumer-side resolution: a pending ack of a transaction past its timeout would hold its
+        messages forever if no sweeper ran, so ask the TC (which aborts it) now and then."""
+        keys = set(cursor.pending)
+        if cursor.pending_cumulative is not None:
+            keys.add(cursor.pending_cumulative[0])
+        if not keys or time.monotonic() - part.last_resolve < RESOLVE_EVERY_S:
+            return
+        part.last_resolve = time.monotonic()
+        _lookup(self._client._coordinators(), keys)
+
+    def _claim(self, part: _Partition, candidates: list[int], mark_delete: int) -> list[int]:
+        """Shared: atomically claim the candidates no other live consumer holds. Claims expire
+        (after the unacked timeout, else the lease period), so a dead consumer's messages return."""
+        expires = _now_ms() + (self._unacked_timeout or self._lease_ms)
+
+        def change(claims: list[Claim]) -> tuple[list[Claim], list[int]]:
+            t = _now_ms()
+            claims = [c for c in claims if c.last > mark_delete]  # fully acknowledged: nothing to hold
+            live = [c for c in claims if c.expires_ms > t and c.consumer != self._id]
+            taken = RangeSet((c.first, c.last) for c in live)
+            mine = [o for o in candidates if o not in taken]
+            ranges = RangeSet.of(mine).ranges()
+            own = [c for c in claims if c.consumer == self._id and c.expires_ms > t]
+            return live + own + [Claim(self._id, a, b, expires) for a, b in ranges], mine
+
+        return part.store.update_claims(change)
+
+    def _release_claims(self, all_held: bool = False) -> None:
+        """Shared: give up claims on what this consumer no longer holds (or everything, on close)."""
+        if self._type is not ConsumerType.Shared:
+            return
+        for part in self._parts:
+            with self._lock:
+                keep = set() if all_held else set(part.held) | {m.message_id().offset() for m in part.queue}
+
+            def change(claims: list[Claim], keep=keep) -> tuple[list[Claim], None]:
+                out = [c for c in claims if c.consumer != self._id]
+                mine = RangeSet.of(keep)
+                out += [Claim(self._id, a, b, c.expires_ms) for c in claims if c.consumer == self._id
+                        for a, b in mine.ranges() if c.first <= a and b <= c.last]
+                return out, None
+
+            try:
+                part.store.update_claims(change)
+            except PulsarException as e:
+                log.debug("releasing claims failed (they expire): %s", e)
+
+    def _background(self) -> None:
+        """Ack grouping, lease renewal and the unacked-message timeout."""
+        renew_every = self._lease_ms / 3000.0
+        last_renew = time.monotonic()
+        while not self._closed:
+            self._wake.wait(max(0.01, self._group_s or 0.05))
+            if self._closed:
+                return
+            try:
+                self._flush_acks()
+                if self._type is not ConsumerType.Shared and self._active and \
+                        time.monotonic() - last_renew >= renew_every:
+                    last_renew = time.monotonic()
+                    if not self._leases.try_acquire(self._id, self._lease_ms):
+                        log.warning("consumer %s lost its lease on %r; now standby", self._name, self._subscription)
+                        self._active = False
+                        with self._lock:
+                            for part in self._parts:
+                                part.queue.clear()
+                                part.held.clear()
+                self._expire_unacked()
+            except Exception as e:  # the loop must survive storage hiccups
+                log.warning("consumer %s background work failed: %s", self._name, e)
+
+    def _expire_unacked(self) -> None:
+        if self._unacked_timeout is None:
+            return
+        cutoff = time.monotonic() - self._unacked_timeout / 1000.0
+        expired = False
+        with self._lock:
+            for part in self._parts:
+                old = [o for o, t in part.held.items() if t <= cutoff]
+                for o in old:
+                    del part.held[o]
+                part.redeliver.extend(old)
+                expired = expired or bool(old)
+        if expired:
+            self._release_claims()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")

@@ -1,0 +1,120 @@
+"""Who may consume a subscription, without a broker: leases in storage.
+
+``<root>/subscriptions/<tenant>/<namespace>/<topic>/<subscription>/consumers`` is a KeyedLog with
+  * ``meta``: the subscription's consumer type (set by its first consumer);
+  * ``active``: the Exclusive or Failover owner, with a lease expiry.
+Taking or renewing the lease is a compare-and-set on ``active``. An owner renews well before
+expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a new consumer
+(Exclusive) takes over after at most one lease period. Closing releases the lease at once.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from pulsartx.exceptions import ConsumerBusy, InvalidConfiguration, StorageError
+from pulsartx.naming import TopicName
+from pulsartx.storage import delta
+from pulsartx.storage.keyed_log import KeyedLog
+from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.store import subscription_dir
+
+MAX_ATTEMPTS = 200
+LEASE_SCHEMA = pa.schema([
+    pa.field("seq", pa.int64(), False),
+    pa.field("key", pa.string(), False),
+    pa.field("consumer", pa.string()),
+    pa.field("consumer_type", pa.string()),
+    pa.field("expires_ms", pa.int64()),
+    pa.field("updated_ms", pa.int64()),
+])
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LeaseStore:
+    def __init__(self, root: StorageRoot, topic: TopicName, subscription: str):
+        self.subscription = subscription
+        self.topic = topic.base
+        self.log = KeyedLog(root, (*subscription_dir(topic.base, subscription), "consumers"), LEASE_SCHEMA,
+                            key_of=lambda r: r["key"], name=f"sub-{subscription}-consumers", compact_every=100)
+        self._opened = False
+
+    def _ensure(self) -> None:
+        if not self._opened:
+            self.log.open()
+            self._opened = True
+        else:
+            self.log.refresh()
+
+    def _cas(self, key: str, change) -> Any:
+        self._ensure()
+        for attempt in range(MAX_ATTEMPTS):
+            row = self.log.get(key)
+            new, out = change(row)
+            if new is None:
+                return out
+            new = {"seq": (row["seq"] + 1) if row else 0, "key": key, "consumer": None, "consumer_type": None,
+                   "expires_ms": None, "updated_ms": now_ms(), **new}
+            try:
+                self.log.put([new])
+            except delta.ConcurrentCommit:
+                delta.backoff(attempt)
+                self.log.refresh()
+                continue
+            if self.log.needs_compaction():
+                self.log.compact(lambda r: True)
+            return out
+        raise StorageError(f"subscription {self.subscription!r}: too many concurrent lease updates")
+
+    def register_type(self, consumer_type: str) -> None:
+        """The first consumer fixes the subscription's type; a different type is refused while a
+        lease of the old one is live (as Pulsar refuses a consumer of another type)."""
+        def change(row):
+            if row is None or row["consumer_type"] == consumer_type:
+                return ({"consumer_type": consumer_type} if row is None else None), None
+            active = self.log.get("active")
+            if active is not None and active["consumer"] and active["expires_ms"] > now_ms():
+                raise InvalidConfiguration(
+                    f"subscription {self.subscription!r} on {self.topic} is {row['consumer_type']} and has a live "
+                    f"consumer; a {consumer_type} consumer cannot join it (use another subscription name)")
+            return {"consumer_type": consumer_type}, None
+
+        self._cas("meta", change)
+
+    def try_acquire(self, consumer: str, lease_ms: int) -> bool:
+        """Take (or renew) the ``active`` lease; False when another live consumer holds it."""
+        def change(row):
+            t = now_ms()
+            if row is not None and row["consumer"] and row["consumer"] != consumer and row["expires_ms"] > t:
+                return None, False
+            return {"consumer": consumer, "expires_ms": t + lease_ms}, True
+
+        return self._cas("active", change)
+
+    def acquire_exclusive(self, consumer: str, lease_ms: int) -> None:
+        if not self.try_acquire(consumer, lease_ms):
+            holder = self.log.get("active")
+            raise ConsumerBusy(
+                f"subscription {self.subscription!r} on {self.topic} is Exclusive and consumer "
+                f"{holder['consumer'] if holder else '?'} holds it: use another subscription name, ConsumerType.Shared "
+                "or Failover, or close the other consumer")
+
+    def release(self, consumer: str) -> None:
+        def change(row):
+            if row is None or row["consumer"] != consumer:
+                return None, None
+            return {"consumer": None, "expires_ms": 0}, None
+
+        self._cas("active", change)
+
+    def holder(self) -> str | None:
+        self._ensure()
+        row = self.log.get("active")
+        if row is None or not row["consumer"] or row["expires_ms"] <= now_ms():
+            return None
+        return row["consumer"]
