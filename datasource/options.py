@@ -169,3 +169,63 @@ def parse_options(options: Mapping[str, str], *, require_topic: bool = True) -> 
         isolation_level=parse_isolation(opts),
         max_entries_per_partition=parse_positive_int(opts, MAX_ENTRIES_PER_PARTITION, DEFAULT_MAX_ENTRIES_PER_PARTITION),
     )
+
+
+# ---- write options ------------------------------------------------------------------------------
+PRODUCER_NAME = "producerName"
+TRANSACTION_TIMEOUT_MS = "transactionTimeoutMs"
+CREATE_TOPIC = "createTopic"
+PARTITIONS = "partitions"
+TRANSACTIONAL = "transactional"
+SAVE_MODE = "saveMode"
+SAVE_MODES = ("append", "errorifexists", "ignore")
+DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
+
+
+def parse_bool(options: Mapping[str, str], option: str, default: bool) -> bool:
+    raw = _lower(options).get(option.lower())
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise InvalidConfiguration(f"option {option}={raw!r} is invalid: use true or false")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    root: StorageRoot
+    topic: TopicName | None  # None: every row names its topic in __topic
+    producer_name: str | None
+    transaction_timeout_ms: int
+    create_topic: bool
+    partitions: int
+    transactional: bool
+    save_mode: str
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Options of ``df.write.format("pulsartx")`` (and of the streaming sink)."""
+    opts = _lower(options)
+    selection = parse_selection(opts, required=False)
+    if selection is not None and (selection.option != TOPIC and not selection.option.startswith(TOPIC + " ")
+                                  or len(selection.topics) != 1):
+        raise InvalidConfiguration(f"option {selection.option} is for reading: a write takes one {TOPIC} option "
+                                   "(or a __topic column to route rows to several topics)")
+    topic = selection.topics[0] if selection is not None else None
+    if topic is not None and topic.partition is not None:
+        raise InvalidConfiguration(f"option {TOPIC}={str(topic)!r} names a single partition: give the topic, and use "
+                                   "a __partition column to choose partitions")
+    save_mode = opts.get(SAVE_MODE.lower(), "append").strip().lower()
+    if save_mode not in SAVE_MODES:
+        raise InvalidConfiguration(f"option {SAVE_MODE}={save_mode!r} is invalid: use {', '.join(SAVE_MODES)}")
+    producer = opts.get(PRODUCER_NAME.lower())
+    if producer is not None and (not producer.strip() or "&" in producer):
+        raise InvalidConfiguration(f"option {PRODUCER_NAME}={producer!r} is invalid: give a non-empty name without '&'")
+    return WriteOptions(
+        root=resolve_root(opts), topic=topic, producer_name=producer,
+        transaction_timeout_ms=parse_positive_int(opts, TRANSACTION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS),
+        create_topic=parse_bool(opts, CREATE_TOPIC, False), partitions=parse_positive_int(opts, PARTITIONS, 1),
+        transactional=parse_bool(opts, TRANSACTIONAL, True), save_mode=save_mode)

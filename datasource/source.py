@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from datasource.schema import SPARK_SCHEMA
@@ -63,3 +63,10 @@ class PulsarTxDataSource(DataSource):
         # Parsed again rather than cached from schema(): with a user-supplied schema, schema() is
         # never called, and this is still the driver, where the storage root must be resolved.
         return PulsarTxBatchReader(self._read_options())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Runs on the driver: validates the options and columns, then begins the job's transaction."""
+        from datasource.options import parse_write_options
+        from datasource.writer import prepare_write
+
+        return prepare_write(parse_write_options(self.options), schema, overwrite)

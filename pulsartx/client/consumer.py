@@ -132,6 +132,8 @@ class Consumer:
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type is ConsumerType.Shared
+        if consumer_type is ConsumerType.Shared:
+            self._leases.join_shared(self._id, lease_ms)
         if consumer_type is ConsumerType.Exclusive:
             self._leases.acquire_exclusive(self._id, lease_ms)
             self._active = True
@@ -295,11 +297,13 @@ class Consumer:
         finally:
             self._closed = True
             self._wake.set()
-            if self._type is not ConsumerType.Shared:
-                try:
+            try:
+                if self._type is ConsumerType.Shared:
+                    self._leases.leave_shared(self._id)
+                else:
                     self._leases.release(self._id)
-                except PulsarException as e:
-                    log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
+            except PulsarException as e:
+                log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
 
     def __enter__(self) -> Consumer:
         return self
@@ -518,7 +522,10 @@ class Consumer:
                 return
             try:
                 self._flush_acks()
-                if self._type is not ConsumerType.Shared and self._active and \
+                if self._type is ConsumerType.Shared and time.monotonic() - last_renew >= renew_every:
+                    last_renew = time.monotonic()
+                    self._leases.join_shared(self._id, self._lease_ms)
+                elif self._type is not ConsumerType.Shared and self._active and \
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     if not self._leases.try_acquire(self._id, self._lease_ms):

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_mask, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
-from pulsartx.log.schema import RECORD_SCHEMA, MessageType
+from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
@@ -53,30 +53,58 @@ class AppendResult:
     entries: list[tuple[int, int]] = field(default_factory=list)
 
 
+def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, properties: pa.Array | None = None,
+                       event_times: pa.Array | None = None, producer_name: str | None = None,
+                       first_sequence_id: int | None = None, sequence_ids: pa.Array | None = None,
+                       txn: tuple[int, int] | None = None, msg_type: MessageType = MessageType.DATA,
+                       marker_entries: pa.Array | None = None) -> pa.Table:
+    """Rows without ``offset``/``publish_time`` (assigned by :meth:`PartitionLog.append`), built from
+    Arrow columns without touching Python objects per row: the Spark write path's builder, which the
+    client's :func:`build_records` feeds too. ``first_sequence_id`` numbers the rows consecutively."""
+    n = len(values)
+
+    def const(v: Any, t: pa.DataType) -> pa.Array:
+        if v is None:
+            return pa.nulls(n, t)
+        return pa.array(np.full(n, v, dtype=np.int64), t) if isinstance(v, int) else pa.array([v] * n, t)
+
+    if sequence_ids is None and first_sequence_id is not None:
+        sequence_ids = pa.array(np.arange(first_sequence_id, first_sequence_id + n, dtype=np.int64))
+    cols = {
+        "type": const(msg_type.value, pa.string()),
+        "value": values.cast(pa.binary()),
+        "key": keys.cast(pa.string()) if keys is not None else pa.nulls(n, pa.string()),
+        "properties": properties.cast(PROPERTIES) if properties is not None else pa.nulls(n, PROPERTIES),
+        "event_time": event_times.cast(TIMESTAMP) if event_times is not None else pa.nulls(n, TIMESTAMP),
+        "producer_name": const(producer_name, pa.string()),
+        "sequence_id": sequence_ids if sequence_ids is not None else pa.nulls(n, pa.int64()),
+        "txn_most_bits": const(None if txn is None else txn[0], pa.int64()),
+        "txn_least_bits": const(None if txn is None else txn[1], pa.int64()),
+        "marker_entries": marker_entries if marker_entries is not None else pa.nulls(n, MARKER_ENTRIES),
+    }
+    return pa.table(cols)
+
+
 def build_records(values: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                   properties: Sequence[dict[str, str] | None] | None = None,
                   event_times_ms: Sequence[int | None] | None = None, producer_name: str | None = None,
                   sequence_ids: Sequence[int] | None = None, txn: tuple[int, int] | None = None,
                   msg_type: MessageType = MessageType.DATA, marker_entries: Any = None) -> pa.Table:
-    """Rows without ``offset``/``publish_time``: those two are assigned by :meth:`PartitionLog.append`."""
-    n = len(values)
-    ev = None
-    if event_times_ms is not None:
-        ev = pa.array([None if t is None else t * 1000 for t in event_times_ms], pa.int64()).cast(RECORD_SCHEMA.field("event_time").type)
-    cols = {
-        "type": pa.array([msg_type.value] * n, pa.string()),
-        "value": pa.array(values, pa.binary()),
-        "key": pa.array(keys if keys is not None else [None] * n, pa.string()),
-        "properties": pa.array([list((p or {}).items()) for p in properties] if properties is not None else [None] * n,
-                               RECORD_SCHEMA.field("properties").type),
-        "event_time": ev if ev is not None else pa.nulls(n, RECORD_SCHEMA.field("event_time").type),
-        "producer_name": pa.array([producer_name] * n, pa.string()),
-        "sequence_id": pa.array(sequence_ids if sequence_ids is not None else [None] * n, pa.int64()),
-        "txn_most_bits": pa.array([txn[0] if txn else None] * n, pa.int64()),
-        "txn_least_bits": pa.array([txn[1] if txn else None] * n, pa.int64()),
-        "marker_entries": marker_entries if marker_entries is not None else pa.nulls(n, RECORD_SCHEMA.field("marker_entries").type),
-    }
-    return pa.table(cols)
+    """The same rows from Python values (the client producer's path)."""
+    def given(col: Sequence | None) -> bool:
+        return col is not None and any(v is not None for v in col)
+
+    return records_from_arrow(
+        pa.array(values, pa.binary()),
+        keys=pa.array(keys, pa.string()) if given(keys) else None,
+        # A message sent without properties has an empty map, as in Pulsar.
+        properties=pa.array([list((p or {}).items()) for p in properties], PROPERTIES)
+        if properties is not None else None,
+        event_times=pa.array([None if t is None else t * 1000 for t in event_times_ms], pa.int64()).cast(TIMESTAMP)
+        if given(event_times_ms) else None,
+        producer_name=producer_name,
+        sequence_ids=pa.array(sequence_ids, pa.int64()) if sequence_ids is not None else None,
+        txn=txn, msg_type=msg_type, marker_entries=marker_entries)
 
 
 def _finish(records: pa.Table, first_offset: int, publish_us: int) -> pa.Table:

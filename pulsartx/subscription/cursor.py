@@ -150,6 +150,7 @@ class CursorState:
             pos = self.pending_cumulative[1]
             self.pending_cumulative = None
             back.extend(o for o in range(self.mark_delete + 1, pos + 1) if not self.is_acked(o) and not self.is_pending(o))
+        back = sorted(set(back))  # acked individually and cumulatively in the txn: one redelivery, not two
         self.bump_redelivery(back)
         return back
 

@@ -2,7 +2,8 @@
 
 ``<root>/subscriptions/<tenant>/<namespace>/<topic>/<subscription>/consumers`` is a KeyedLog with
   * ``meta``: the subscription's consumer type (set by its first consumer);
-  * ``active``: the Exclusive or Failover owner, with a lease expiry.
+  * ``active``: the Exclusive or Failover owner, with a lease expiry;
+  * ``shared:<consumer>``: each live Shared consumer, with a lease expiry (renewed like ``active``).
 Taking or renewing the lease is a compare-and-set on ``active``. An owner renews well before
 expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a new consumer
 (Exclusive) takes over after at most one lease period. Closing releases the lease at once.
@@ -22,6 +23,7 @@ from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import subscription_dir
 
 MAX_ATTEMPTS = 200
+SHARED = "shared:"  # key prefix of Shared consumers' presence rows
 LEASE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64(), False),
     pa.field("key", pa.string(), False),
@@ -66,8 +68,8 @@ class LeaseStore:
                 delta.backoff(attempt)
                 self.log.refresh()
                 continue
-            if self.log.needs_compaction():
-                self.log.compact(lambda r: True)
+            if self.log.needs_compaction():  # gone Shared consumers' rows are dropped
+                self.log.compact(lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
             return out
         raise StorageError(f"subscription {self.subscription!r}: too many concurrent lease updates")
 
@@ -78,13 +80,28 @@ class LeaseStore:
             if row is None or row["consumer_type"] == consumer_type:
                 return ({"consumer_type": consumer_type} if row is None else None), None
             active = self.log.get("active")
-            if active is not None and active["consumer"] and active["expires_ms"] > now_ms():
+            if (active is not None and active["consumer"] and active["expires_ms"] > now_ms()) or \
+                    (row["consumer_type"] == "Shared" and self._live_shared()):
                 raise InvalidConfiguration(
                     f"subscription {self.subscription!r} on {self.topic} is {row['consumer_type']} and has a live "
                     f"consumer; a {consumer_type} consumer cannot join it (use another subscription name)")
             return {"consumer_type": consumer_type}, None
 
         self._cas("meta", change)
+
+    def _live_shared(self) -> list[str]:
+        t = now_ms()
+        return [r["consumer"] for k, r in self.log.rows.items()
+                if k.startswith(SHARED) and r["consumer"] and r["expires_ms"] > t]
+
+    def join_shared(self, consumer: str, lease_ms: int) -> None:
+        """A Shared consumer's presence (taken and renewed like a lease): while one is live, a
+        consumer of another type is refused, as for the Exclusive/Failover ``active`` lease."""
+        self._cas(SHARED + consumer, lambda row: ({"consumer": consumer, "consumer_type": "Shared",
+                                                   "expires_ms": now_ms() + lease_ms}, None))
+
+    def leave_shared(self, consumer: str) -> None:
+        self._cas(SHARED + consumer, lambda row: (None if row is None else {"consumer": None, "expires_ms": 0}, None))
 
     def try_acquire(self, consumer: str, lease_ms: int) -> bool:
         """Take (or renew) the ``active`` lease; False when another live consumer holds it."""

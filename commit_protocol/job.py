@@ -1,0 +1,111 @@
+"""One Spark write job = one pulsartx transaction.
+
+pyspark runs ``writer()``, each task's ``write()`` and the job's ``commit()``/``abort()`` in
+different Python processes (notes/spark-python-datasource.md), so nothing may live in memory:
+:class:`JobTransaction` is created in ``writer()``, pickled into every task and into the commit
+worker, and carries only the storage root and the TxnID. Everything else is in storage:
+
+1. ``writer()`` → :meth:`JobTransaction.begin` logs NEW on a TC (and ADD_PARTITION for every
+   partition it already knows), with a timeout long jobs can live with.
+2. each task attempt appends through the idempotent-producer path (``task.py``) and reports
+   exactly the entries it appended in its :class:`TaskReport`;
+3. ``commit(messages)`` → :meth:`JobTransaction.commit` logs COMMITTING *with the reported entries*
+   and writes markers that list them: entries of failed or speculative attempts, which no report
+   names, are never visible. A driver that dies after COMMITTING is finished by TC recovery from
+   the logged entries; one that dies before it leaves an OPEN transaction that times out.
+4. ``abort(messages)`` → ABORT markers at once, so readers are unblocked immediately.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger("pulsartx.commit_protocol")
+DEFAULT_JOB_TIMEOUT_MS = 3_600_000
+
+
+@dataclass
+class TaskReport(WriterCommitMessage):
+    """What one successful task attempt appended: ``(partition, first_offset, last_offset)`` per
+    entry (Delta commit), plus counts for logging."""
+
+    entries: list[tuple[str, int, int]] = field(default_factory=list)
+    rows: int = 0
+    attempt: str = ""
+
+
+@dataclass(frozen=True)
+class JobTransaction:
+    root: StorageRoot
+    txn_id: TxnID | None  # None: non-transactional mode
+    producer_prefix: str
+    timeout_ms: int
+
+    @classmethod
+    def begin(cls, root: StorageRoot, *, transactional: bool = True, timeout_ms: int = DEFAULT_JOB_TIMEOUT_MS,
+              producer_name: str | None = None, partitions: Iterable[str] = (),
+              properties: dict[str, str] | None = None) -> JobTransaction:
+        prefix = producer_name or f"spark-{uuid.uuid4().hex[:12]}"
+        if not transactional:
+            return cls(root, None, prefix, timeout_ms)
+        from pulsartx.coordinator.registry import Coordinators
+
+        tcs = Coordinators(root)
+        tc = tcs.tc(tcs.pick())
+        meta = tc.new_transaction(timeout_ms, owner=None, properties=properties)
+        parts = sorted(set(partitions))
+        if parts:
+            tc.add_partitions(meta.txn_id, parts)
+        log.info("write job began transaction %s on TC %d (%d partition(s) registered, timeout %d ms)",
+                 meta.txn_id, tc.tc_id, len(parts), timeout_ms)
+        return cls(root, meta.txn_id, prefix, timeout_ms)
+
+    @property
+    def transactional(self) -> bool:
+        return self.txn_id is not None
+
+    def _tc(self):
+        from pulsartx.coordinator.registry import Coordinators
+
+        assert self.txn_id is not None
+        return Coordinators(self.root, recover_on_open=False).for_txn(self.txn_id)
+
+    def register(self, partitions: Iterable[str]) -> None:
+        """ADD_PARTITION from a task, before its first append to a partition the driver could not
+        know (rows routed by the ``__topic`` column)."""
+        if self.txn_id is not None:
+            self._tc().add_partitions(self.txn_id, partitions)
+
+    @staticmethod
+    def entries(messages: Sequence[WriterCommitMessage | None]) -> list[tuple[str, int, int]]:
+        return sorted({e for m in messages if isinstance(m, TaskReport) for e in m.entries})
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> TxnStatus | None:
+        entries = self.entries(messages)
+        rows = sum(m.rows for m in messages if isinstance(m, TaskReport))
+        if self.txn_id is None:
+            log.info("non-transactional write job done: %d rows in %d entries", rows, len(entries))
+            return None
+        t0 = time.monotonic()
+        meta = self._tc().end_transaction(self.txn_id, TxnAction.COMMIT, commit_entries=entries)
+        log.info("committed transaction %s: %d rows in %d entries over %d partition(s), status %s, %.0f ms",
+                 self.txn_id, rows, len(entries), len({e[0] for e in entries}), meta.status.value,
+                 1000 * (time.monotonic() - t0))
+        return meta.status
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None] = ()) -> TxnStatus | None:
+        if self.txn_id is None:
+            log.warning("non-transactional write job failed: rows already appended stay visible")
+            return None
+        meta = self._tc().end_transaction(self.txn_id, TxnAction.ABORT)
+        log.info("aborted transaction %s (status %s): nothing of this job is visible", self.txn_id, meta.status.value)
+        return meta.status

@@ -1,0 +1,162 @@
+"""A task attempt's side of the commit protocol: route rows to partitions, append them with the
+job's TxnID through the idempotent-producer path, and report exactly what was appended.
+
+The producer name is unique per (job, task, attempt), and sequence ids count the attempt's rows,
+so a retried append inside an attempt is deduplicated while a new attempt of the same task
+writes afresh (its own report is the one the driver commits; the failed attempt's entries are
+never listed in a marker, so they stay invisible).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from commit_protocol.job import JobTransaction, TaskReport
+from pulsartx.client.routing import partition_for_key
+from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
+from pulsartx.log.partition import PartitionLog, records_from_arrow
+from pulsartx.naming import TopicName
+
+log = logging.getLogger("pulsartx.commit_protocol")
+FLUSH_ROWS = 250_000
+FLUSH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _Buffer:
+    log: PartitionLog
+    chunks: list[pa.Table] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+
+
+class TaskAppender:
+    def __init__(self, job: JobTransaction, default_topic: TopicName | None, partition_counts: dict[str, int],
+                 create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset()):
+        self.job = job
+        self.default_topic = default_topic
+        self.counts = dict(partition_counts)  # topic -> partitions, known on the driver
+        self.create_topics = create_topics  # partitions for topics created on the fly, or None
+        self.task_id = task_id
+        self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}-t{task_id}-a{attempt}"
+        self.registered = set(registered)
+        self.buffers: dict[str, _Buffer] = {}
+        self.report = TaskReport(attempt=self.producer)
+        self.sequence = 0
+        self.round_robin = task_id
+
+    # ---- routing ----------------------------------------------------------------------------------
+    def _partitions_of(self, topic: str) -> int:
+        n = self.counts.get(topic)
+        if n is None:
+            from pulsartx.admin.topics import TopicsAdmin
+
+            admin = TopicsAdmin(self.job.root)
+            try:
+                n = admin.get_partitions(topic)
+            except TopicNotFound:
+                if self.create_topics is None:
+                    raise TopicNotFound(
+                        f"topic {topic} (from the __topic column) does not exist: create it first, or set "
+                        "option createTopic=true with partitions=N") from None
+                from pulsartx.exceptions import TopicAlreadyExists
+
+                try:
+                    admin.create_topic(topic, self.create_topics)
+                except TopicAlreadyExists:
+                    pass
+                n = admin.get_partitions(topic)
+            self.counts[topic] = n
+        return n
+
+    def _route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.Table]]:
+        """Split a batch into per-partition tables: ``__partition`` if given, else the key's hash
+        (Pulsar's router), else round-robin."""
+        table = pa.Table.from_batches([batch])
+        if "__topic" in table.column_names:
+            topics = table.column("__topic")
+            if topics.null_count:
+                if self.default_topic is None:
+                    raise InvalidConfiguration("a row has a null __topic and no topic option is set: give every row "
+                                               "a __topic or set option topic")
+                topics = pc.fill_null(topics, str(self.default_topic))
+            groups = [(TopicName.parse(t), table.filter(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
+        else:
+            assert self.default_topic is not None
+            groups = [(self.default_topic, table)]
+        for topic, rows in groups:
+            name = str(topic)
+            n = self._partitions_of(name)
+            idx = self._partition_index(rows, n, name)
+            for p in np.unique(idx):
+                yield str(topic.with_partition(int(p))), rows.filter(pa.array(idx == p))
+
+    def _partition_index(self, rows: pa.Table, n: int, topic: str) -> np.ndarray:
+        m = rows.num_rows
+        if "__partition" in rows.column_names and rows.column("__partition").null_count < m:
+            given = rows.column("__partition").to_numpy(zero_copy_only=False)
+            bad = [int(v) for v in given if not np.isnan(v) and not 0 <= v < n][:3]
+            if bad:
+                raise InvalidConfiguration(f"__partition values {bad} are outside topic {topic}'s partitions 0..{n - 1}")
+            default = self._fallback(rows, n)
+            return np.where(np.isnan(given.astype(float)), default, np.nan_to_num(given)).astype(np.int64)
+        return self._fallback(rows, n)
+
+    def _fallback(self, rows: pa.Table, n: int) -> np.ndarray:
+        m = rows.num_rows
+        if n == 1:
+            return np.zeros(m, dtype=np.int64)
+        rr = (np.arange(m, dtype=np.int64) + self.round_robin) % n
+        self.round_robin += m
+        if "__key" not in rows.column_names or rows.column("__key").null_count == m:
+            return rr
+        keys = rows.column("__key")
+        uniq = pc.unique(keys)
+        by_key = {k: partition_for_key(k, n) for k in uniq.to_pylist() if k is not None}
+        idx = pc.index_in(keys, value_set=uniq).to_numpy(zero_copy_only=False)
+        table = np.array([by_key.get(k, -1) for k in uniq.to_pylist()], dtype=np.int64)
+        keyed = table[np.nan_to_num(idx.astype(float), nan=0).astype(np.int64)]
+        return np.where(pc.is_null(keys).to_numpy(zero_copy_only=False), rr, keyed)
+
+    # ---- appending --------------------------------------------------------------------------------
+    def add(self, batch: pa.RecordBatch) -> None:
+        for partition, rows in self._route(batch):
+            buf = self.buffers.get(partition)
+            if buf is None:
+                buf = self.buffers[partition] = _Buffer(PartitionLog(self.job.root, TopicName.parse(partition)))
+            buf.chunks.append(rows)
+            buf.rows += rows.num_rows
+            buf.bytes += rows.nbytes
+            if buf.rows >= FLUSH_ROWS or buf.bytes >= FLUSH_BYTES:
+                self._flush(partition, buf)
+
+    def _flush(self, partition: str, buf: _Buffer) -> None:
+        if not buf.rows:
+            return
+        if self.job.transactional and partition not in self.registered:
+            self.job.register([partition])  # ADD_PARTITION before any data reaches the partition
+            self.registered.add(partition)
+        rows = pa.concat_tables(buf.chunks)
+        buf.chunks, buf.rows, buf.bytes = [], 0, 0
+        records = records_from_arrow(
+            rows.column("value"),
+            keys=rows.column("__key") if "__key" in rows.column_names else None,
+            properties=rows.column("__messageProperties") if "__messageProperties" in rows.column_names else None,
+            event_times=rows.column("__eventTime") if "__eventTime" in rows.column_names else None,
+            producer_name=self.producer, first_sequence_id=self.sequence,
+            txn=self.job.txn_id.as_tuple() if self.job.txn_id else None)
+        self.sequence += rows.num_rows
+        res = buf.log.append(records, producer_name=self.producer)
+        self.report.entries.extend((partition, a, b) for a, b in res.entries)
+        self.report.rows += rows.num_rows - res.duplicates
+
+    def finish(self) -> TaskReport:
+        for partition, buf in self.buffers.items():
+            self._flush(partition, buf)
+        log.info("task %s appended %d rows in %d entries", self.producer, self.report.rows, len(self.report.entries))
+        return self.report

@@ -1,0 +1,154 @@
+"""``df.write.format("pulsartx")``: the DataSourceArrowWriter whose job is one transaction
+(:mod:`commit_protocol`).
+
+Save modes. Topics are append-only: ``mode("append")`` is the mode, and ``overwrite`` is refused
+with an explanation. Spark 4 itself rejects ``errorifexists`` and ``ignore`` (and the default
+mode, which is errorifexists) for every Python data source, with
+``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``, before any of our code runs; so their meaning is offered
+through ``.option("saveMode", "errorifexists" | "ignore")`` with ``mode("append")``: errorifexists
+fails if the topic exists and creates it otherwise; ignore writes nothing if it exists and
+creates it otherwise.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
+
+if TYPE_CHECKING:
+    from commit_protocol.job import JobTransaction
+    from datasource.options import WriteOptions
+
+_STRING_MAP = MapType(StringType(), StringType())
+WRITE_COLUMNS: dict[str, tuple[tuple[type[DataType], ...], str]] = {
+    "value": ((BinaryType, StringType), "binary or string"),
+    "__key": ((StringType,), "string"),
+    "__topic": ((StringType,), "string"),
+    "__eventTime": ((TimestampType, TimestampNTZType), "timestamp"),
+    "__messageProperties": ((MapType,), "map<string,string>"),
+    "__partition": ((IntegerType, LongType, ShortType, ByteType), "int"),
+}
+
+
+def check_write_schema(schema: StructType) -> list[str]:
+    """The DataFrame's columns, validated: ``value`` is required, the ``__`` columns are optional,
+    and anything else is refused by name (a typo must not silently drop data)."""
+    names = [f.name for f in schema.fields]
+    if "value" not in names:
+        raise InvalidConfiguration(
+            f"the DataFrame has no 'value' column (it has {', '.join(names) or 'no columns'}): select or alias the "
+            "payload as value, e.g. df.selectExpr('to_json(struct(*)) AS value')")
+    for f in schema.fields:
+        spec = WRITE_COLUMNS.get(f.name)
+        if spec is None:
+            raise InvalidConfiguration(
+                f"column {f.name!r} is not written by pulsartx: drop it or rename it; the columns are "
+                f"{', '.join(WRITE_COLUMNS)}")
+        types, shown = spec
+        ok = isinstance(f.dataType, types) and (f.name != "__messageProperties" or f.dataType == _STRING_MAP)
+        if not ok:
+            raise InvalidConfiguration(f"column {f.name!r} has type {f.dataType.simpleString()}: it must be {shown}; "
+                                       "cast it first")
+    return names
+
+
+def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> PulsarTxBatchWriter:
+    """Driver side (``writer()``): validate everything, then begin the job's transaction."""
+    from commit_protocol.job import JobTransaction
+    from pulsartx.admin.topics import TopicsAdmin
+
+    if overwrite:
+        raise InvalidConfiguration(
+            "mode('overwrite') is not supported: pulsartx topics are append-only logs (readers hold offsets into "
+            "them). Use mode('append'); to start over, delete and recreate the topic (pulsartx topics delete)")
+    columns = check_write_schema(schema)
+    if opts.topic is None and "__topic" not in columns:
+        raise InvalidConfiguration("no topic to write to: set option topic, or add a __topic column naming each "
+                                   "row's topic")
+    admin = TopicsAdmin(opts.root)
+    counts: dict[str, int] = {}
+    skip = False
+    if opts.topic is not None:
+        name = str(opts.topic)
+        try:
+            counts[name] = admin.get_partitions(name)
+            exists = True
+        except TopicNotFound:
+            exists = False
+        if exists and opts.save_mode == "errorifexists":
+            raise TopicAlreadyExists(f"topic {name} already exists and option saveMode=errorifexists: use saveMode "
+                                     "append (the default) to add to it")
+        skip = exists and opts.save_mode == "ignore"
+        if not exists:
+            if not opts.create_topic and opts.save_mode == "append":
+                raise TopicNotFound(f"topic {name} does not exist: create it first (client.admin.create_topic or "
+                                    "`pulsartx topics create`), or set option createTopic=true with partitions=N")
+            try:
+                admin.create_topic(name, opts.partitions)
+            except TopicAlreadyExists:
+                pass
+            counts[name] = admin.get_partitions(name)
+    registered: frozenset[str] = frozenset()
+    if opts.topic is not None and "__topic" not in columns:
+        registered = frozenset(str(opts.topic.with_partition(i)) for i in range(counts[str(opts.topic)]))
+    job = JobTransaction.begin(opts.root, transactional=opts.transactional and not skip,
+                               timeout_ms=opts.transaction_timeout_ms, producer_name=opts.producer_name,
+                               partitions=registered)
+    create = opts.partitions if opts.create_topic else None
+    return PulsarTxBatchWriter(job, opts.topic, counts, create, registered, tuple(columns), skip)
+
+
+class PulsarTxBatchWriter(DataSourceArrowWriter):
+    """Pickled to every task and to the commit worker: it carries the job's transaction, no state."""
+
+    def __init__(self, job: JobTransaction, topic, counts: dict[str, int], create_partitions: int | None,
+                 registered: frozenset[str], columns: tuple[str, ...], skip: bool):
+        self.job = job
+        self.topic = topic
+        self.counts = counts
+        self.create_partitions = create_partitions
+        self.registered = registered
+        self.columns = columns
+        self.skip = skip
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from pyspark import TaskContext
+
+        from commit_protocol.job import TaskReport
+        from commit_protocol.task import TaskAppender
+
+        if self.skip:
+            for _ in iterator:
+                pass
+            return TaskReport()
+        ctx = TaskContext.get()
+        task_id, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
+        appender = TaskAppender(self.job, self.topic, self.counts, self.create_partitions, task_id, attempt,
+                                self.registered)
+        for batch in iterator:
+            if batch.num_rows:
+                appender.add(batch)
+        return appender.finish()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.job.commit(messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.job.abort(messages)

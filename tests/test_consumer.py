@@ -1,0 +1,399 @@
+"""Consumer: subscription types, plain acknowledgements, redelivery, seek, unsubscribe, initial
+position, and what a READ_COMMITTED subscription skips (markers, aborted transactional data).
+
+Scenarios follow pulsar-client's consumer tests, rewritten against this API; every assertion is on
+exact sets of message values.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import pulsartx
+from pulsartx import Client, ConsumerType, InitialPosition, MessageId, NotAllowedError, Timeout
+from pulsartx.exceptions import AlreadyClosed, ConsumerBusy, InvalidConfiguration
+
+TOPIC = "persistent://public/default/in"
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def seed(client: Client, topic: str, n: int, prefix: str = "m", partitions: int = 1, create: bool = True,
+         keyed: bool = False) -> list[MessageId]:
+    if create:
+        client.admin.create_topic(topic, partitions=partitions)
+    p = client.create_producer(topic)
+    ids = [p.send(f"{prefix}{i}".encode(), partition_key=f"k{i}" if keyed else None) for i in range(n)]
+    p.close()
+    return ids
+
+
+def drain(consumer, idle_ms: int = 400, ack: bool = False) -> list:
+    """Every message until none comes for ``idle_ms``."""
+    out = []
+    while True:
+        try:
+            m = consumer.receive(timeout_millis=idle_ms)
+        except Timeout:
+            return out
+        out.append(m)
+        if ack:
+            consumer.acknowledge(m)
+
+
+def vals(msgs) -> list[str]:
+    return [m.data().decode() for m in msgs]
+
+
+def names(prefix: str, idx) -> set[str]:
+    return {f"{prefix}{i}" for i in idx}
+
+
+def mark_delete(client: Client, topic: str, sub: str) -> list[int]:
+    return [s["markDeletePosition"] for s in client.admin.transactions.get_pending_ack_stats(topic, sub)]
+
+
+# ---- API surface ---------------------------------------------------------------------------------
+
+
+def test_public_names():
+    assert pulsartx.ConsumerType.Exclusive and pulsartx.ConsumerType.Failover and pulsartx.ConsumerType.Shared
+    assert pulsartx.InitialPosition.Latest and pulsartx.InitialPosition.Earliest
+    assert issubclass(ConsumerBusy, pulsartx.PulsarException)
+
+
+def test_receive_timeout(client):
+    client.admin.create_topic(TOPIC)
+    c = client.subscribe(TOPIC, "s")
+    t0 = time.monotonic()
+    with pytest.raises(Timeout, match=r"no message on persistent://public/default/in \(subscription 's'\) "
+                                      r"within 200 ms"):
+        c.receive(timeout_millis=200)
+    assert 0.19 <= time.monotonic() - t0 < 2
+    assert c.batch_receive(timeout_millis=50) == []
+    assert c.topic() == TOPIC and c.subscription_name() == "s" and c.is_connected()
+    c.close()
+    assert not c.is_connected()
+    with pytest.raises(AlreadyClosed):
+        c.receive(timeout_millis=10)
+    with pytest.raises(AlreadyClosed):
+        c.acknowledge(MessageId(0, 0))
+
+
+def test_bad_options(client):
+    client.admin.create_topic(TOPIC)
+    with pytest.raises(InvalidConfiguration, match="consumer_type"):
+        client.subscribe(TOPIC, "s", consumer_type="Shared")
+    with pytest.raises(InvalidConfiguration, match="KeyShared is not supported"):
+        client.subscribe(TOPIC, "s", consumer_type=ConsumerType.KeyShared)
+    with pytest.raises(InvalidConfiguration, match="initial_position"):
+        client.subscribe(TOPIC, "s", initial_position="earliest")
+    with pytest.raises(InvalidConfiguration, match="receiver_queue_size"):
+        client.subscribe(TOPIC, "s", receiver_queue_size=0)
+    with pytest.raises(InvalidConfiguration, match="unacked_messages_timeout_ms"):
+        client.subscribe(TOPIC, "s", unacked_messages_timeout_ms=0)
+    with pytest.raises(InvalidConfiguration, match="isolation_level"):
+        client.subscribe(TOPIC, "s", isolation_level="SERIALIZABLE")
+
+
+def test_receive_from_all_partitions_and_plain_acks_persist(client):
+    seed(client, TOPIC, 30, partitions=3, keyed=True)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    got = drain(c)
+    assert sorted(vals(got)) == sorted(names("m", range(30)))
+    assert {m.message_id().partition() for m in got} == {0, 1, 2}
+    assert all(m.redelivery_count() == 0 for m in got)
+    assert all(m.topic_name().startswith(TOPIC + "-partition-") for m in got)
+    acked = got[::2]
+    for m in acked:
+        c.acknowledge(m)
+    c.close()  # flushes the grouped acks
+    c2 = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    again = drain(c2)
+    assert sorted(vals(again)) == sorted(set(vals(got)) - set(vals(acked)))
+    c2.acknowledge([m.message_id() for m in again])  # a list of ids: one call
+    c2.close()
+    c3 = client.subscribe(TOPIC, "s")
+    with pytest.raises(Timeout):
+        c3.receive(timeout_millis=300)
+    c3.close()
+
+
+def test_batch_receive(client):
+    seed(client, TOPIC, 25)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    first = c.batch_receive(max_num_messages=10)
+    assert vals(first) == [f"m{i}" for i in range(10)]
+    rest = c.batch_receive(timeout_millis=500)
+    assert vals(rest) == [f"m{i}" for i in range(10, 25)]
+    assert c.batch_receive(timeout_millis=100) == []
+
+
+def test_acknowledge_cumulative_plain(client):
+    ids = seed(client, TOPIC, 10)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0)
+    got = drain(c)
+    c.acknowledge(got[7])
+    c.acknowledge_cumulative(got[4])
+    assert mark_delete(client, TOPIC, "s") == [ids[4].offset()]
+    c.redeliver_unacknowledged_messages()
+    assert vals(drain(c)) == ["m5", "m6", "m8", "m9"]
+    c.acknowledge_cumulative(ids[9])
+    assert mark_delete(client, TOPIC, "s") == [ids[9].offset()]
+    c.redeliver_unacknowledged_messages()
+    assert drain(c, idle_ms=200) == []
+
+
+def test_cumulative_ack_of_several_ids_not_allowed(client):
+    ids = seed(client, TOPIC, 3)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    got = drain(c)
+    for many in (got, ids[:2], tuple(ids), [ids[0]]):
+        with pytest.raises(NotAllowedError, match="acknowledge_cumulative takes one message"):
+            c.acknowledge_cumulative(many)
+    txn = client.new_transaction()
+    with pytest.raises(NotAllowedError):
+        c.acknowledge_cumulative(ids, txn=txn)
+    txn.commit()
+    with pytest.raises(InvalidConfiguration, match="cannot acknowledge"):
+        c.acknowledge(MessageId.earliest)
+
+
+def test_shared_cumulative_ack_not_allowed(client):
+    ids = seed(client, TOPIC, 3)
+    c = client.subscribe(TOPIC, "s", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest)
+    got = drain(c)
+    with pytest.raises(NotAllowedError, match="not allowed on a Shared subscription"):
+        c.acknowledge_cumulative(got[-1])
+    txn = client.new_transaction()
+    with pytest.raises(NotAllowedError, match="not allowed on a Shared subscription"):
+        c.acknowledge_cumulative(ids[1], txn=txn)
+    txn.abort()
+
+
+# ---- subscription types ------------------------------------------------------------------------
+
+
+def test_exclusive_refuses_a_second_consumer(root, client):
+    client.admin.create_topic(TOPIC)
+    c1 = client.subscribe(TOPIC, "excl", consumer_type=ConsumerType.Exclusive)
+    with pytest.raises(ConsumerBusy, match=r"subscription 'excl' on persistent://public/default/in is Exclusive"):
+        client.subscribe(TOPIC, "excl")
+    other = Client(root)  # another client (another process, as far as storage knows)
+    with pytest.raises(ConsumerBusy, match="Exclusive"):
+        other.subscribe(TOPIC, "excl", consumer_type=ConsumerType.Exclusive)
+    c1.close()
+    c2 = other.subscribe(TOPIC, "excl")  # free again once the owner closed
+    c2.close()
+    other.close()
+
+
+def test_other_type_refused_while_a_consumer_is_live(client):
+    client.admin.create_topic(TOPIC)
+    for live, other in [(ConsumerType.Exclusive, ConsumerType.Shared), (ConsumerType.Failover, ConsumerType.Exclusive),
+                        (ConsumerType.Shared, ConsumerType.Exclusive), (ConsumerType.Shared, ConsumerType.Failover)]:
+        sub = f"s-{live.name}-{other.name}"
+        c = client.subscribe(TOPIC, sub, consumer_type=live)
+        with pytest.raises(InvalidConfiguration, match=rf"is {live.name} and has a live consumer; a {other.name} "):
+            client.subscribe(TOPIC, sub, consumer_type=other)
+        c.close()
+        client.subscribe(TOPIC, sub, consumer_type=other).close()  # nobody live: the type may change
+
+
+def test_failover_standby_takes_over_on_close(client):
+    seed(client, TOPIC, 20)
+    a = client.subscribe(TOPIC, "fo", consumer_type=ConsumerType.Failover, initial_position=InitialPosition.Earliest)
+    b = client.subscribe(TOPIC, "fo", consumer_type=ConsumerType.Failover)
+    first = [a.receive(timeout_millis=2000) for _ in range(8)]
+    with pytest.raises(Timeout):
+        b.receive(timeout_millis=300)  # standby
+    for m in first[:5]:
+        a.acknowledge(m)
+    a.close()
+    rest = drain(b, ack=True)
+    assert vals(first[:5]) == [f"m{i}" for i in range(5)]
+    assert vals(rest) == [f"m{i}" for i in range(5, 20)]  # received-but-unacked m5..m7 come back
+    b.close()
+    assert mark_delete(client, TOPIC, "fo") == [19]
+
+
+def test_shared_consumers_never_hold_the_same_message(client):
+    seed(client, TOPIC, 60, partitions=2, keyed=True)
+    kw = {"consumer_type": ConsumerType.Shared, "initial_position": InitialPosition.Earliest,
+          "receiver_queue_size": 5}
+    a = client.subscribe(TOPIC, "sh", **kw)
+    b = client.subscribe(TOPIC, "sh", **kw)
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    idle = 0
+    while idle < 4:
+        idle += 1
+        for name, c in (("a", a), ("b", b)):
+            try:
+                m = c.receive(timeout_millis=150)
+            except Timeout:
+                continue
+            idle = 0
+            got[name].append(m.data().decode())
+            c.acknowledge(m)
+    assert not set(got["a"]) & set(got["b"])
+    assert set(got["a"]) | set(got["b"]) == names("m", range(60))
+    assert len(got["a"]) + len(got["b"]) == 60 and got["a"] and got["b"]
+    a.close()
+    b.close()
+
+
+def test_shared_negative_ack_goes_to_any_consumer(client):
+    seed(client, TOPIC, 1)
+    kw = {"consumer_type": ConsumerType.Shared, "initial_position": InitialPosition.Earliest,
+          "negative_ack_redelivery_delay_ms": 0}
+    a = client.subscribe(TOPIC, "sh", **kw)
+    b = client.subscribe(TOPIC, "sh", **kw)
+    m = a.receive(timeout_millis=2000)
+    with pytest.raises(Timeout):
+        b.receive(timeout_millis=300)  # a holds it
+    a.negative_acknowledge(m)
+    a.close()
+    m2 = b.receive(timeout_millis=3000)
+    assert m2.data() == b"m0" and m2.redelivery_count() == 1
+
+
+# ---- redelivery ---------------------------------------------------------------------------------
+
+
+def test_negative_ack_redelivers_after_the_delay(client):
+    seed(client, TOPIC, 3)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest,
+                         negative_ack_redelivery_delay_ms=600)
+    got = drain(c, idle_ms=200)
+    assert vals(got) == ["m0", "m1", "m2"]
+    c.acknowledge(got[0])
+    c.acknowledge(got[2])
+    for count in (1, 2):
+        c.negative_acknowledge(got[1])
+        t0 = time.monotonic()
+        with pytest.raises(Timeout):
+            c.receive(timeout_millis=300)  # not before the delay
+        m = c.receive(timeout_millis=3000)
+        assert time.monotonic() - t0 >= 0.55
+        assert m.data() == b"m1" and m.redelivery_count() == count
+        got[1] = m
+    c.acknowledge(got[1])
+    assert drain(c, idle_ms=200) == []
+
+
+def test_unacked_messages_timeout_redelivers(client):
+    seed(client, TOPIC, 4)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, unacked_messages_timeout_ms=500)
+    got = drain(c, idle_ms=100)
+    assert vals(got) == ["m0", "m1", "m2", "m3"]
+    c.acknowledge(got[0])
+    c.acknowledge(got[3])
+    again = sorted(drain(c, idle_ms=1500), key=lambda m: m.message_id())
+    assert vals(again) == ["m1", "m2"] and [m.redelivery_count() for m in again] == [1, 1]
+    for m in again:
+        c.acknowledge(m)
+    assert drain(c, idle_ms=1000) == []
+
+
+def test_redeliver_unacknowledged_messages(client):
+    seed(client, TOPIC, 5)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, receiver_queue_size=2)
+    got = [c.receive(timeout_millis=2000) for _ in range(3)]
+    c.acknowledge(got[1])
+    c.redeliver_unacknowledged_messages()
+    again = drain(c)
+    assert sorted(vals(again)) == ["m0", "m2", "m3", "m4"]
+    counts = {m.data().decode(): m.redelivery_count() for m in again}
+    assert counts["m0"] == 1 and counts["m2"] == 1 and counts["m4"] == 0
+
+
+# ---- seek, unsubscribe, initial position ---------------------------------------------------------
+
+
+def test_seek(client):
+    ids = seed(client, TOPIC, 10)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    assert len(drain(c, ack=True)) == 10
+    c.seek(MessageId.earliest)
+    assert vals(drain(c)) == [f"m{i}" for i in range(10)]
+    c.seek(ids[6])
+    assert vals(drain(c, ack=True)) == ["m6", "m7", "m8", "m9"]
+    c.seek(MessageId.latest)
+    assert drain(c, idle_ms=200) == []
+    seed(client, TOPIC, 2, prefix="n", create=False)
+    assert vals(drain(c)) == ["n0", "n1"]
+
+
+def test_unsubscribe_removes_the_state(root, client):
+    seed(client, TOPIC, 6)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    drain(c, ack=True)
+    c.unsubscribe()
+    assert not c.is_connected()
+    stats = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert stats[0]["state"] == "None"
+    c2 = Client(root).subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    assert vals(drain(c2)) == [f"m{i}" for i in range(6)]  # starts over
+    c2.close()
+
+
+def test_initial_position(client):
+    seed(client, TOPIC, 5)
+    latest = client.subscribe(TOPIC, "late")  # Latest is the default
+    earliest = client.subscribe(TOPIC, "early", initial_position=InitialPosition.Earliest)
+    seed(client, TOPIC, 3, prefix="n", create=False)
+    assert vals(drain(latest)) == ["n0", "n1", "n2"]
+    assert vals(drain(earliest)) == [f"m{i}" for i in range(5)] + ["n0", "n1", "n2"]
+    latest.close()
+    # An existing subscription keeps its position whatever initial_position says.
+    again = client.subscribe(TOPIC, "late", initial_position=InitialPosition.Earliest)
+    assert vals(drain(again)) == ["n0", "n1", "n2"]
+
+
+def test_markers_and_aborted_data_are_skipped_and_the_cursor_passes_them(client):
+    client.admin.create_topic(TOPIC, partitions=2)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest)
+    p = client.create_producer(TOPIC)
+    expected = set()
+    for i in range(6):
+        txn = client.new_transaction()
+        for j in range(3):
+            p.send(f"t{i}-{j}".encode(), partition_key=f"k{j}", txn=txn)
+        p.send(f"plain{i}".encode(), partition_key=f"k{i}")
+        expected.add(f"plain{i}")
+        if i % 2:
+            txn.commit()
+            expected |= {f"t{i}-{j}" for j in range(3)}
+        else:
+            txn.abort()
+    got = drain(c, ack=True)
+    assert sorted(vals(got)) == sorted(expected)
+    assert not any(v.startswith(("t0-", "t2-", "t4-")) for v in vals(got))
+    c.close()
+    ends = [partition_end(client, part) for part in client.get_topic_partitions(TOPIC)]
+    assert mark_delete(client, TOPIC, "s") == [e - 1 for e in ends]  # past every marker and aborted entry
+    stats = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert all(s["pendingAckCount"] == 0 and s["individuallyAckedRanges"] == 0 for s in stats)
+
+
+def partition_end(client: Client, partition: str) -> int:
+    from pulsartx.log.partition import PartitionLog
+    from pulsartx.naming import TopicName
+
+    return PartitionLog(client.root, TopicName.parse(partition)).end_offset()
+
+
+def test_read_uncommitted_subscription_sees_open_transactions(client):
+    client.admin.create_topic(TOPIC)
+    rc = client.subscribe(TOPIC, "rc", initial_position=InitialPosition.Earliest)
+    ru = client.subscribe(TOPIC, "ru", initial_position=InitialPosition.Earliest, isolation_level="READ_UNCOMMITTED")
+    p = client.create_producer(TOPIC)
+    txn = client.new_transaction()
+    p.send(b"open", txn=txn)
+    p.send(b"plain")
+    assert vals(drain(ru, idle_ms=300)) == ["open", "plain"]
+    assert drain(rc, idle_ms=300) == []  # the open transaction bounds maxReadPosition
+    txn.commit()
+    assert vals(drain(rc)) == ["open", "plain"]
