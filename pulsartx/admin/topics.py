@@ -12,7 +12,7 @@ import logging
 import time
 
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
-from pulsartx.log.partition import partition_segments
+from pulsartx.log.partition import forget_shared, partition_segments
 from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.storage import delta
@@ -79,6 +79,7 @@ class TopicsAdmin:
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))
+        forget_shared(self.root, t)
         log.info("deleted topic %s", t)
 
     def list_topics(self, namespace: str | None = None) -> list[str]:

@@ -18,7 +18,7 @@ from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException
 from pulsartx.log.message_id import MessageId
-from pulsartx.log.partition import PartitionLog, build_records
+from pulsartx.log.partition import build_records, shared_log
 from pulsartx.naming import TopicName
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ class Producer:
         self._partitions: list[TopicName] = client.admin.partitions_of(topic)
         self._topic = str(TopicName.parse(topic))
         self._name = producer_name or f"pulsartx-{uuid.uuid4().hex[:12]}"
-        self._logs = {p.partition: PartitionLog(client.root, p) for p in self._partitions}
+        # One write handle per partition per process, shared with the TC's marker channel: separate
+        # handles would each go stale on the other's commits and lose every CAS race once.
+        self._logs = {p.partition: shared_log(client.root, p) for p in self._partitions}
         self._max_messages = batching_max_messages
         self._delay = batching_max_publish_delay_ms / 1000.0
         self._router = RoundRobin(len(self._partitions))

@@ -48,6 +48,7 @@ class Transaction:
         self._producers: list[Any] = []
         self._entries: dict[str, list[tuple[int, int]]] = {}
         self._conflict: BaseException | None = None
+        self._expired: ExpiredTransactionError | None = None  # fenced or timed out: said again on every use
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -59,6 +60,8 @@ class Transaction:
 
     # ---- used by producers and consumers --------------------------------------------------------
     def _check_usable(self) -> None:
+        if self._expired is not None:
+            raise ExpiredTransactionError(str(self._expired))
         if self.state is TransactionState.TIME_OUT:
             raise ExpiredTransactionError(f"transaction {self.id} timed out; begin a new transaction")
         if self.state is not TransactionState.OPEN:
@@ -94,8 +97,13 @@ class Transaction:
         try:
             return fn()
         except ExpiredTransactionError as e:
-            self.state = TransactionState.TIME_OUT if "timed out" in str(e) or "timeout" in str(e) else TransactionState.ABORTED
+            self._note_expired(e)
             raise
+
+    def _note_expired(self, e: ExpiredTransactionError) -> None:
+        self._expired = e
+        timed_out = "timed out" in str(e) or "timeout" in str(e)
+        self.state = TransactionState.TIME_OUT if timed_out else TransactionState.ABORTED
 
     def _before_append(self, partition: TopicName, registered: bool = False) -> tuple[int, int]:
         """Called by a producer right before appending a batch of this transaction to ``partition``;
@@ -136,7 +144,7 @@ class Transaction:
         self._end(TxnAction.COMMIT)
 
     def abort(self) -> None:
-        if self.state in (TransactionState.ABORTED,):
+        if self.state is TransactionState.ABORTED:
             return
         for p in list(self._producers):
             p.discard_transaction(self)
@@ -147,7 +155,7 @@ class Transaction:
         try:
             meta = self._tc().end_transaction(self.id, action, owner=self._client.owner)
         except ExpiredTransactionError as e:
-            self.state = TransactionState.TIME_OUT if "timed out" in str(e) or "timeout" in str(e) else TransactionState.ABORTED
+            self._note_expired(e)
             raise
         except InvalidTxnStatusError:
             self.state = _FROM_STATUS.get(self._tc().get(self.id, refresh=True).status, TransactionState.ERROR)

@@ -84,12 +84,18 @@ class TransactionCoordinator:
                 if prepared is None:
                     return meta
                 new, op = prepared
+                entries = new if isinstance(new, list) else [(new, op)]
+                rows, expected = [], meta.status
+                for m, o in entries:
+                    rows.append((m, o, expected))
+                    expected = m.status
                 try:
-                    self.txlog.write(new, op, meta.status)
+                    self.txlog.write_many(rows)
                 except delta.ConcurrentCommit:
                     delta.backoff(attempt)
                     self.txlog.refresh()
                     continue
+                new = entries[-1][0]
                 if self.on_event:
                     self.on_event("append", new)
                 self._maybe_compact()
@@ -200,7 +206,17 @@ class TransactionCoordinator:
                 changes["commit_entries"] = tuple((str(p), int(a), int(b)) for p, a, b in commit_entries)
             return meta.transition(action.ending_status, now_ms(), reason, **changes), MetadataOp.UPDATE
 
-        meta = self._cas(txn_id, decide)
+        if before_participants is None:
+            # No participant at all: the decision and the completion are one atomic log write
+            # (two entries, COMMITTING/ABORTING then COMMITTED/ABORTED), saving a round trip.
+            final = self._cas(txn_id, lambda m: _decide_and_finish(m, decide))
+            if final.status.is_final:
+                if self.on_event:
+                    self.on_event(final.status.value.lower(), final)
+                return final
+            meta = final
+        else:
+            meta = self._cas(txn_id, decide)
         if meta.status.is_final:
             return meta
         if before_participants is not None:
@@ -281,6 +297,16 @@ class TransactionCoordinator:
             if refresh:
                 self.txlog.refresh()
             return self.txlog.all()
+
+
+def _decide_and_finish(meta: TxnMeta, decide):
+    """``decide``'s transition, plus the final one when the transaction has no participants."""
+    prepared = decide(meta)
+    if prepared is None or meta.partitions or meta.subscriptions:
+        return prepared
+    decided, op = prepared
+    action = TxnAction.COMMIT if decided.status is TxnStatus.COMMITTING else TxnAction.ABORT
+    return [(decided, op), (decided.transition(action.final_status, now_ms()), MetadataOp.UPDATE)], op
 
 
 def _expired(meta: TxnMeta, why: str) -> ExpiredTransactionError:

@@ -113,7 +113,11 @@ class TransactionLog:
         self.log.put([meta_to_row(meta, MetadataOp.NEW, None)], extra_app_ids={COUNTER_APP_ID: meta.txn_id.least_bits})
 
     def write(self, meta: TxnMeta, op: MetadataOp, expected: TxnStatus | None) -> None:
-        self.log.put([meta_to_row(meta, op, expected)])
+        self.write_many([(meta, op, expected)])
+
+    def write_many(self, entries: list[tuple[TxnMeta, MetadataOp, TxnStatus | None]]) -> None:
+        """Several entries of one transaction in one atomic commit (e.g. COMMITTING + COMMITTED)."""
+        self.log.put([meta_to_row(m, op, exp) for m, op, exp in entries])
 
     def maybe_compact(self, now_ms: int) -> bool:
         if not self.log.needs_compaction():

@@ -265,6 +265,14 @@ def shared_log(root: StorageRoot, topic: TopicName) -> PartitionLog:
         return plog
 
 
+def forget_shared(root: StorageRoot, topic: TopicName) -> None:
+    """Drop cached handles of a deleted topic's partitions (a re-created topic is a new table)."""
+    prefix = f"{topic.base}-partition-"
+    with _SHARED_LOCK:
+        for key in [k for k in _SHARED if k[0] == root.url and k[1].startswith(prefix)]:
+            del _SHARED[key]
+
+
 def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[DataFile], start: int, end: int,
                columns: Sequence[str] | None = None) -> pa.Table:
     """Read records in ``[start, end)`` from the given files. Shared by the client reader and by

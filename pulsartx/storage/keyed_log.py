@@ -98,21 +98,7 @@ class KeyedLog:
             self.open()
             return list(self.rows.values())
         self._table.update_incremental()
-        target = self._table.version()
-        changed: list[dict[str, Any]] = []
-        for v in range(self.version + 1, target + 1):
-            actions = self._tail.read_commit(v)
-            if actions is None:  # log cleaned up under us: reload from the snapshot
-                self.open()
-                return list(self.rows.values())
-            adds = [a["add"]["path"] for a in actions if "add" in a]
-            if any("remove" in a for a in actions):
-                self.files_since_compaction = len(adds)
-            else:
-                self.files_since_compaction += len(adds)
-            changed.extend(self._apply(self._read_files([a for a in adds if a != own_file])))
-        self.version = target
-        return changed
+        return self._catch_up(self._table.version() + 1, skip=own_file)
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
@@ -126,26 +112,29 @@ class KeyedLog:
         apps.update(extra_app_ids or {})
         version = delta.write(self._table, pa.Table.from_pylist(rows, schema=self.schema),
                               app_transactions=apps, metadata=metadata)
-        self._catch_up(version)
+        self._catch_up(version)  # others' commits before ours
+        self.version = version
         self._apply(rows)
         self.files_since_compaction += 1
         self.appended += 1
 
-    def _catch_up(self, own_version: int) -> None:
-        """After our write landed at ``own_version`` (the handle moved there), apply the commits
-        other writers made in between, so memory matches the handle's snapshot again."""
-        for v in range(self.version + 1, own_version):
+    def _catch_up(self, upto: int, skip: str | None = None) -> list[dict[str, Any]]:
+        """Apply the commits in ``(self.version, upto)`` that other writers made, reading all their
+        files in one scan (replay order does not matter: the highest seq per key wins)."""
+        files: list[str] = []
+        for v in range(self.version + 1, upto):
             actions = self._tail.read_commit(v)
-            if actions is None:
+            if actions is None:  # the log was cleaned up under us: reload from the snapshot
                 self.open()
-                return
+                return list(self.rows.values())
             adds = [a["add"]["path"] for a in actions if "add" in a]
             if any("remove" in a for a in actions):
                 self.files_since_compaction = len(adds)
             else:
                 self.files_since_compaction += len(adds)
-            self._apply(self._read_files(adds))
-        self.version = own_version
+            files.extend(a for a in adds if a != skip)
+        self.version = max(self.version, upto - 1)
+        return self._apply(self._read_files(files))
 
     def app_version(self, app_id: str) -> int | None:
         return delta.txn_version(self._table, app_id)
@@ -167,6 +156,7 @@ class KeyedLog:
             self._table.update_incremental()
             return False
         self._catch_up(version)
+        self.version = version
         self.rows = {k: v for k, v in self.rows.items() if keep(v)}
         self.files_since_compaction = 1
         return True
