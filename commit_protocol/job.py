@@ -41,6 +41,7 @@ class TaskReport(WriterCommitMessage):
     entries: list[tuple[str, int, int]] = field(default_factory=list)
     rows: int = 0
     attempt: str = ""
+    txn: tuple[int, int] | None = None  # the transaction the entries belong to
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,14 @@ class JobTransaction:
         know (rows routed by the ``__topic`` column)."""
         if self.txn_id is not None:
             self._tc().add_partitions(self.txn_id, partitions)
+
+    @staticmethod
+    def txn_of(messages: Sequence[WriterCommitMessage | None]) -> TxnID | None:
+        """The transaction the tasks wrote under (streaming commits learn it from the reports)."""
+        txns = {m.txn for m in messages if isinstance(m, TaskReport) and m.txn is not None}
+        if len(txns) > 1:
+            raise ValueError(f"task reports name several transactions: {sorted(txns)}")
+        return TxnID(*txns.pop()) if txns else None
 
     @staticmethod
     def entries(messages: Sequence[WriterCommitMessage | None]) -> list[tuple[str, int, int]]:

@@ -46,7 +46,7 @@ class TaskAppender:
         self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}-t{task_id}-a{attempt}"
         self.registered = set(registered)
         self.buffers: dict[str, _Buffer] = {}
-        self.report = TaskReport(attempt=self.producer)
+        self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)
         self.sequence = 0
         self.round_robin = task_id
 

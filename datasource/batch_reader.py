@@ -21,7 +21,7 @@ from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
 from datasource.topics import partitions_to_read
 from datasource.visibility import Visibility, plan_visibility, visible_records
 from pulsartx.exceptions import InvalidConfiguration
-from pulsartx.log.index import DataFile
+from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.partition import PartitionLog, partition_segments, read_files
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
@@ -81,10 +81,17 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions) -> list[OffsetRang
         index, visibility = indexes[str(p)], visibilities[str(p)]
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
         start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit)
-        for lo, hi in split_range(start, end, opts.max_entries_per_partition):
-            planned.append(OffsetRangePartition(str(p.base), p.partition, partition_segments(p), lo, hi,
-                                                tuple(index.files_for(lo, hi)), visibility))
+        planned.extend(range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition))
     return planned
+
+
+def range_partitions(p: TopicName, index: FileIndex, visibility: Visibility, start: int, end: int,
+                     max_entries: int) -> list[OffsetRangePartition]:
+    """Input partitions covering ``[start, end)`` of one topic partition (batch and streaming)."""
+    assert p.partition is not None
+    return [OffsetRangePartition(str(p.base), p.partition, partition_segments(p), lo, hi,
+                                 tuple(index.files_for(lo, hi)), visibility)
+            for lo, hi in split_range(start, end, max_entries)]
 
 
 def file_groups(files: Sequence[DataFile]) -> Iterator[list[DataFile]]:

@@ -229,3 +229,46 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         transaction_timeout_ms=parse_positive_int(opts, TRANSACTION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS),
         create_topic=parse_bool(opts, CREATE_TOPIC, False), partitions=parse_positive_int(opts, PARTITIONS, 1),
         transactional=parse_bool(opts, TRANSACTIONAL, True), save_mode=save_mode)
+
+
+# ---- streaming options --------------------------------------------------------------------------
+MAX_ENTRIES_PER_TRIGGER = "maxEntriesPerTrigger"
+FAIL_ON_DATA_LOSS = "failOnDataLoss"
+SUBSCRIPTION = "subscription"
+TRANSACTION_KEY = "transactionKey"
+CHECKPOINT_LOCATION = "checkpointLocation"
+DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    read: PulsarTxOptions
+    max_entries_per_trigger: int | None
+    fail_on_data_loss: bool
+    subscription: str | None
+
+
+def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    """``spark.readStream.format("pulsartx")``: the batch options, plus admission control, data-loss
+    policy and the durable subscription. startingOffsets defaults to latest, as in Kafka's source."""
+    from pulsartx.naming import check_subscription_name
+
+    opts = _lower(options)
+    if STARTING_OFFSETS.lower() not in opts:
+        opts[STARTING_OFFSETS.lower()] = "latest"
+    if ENDING_OFFSETS.lower() in opts:
+        raise InvalidConfiguration(f"option {ENDING_OFFSETS} is for batch reads: a stream has no end (use "
+                                   "Trigger.AvailableNow to stop at the data present when it starts)")
+    read = parse_options(opts)
+    sub = opts.get(SUBSCRIPTION.lower())
+    if sub is not None:
+        try:
+            check_subscription_name(sub)
+        except InvalidTopicName as e:
+            raise InvalidConfiguration(f"option {SUBSCRIPTION}: {e}") from None
+    limit = opts.get(MAX_ENTRIES_PER_TRIGGER.lower())
+    return StreamOptions(
+        read=read,
+        max_entries_per_trigger=None if limit is None else parse_positive_int(opts, MAX_ENTRIES_PER_TRIGGER, 1),
+        fail_on_data_loss=parse_bool(opts, FAIL_ON_DATA_LOSS, True),
+        subscription=sub)

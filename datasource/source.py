@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from datasource.schema import SPARK_SCHEMA
@@ -70,3 +76,16 @@ class PulsarTxDataSource(DataSource):
         from datasource.writer import prepare_write
 
         return prepare_write(parse_write_options(self.options), schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from datasource.options import parse_stream_options
+        from datasource.stream_reader import PulsarTxStreamReader
+
+        check_schema(schema)
+        return PulsarTxStreamReader(parse_stream_options(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Called for every micro-batch: begins that batch's transaction."""
+        from datasource.stream_writer import prepare_stream_write
+
+        return prepare_stream_write(self.options, schema, overwrite)

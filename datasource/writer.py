@@ -62,22 +62,28 @@ def check_write_schema(schema: StructType) -> list[str]:
                 f"column {f.name!r} is not written by pulsartx: drop it or rename it; the columns are "
                 f"{', '.join(WRITE_COLUMNS)}")
         types, shown = spec
-        ok = isinstance(f.dataType, types) and (f.name != "__messageProperties" or f.dataType == _STRING_MAP)
+        # MapType equality includes valueContainsNull, which create_map/map() set to False:
+        # compare key and value types only.
+        ok = isinstance(f.dataType, types) and (f.name != "__messageProperties" or (
+            f.dataType.keyType == _STRING_MAP.keyType and f.dataType.valueType == _STRING_MAP.valueType))
         if not ok:
             raise InvalidConfiguration(f"column {f.name!r} has type {f.dataType.simpleString()}: it must be {shown}; "
                                        "cast it first")
     return names
 
 
-def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> PulsarTxBatchWriter:
-    """Driver side (``writer()``): validate everything, then begin the job's transaction."""
-    from commit_protocol.job import JobTransaction
+def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
+                    ) -> tuple[tuple[str, ...], dict[str, int], frozenset[str], bool]:
+    """Driver side, shared by batch and streaming writes: validate mode, columns and topic, create
+    the topic when asked. Returns (columns, partition counts, partitions to register up front,
+    skip) where skip means saveMode=ignore found the topic, so nothing is written."""
     from pulsartx.admin.topics import TopicsAdmin
 
     if overwrite:
         raise InvalidConfiguration(
-            "mode('overwrite') is not supported: pulsartx topics are append-only logs (readers hold offsets into "
-            "them). Use mode('append'); to start over, delete and recreate the topic (pulsartx topics delete)")
+            "mode('overwrite') (or outputMode complete) is not supported: pulsartx topics are append-only logs "
+            "(readers hold offsets into them). Use mode('append') / outputMode append; to start over, delete and "
+            "recreate the topic (pulsartx topics delete)")
     columns = check_write_schema(schema)
     if opts.topic is None and "__topic" not in columns:
         raise InvalidConfiguration("no topic to write to: set option topic, or add a __topic column naming each "
@@ -108,15 +114,24 @@ def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> Pu
     registered: frozenset[str] = frozenset()
     if opts.topic is not None and "__topic" not in columns:
         registered = frozenset(str(opts.topic.with_partition(i)) for i in range(counts[str(opts.topic)]))
+    return tuple(columns), counts, registered, skip
+
+
+def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> PulsarTxBatchWriter:
+    """Driver side (``writer()``): validate everything, then begin the job's transaction."""
+    from commit_protocol.job import JobTransaction
+
+    columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
     job = JobTransaction.begin(opts.root, transactional=opts.transactional and not skip,
                                timeout_ms=opts.transaction_timeout_ms, producer_name=opts.producer_name,
                                partitions=registered)
     create = opts.partitions if opts.create_topic else None
-    return PulsarTxBatchWriter(job, opts.topic, counts, create, registered, tuple(columns), skip)
+    return PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
 
 
-class PulsarTxBatchWriter(DataSourceArrowWriter):
-    """Pickled to every task and to the commit worker: it carries the job's transaction, no state."""
+class TaskWriting:
+    """The executor half shared by the batch and streaming writers: route, append, report. The
+    writer object is pickled to every task; it carries the transaction and no state."""
 
     def __init__(self, job: JobTransaction, topic, counts: dict[str, int], create_partitions: int | None,
                  registered: frozenset[str], columns: tuple[str, ...], skip: bool):
@@ -147,6 +162,8 @@ class PulsarTxBatchWriter(DataSourceArrowWriter):
                 appender.add(batch)
         return appender.finish()
 
+
+class PulsarTxBatchWriter(TaskWriting, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.job.commit(messages)
 

@@ -82,6 +82,7 @@ class _Partition:
     # Acks taken by a flush whose cursor write has not landed: still not deliverable meanwhile.
     inflight: list[int] = field(default_factory=list)
     inflight_cumulative: int | None = None
+    inflight_redeliver: list[int] = field(default_factory=list)
     cursor: CursorState | None = None
     last_resolve: float = 0.0
 
@@ -128,6 +129,7 @@ class Consumer:
         self._name = consumer_name or f"pulsartx-consumer-{uuid.uuid4().hex[:12]}"
         self._id = f"{self._name}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
         self._closed = False
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
@@ -356,11 +358,17 @@ class Consumer:
                 part.cursor = None
 
     def _flush_acks(self) -> None:
+        # One flush at a time: the background thread and the caller's (close, seek, redeliver,
+        # acknowledgment_group_time_ms=0) would otherwise overwrite each other's in-flight lists.
+        with self._flush_lock:
+            self._flush_acks_locked()
+
+    def _flush_acks_locked(self) -> None:
         for part in self._parts:
             with self._lock:
                 acks, cum, bumps = part.acks, part.cumulative, part.redeliver
                 part.acks, part.cumulative, part.redeliver = [], None, []
-                part.inflight, part.inflight_cumulative = acks, cum
+                part.inflight, part.inflight_cumulative, part.inflight_redeliver = acks, cum, bumps
             if not acks and cum is None and not bumps:
                 continue
 
@@ -383,7 +391,7 @@ class Consumer:
                         part.cumulative = cum if part.cumulative is None else max(part.cumulative, cum)
             finally:
                 with self._lock:
-                    part.inflight, part.inflight_cumulative = [], None
+                    part.inflight, part.inflight_cumulative, part.inflight_redeliver = [], None, []
 
     # ---- dispatch ---------------------------------------------------------------------------------
     def _next(self) -> Message | None:
@@ -422,27 +430,38 @@ class Consumer:
     def _fill(self, part: _Partition) -> None:
         if part.queue:
             return
+        # Local state first, the cursor after: an ack or redelivery-count bump that leaves the local
+        # lists before this snapshot has landed in storage, so the cursor read below includes it.
+        # (Read the other way round, a flush landing in between made an acked message deliverable
+        # again, or a redelivered one carry a stale redelivery count.)
+        now = time.monotonic()
+        with self._lock:
+            local = RangeSet.of([*part.held, *part.acks, *part.inflight, *part.redeliver, *part.inflight_redeliver])
+            for o, t in list(part.nacked.items()):
+                if t > now:
+                    local.add(o)
+                else:
+                    del part.nacked[o]
+            cums = [c for c in (part.cumulative, part.inflight_cumulative) if c is not None]
         cursor = part.store.cursor()
         if cursor is None or cursor.deleted:
             return
         part.cursor = cursor
         self._resolve_pending(part, cursor)
         limit = part.visible.end_position()
-        now = time.monotonic()
-        with self._lock:
-            busy = cursor.unavailable()
-            for o in part.held:
-                busy.add(o)
-            for o, t in list(part.nacked.items()):
-                if t > now:
-                    busy.add(o)
-                else:
-                    del part.nacked[o]
-            for o in (*part.acks, *part.inflight):
-                busy.add(o)
-            for cum in (part.cumulative, part.inflight_cumulative):
-                if cum is not None:
-                    busy.add_range(cursor.mark_delete + 1, cum)
+        busy = cursor.unavailable()
+        for a, b in local.ranges():
+            busy.add_range(a, b)
+        for cum in cums:
+            busy.add_range(cursor.mark_delete + 1, cum)
+        if self._type is ConsumerType.Shared:
+            # Skip what other live consumers claimed (as of the same snapshot; _claim re-checks):
+            # otherwise the first ``receiver_queue_size`` offsets, held by another consumer, would
+            # be the only candidates and this consumer would starve behind it.
+            t = _now_ms()
+            for cl in part.store.claims(refresh=False):
+                if cl.consumer != self._id and cl.expires_ms > t:
+                    busy.add_range(cl.first, cl.last)
         candidates = list(busy.gaps(cursor.mark_delete + 1, limit, min(self._queue_size, FETCH_MAX)))
         if not candidates:
             return
@@ -492,6 +511,21 @@ class Consumer:
 
         return part.store.update_claims(change)
 
+    def _renew_claims(self) -> None:
+        """Shared: a live consumer keeps its live claims (what it holds or has queued), so they
+        expire only when it dies; its own unacked timeout releases them otherwise. Without this, a
+        message held longer than one claim period went to a second consumer while the first still
+        held it, with no redelivery counted."""
+        expires = _now_ms() + (self._unacked_timeout or self._lease_ms)
+
+        def change(claims: list[Claim]) -> tuple[list[Claim], None]:
+            t = _now_ms()
+            return [Claim(c.consumer, c.first, c.last, expires) if c.consumer == self._id and c.expires_ms > t
+                    else c for c in claims], None
+
+        for part in self._parts:
+            part.store.update_claims(change)
+
     def _release_claims(self, all_held: bool = False) -> None:
         """Shared: give up claims on what this consumer no longer holds (or everything, on close)."""
         if self._type is not ConsumerType.Shared:
@@ -515,7 +549,8 @@ class Consumer:
     def _background(self) -> None:
         """Ack grouping, lease renewal and the unacked-message timeout."""
         renew_every = self._lease_ms / 3000.0
-        last_renew = time.monotonic()
+        claims_every = (self._unacked_timeout or self._lease_ms) / 3000.0
+        last_renew = last_claims = time.monotonic()
         while not self._closed:
             self._wake.wait(max(0.01, self._group_s or 0.05))
             if self._closed:
@@ -525,7 +560,10 @@ class Consumer:
                 if self._type is ConsumerType.Shared and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     self._leases.join_shared(self._id, self._lease_ms)
-                elif self._type is not ConsumerType.Shared and self._active and \
+                if self._type is ConsumerType.Shared and time.monotonic() - last_claims >= claims_every:
+                    last_claims = time.monotonic()
+                    self._renew_claims()
+                if self._type is not ConsumerType.Shared and self._active and \
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     if not self._leases.try_acquire(self._id, self._lease_ms):

@@ -182,10 +182,12 @@ class TransactionCoordinator:
         return self._cas(txn_id, prepare)
 
     def end_transaction(self, txn_id: TxnID, action: TxnAction, *, commit_entries=None, reason: str | None = None,
-                        owner: str | None = None, admin: bool = False,
+                        owner: str | None = None, admin: bool = False, properties: dict[str, str] | None = None,
                         before_participants: Callable[[TxnMeta], None] | None = None) -> TxnMeta:
         """Log COMMITTING/ABORTING (the decision), apply it on every participant in parallel, then
-        log COMMITTED/ABORTED. Repeating the same action is safe; the opposite one is refused."""
+        log COMMITTED/ABORTED. Repeating the same action is safe; the opposite one is refused.
+        ``properties`` are recorded in the deciding entry itself (e.g. a streaming batch id), so
+        they are durable exactly when the outcome is."""
 
         def decide(meta: TxnMeta):
             if not admin and owner is not None and meta.owner is not None and owner != meta.owner:
@@ -202,6 +204,8 @@ class TransactionCoordinator:
             if not proceed:
                 return None
             changes = {}
+            if properties:
+                changes["properties"] = {**meta.properties, **properties}
             if action is TxnAction.COMMIT and commit_entries is not None:
                 changes["commit_entries"] = tuple((str(p), int(a), int(b)) for p, a, b in commit_entries)
             return meta.transition(action.ending_status, now_ms(), reason, **changes), MetadataOp.UPDATE

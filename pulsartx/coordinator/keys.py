@@ -33,7 +33,11 @@ KEY_SCHEMA = pa.schema([
     pa.field("claimed_ms", pa.int64()),
     pa.field("updated_ms", pa.int64()),
     pa.field("deleted", pa.bool_()),
+    # The connection holding the current epoch, and connections it superseded (never re-admitted).
+    pa.field("connection", pa.string()),
+    pa.field("fenced_connections", pa.list_(pa.string())),
 ])
+MAX_FENCED_CONNECTIONS = 64
 
 
 def full_key(owner: str | None, key: str) -> str:
@@ -45,6 +49,11 @@ def full_key(owner: str | None, key: str) -> str:
     if owner is not None and "&" in owner:
         raise InvalidConfiguration(f"owner={owner!r} contains '&', which separates owner and key: remove it")
     return f"{owner or ''}&{key}"
+
+
+class _Unchanged(Exception):
+    def __init__(self, row: dict[str, Any]):
+        self.row = row
 
 
 @dataclass(frozen=True)
@@ -98,11 +107,50 @@ class TransactionKeyStore:
             # Never reused, even after a delete: a client fenced before it must stay fenced.
             epoch = 0 if old is None else old["epoch"] + 1
             return {"seq": (old["seq"] + 1) if old else 0, "owner": o, "transaction_key": name, "epoch": epoch,
-                    "txn_ids": [], "claimed_ms": now, "updated_ms": now, "deleted": False}
+                    "txn_ids": [], "claimed_ms": now, "updated_ms": now, "deleted": False, "connection": None,
+                    "fenced_connections": (old or {}).get("fenced_connections") or []}
 
         old, new = self._update(k, change)
         stale = [TxnID(t["most_bits"], t["least_bits"]) for t in (old or {}).get("txn_ids") or []]
         return new["epoch"], stale
+
+    def claim_connection(self, owner: str | None, key: str, connection: str) -> tuple[int, list[TxnID]]:
+        """Claim the key for a long-lived connection (a streaming query run) that cannot keep the
+        epoch in memory: the same connection keeps its epoch; a new one bumps it and fences the
+        previous connection forever (a zombie query is refused with NotAllowedError)."""
+        k = full_key(owner, key)
+        o, name = k.split("&", 1)
+        now = int(time.time() * 1000)
+
+        def change(old):
+            if old is not None and not old["deleted"] and old["connection"] == connection:
+                raise _Unchanged(old)
+            fenced = list((old or {}).get("fenced_connections") or [])
+            if connection in fenced:
+                raise NotAllowedError(
+                    f"transaction key {key!r} (owner {owner!r}) was taken over by a newer run; this run is a zombie "
+                    "and may not write: stop it")
+            if old is not None and old["connection"]:
+                fenced = (fenced + [old["connection"]])[-MAX_FENCED_CONNECTIONS:]
+            epoch = 0 if old is None else old["epoch"] + 1
+            # The previous runs' transactions stay listed: a new run replaying a batch must be able
+            # to find the transaction that already committed it.
+            return {"seq": (old["seq"] + 1) if old else 0, "owner": o, "transaction_key": name, "epoch": epoch,
+                    "txn_ids": (old or {}).get("txn_ids") or [], "claimed_ms": now, "updated_ms": now,
+                    "deleted": False, "connection": connection, "fenced_connections": fenced}
+
+        try:
+            old, new = self._update(k, change)
+        except _Unchanged as u:
+            return u.row["epoch"], []
+        stale = [TxnID(t["most_bits"], t["least_bits"]) for t in (old or {}).get("txn_ids") or []]
+        return new["epoch"], stale
+
+    def txn_ids(self, owner: str | None, key: str) -> list[TxnID]:
+        """The transactions begun under the key's current epoch (most recent last)."""
+        self._ensure()
+        row = self.log.get(full_key(owner, key))
+        return [] if row is None else [TxnID(t["most_bits"], t["least_bits"]) for t in row["txn_ids"] or []]
 
     def attach(self, owner: str | None, key: str, epoch: int, txn_id: TxnID) -> list[TxnID]:
         """Record ``txn_id`` under the key if ``epoch`` is still current; returns the key's earlier

@@ -123,8 +123,21 @@ class TransactionLog:
         if not self.log.needs_compaction():
             return False
 
+        # The latest transaction of each transaction key, and its latest committed one, are kept
+        # whatever their age: a streaming sink replaying its last batch asks whether it committed.
+        latest: dict[str, int] = {}
+        committed: dict[str, int] = {}
+        for r in self.log.rows.values():
+            if r["transaction_key"] is not None:
+                k = f"{r['owner']}&{r['transaction_key']}"
+                latest[k] = max(latest.get(k, -1), r["txnid_least_bits"])
+                if r["new_status"] in (TxnStatus.COMMITTING.value, TxnStatus.COMMITTED.value):
+                    committed[k] = max(committed.get(k, -1), r["txnid_least_bits"])
+        keep_ids = set(latest.values()) | set(committed.values())
+
         def keep(r: dict[str, Any]) -> bool:
             final = TxnStatus(r["new_status"]).is_final
-            return not final or now_ms - r["txn_last_modification_time"] < self.finished_retention_ms
+            return (not final or now_ms - r["txn_last_modification_time"] < self.finished_retention_ms
+                    or r["txnid_least_bits"] in keep_ids)
 
         return self.log.compact(keep)

@@ -1,0 +1,250 @@
+"""One streaming micro-batch = one pulsartx transaction, exactly once across restarts.
+
+* Transaction key: one per query, derived from ``checkpointLocation`` (or the ``transactionKey``
+  option). A query run is a *connection* of the fencing proposal, identified by the driver JVM
+  (host, pid, start time) and the checkpoint; a new run bumps the key's epoch,
+  which aborts the previous run's open transaction and refuses that run forever after (zombie
+  fencing: its later commits fail).
+* Replays: the batch id is recorded in the transaction's deciding TC entry. Before committing
+  batch N, the sink looks for a transaction of its key already COMMITTING/COMMITTED for N; if there
+  is one (the batch committed but Spark died before writing ``commits/N``), this attempt's output
+  is aborted instead, so the batch appears once.
+* pyspark calls ``streamWriter()`` twice per batch: in the planner worker, whose writer is pickled
+  to the tasks, and again in the sink runner, whose writer only commits or aborts. Only the first
+  begins the batch's transaction; the committing side learns it from the tasks' reports
+  (:meth:`MicroBatchTransaction.for_commit`), or begins one just to acknowledge input when the batch
+  produced no output at all.
+* ``abort(messages, batchId)`` never undoes a committed batch: ABORT on a committed transaction is
+  refused by the TC and logged.
+* Input acknowledgement: with the source's ``subscription`` option, the batch's input end offsets
+  are cumulatively acknowledged *inside* the transaction (``handoff.py``), so output and input
+  position commit together.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from commit_protocol import handoff
+from commit_protocol.job import JobTransaction
+from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
+from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, PulsarException, TransactionNotFound
+from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger("pulsartx.commit_protocol")
+BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
+OWNER = "spark-streaming"
+DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
+
+
+def query_transaction_key(checkpoint: str | None, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if not checkpoint:
+        raise ValueError("a streaming write needs checkpointLocation (or the transactionKey option)")
+    norm = checkpoint.rstrip("/")
+    for prefix in ("file://", "file:"):
+        if norm.startswith(prefix):
+            norm = norm[len(prefix):]
+    return "query-" + hashlib.sha1(norm.encode()).hexdigest()[:20]
+
+
+def query_id(checkpoint: str | None) -> str:
+    """Spark's query id from ``<checkpoint>/metadata`` ("" without a checkpoint)."""
+    if not checkpoint:
+        return ""
+    import json
+
+    import fsspec
+
+    url = checkpoint.rstrip("/") + "/metadata"
+    if url.startswith("s3a://"):
+        url = "s3://" + url[len("s3a://"):]
+    try:
+        with fsspec.open(url, "r") as f:
+            return str(json.loads(f.read().splitlines()[0]).get("id", ""))
+    except (FileNotFoundError, ValueError, IndexError):
+        return ""
+
+
+def _driver_jvm() -> tuple[int, str]:
+    """(pid, start time) of the JVM that started this Python worker: the nearest ``java`` ancestor.
+    ``streamWriter()`` runs in different workers (planner workers, daemon-forked sink runners) from
+    batch to batch, but always under the one driver JVM of the query run."""
+    pid = os.getpid()
+    for _ in range(16):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            break
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if comm == "java":
+            return pid, fields[19]
+        pid = int(fields[1])
+        if pid <= 1:
+            break
+    return os.getppid(), "?"
+
+
+def connection_id(checkpoint: str | None) -> str:
+    """This query run's identity for fencing: the driver JVM (host, pid, start time) and the
+    checkpoint. Spark refuses two active runs of one checkpoint in one JVM, so a different JVM (or
+    checkpoint) under the same transaction key is a different run."""
+    pid, start = _driver_jvm()
+    return f"{socket.gethostname()}:{pid}:{start}:{checkpoint or ''}"
+
+
+@dataclass(frozen=True)
+class MicroBatchTransaction:
+    job: JobTransaction
+    key: str
+    epoch: int
+    checkpoint: str | None
+
+    @classmethod
+    def begin(cls, root: StorageRoot, key: str, checkpoint: str | None, *, timeout_ms: int,
+              producer_name: str | None = None, connection: str | None = None,
+              partitions: frozenset[str] = frozenset()) -> MicroBatchTransaction:
+        from pulsartx.coordinator.keys import full_key
+        from pulsartx.coordinator.registry import Coordinators
+
+        tcs = Coordinators(root, recover_on_open=False)
+        tc_id = tcs.pick(full_key(OWNER, key))
+        keys = tcs.keys(tc_id)
+        epoch, previous = keys.claim_connection(OWNER, key, connection or connection_id(checkpoint))
+        if previous:
+            _fence(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
+        tc = tcs.tc(tc_id)
+        meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch)
+        try:
+            earlier = keys.attach(OWNER, key, epoch, meta.txn_id)
+        except NotAllowedError:
+            _fence(tcs, [meta.txn_id], f"fenced: transaction key {key!r} moved to a newer epoch")
+            raise
+        # One open transaction per key: an earlier batch left open (never committed nor aborted) goes.
+        _fence(tcs, [t for t in earlier if t != meta.txn_id], f"fenced: superseded by {meta.txn_id}")
+        if partitions:
+            tc.add_partitions(meta.txn_id, sorted(partitions))
+        prefix = producer_name or f"stream-{key}"
+        return cls(JobTransaction(root, meta.txn_id, prefix, timeout_ms), key, epoch, checkpoint)
+
+    @classmethod
+    def for_commit(cls, root: StorageRoot, key: str, checkpoint: str | None, timeout_ms: int,
+                   messages: Sequence[WriterCommitMessage | None]) -> MicroBatchTransaction | None:
+        """The sink runner's view of the batch's transaction: the one the tasks reported."""
+        txn = JobTransaction.txn_of(messages)
+        if txn is None:
+            return None
+        return cls(JobTransaction(root, txn, f"stream-{key}", timeout_ms), key, -1, checkpoint)
+
+    def _tcs(self):
+        from pulsartx.coordinator.registry import Coordinators
+
+        return Coordinators(self.job.root, recover_on_open=False)
+
+    def batch_token(self, batch_id: int) -> str:
+        """A batch's identity: Spark's query id (kept in ``<checkpoint>/metadata``, new when a
+        checkpoint is recreated) and the batch id. A deleted checkpoint restarts batch ids at 0, and
+        those batches are new work, not replays."""
+        return f"{query_id(self.checkpoint)}:{batch_id}"
+
+    def committed_by(self, batch_id: int) -> str | None:
+        """The transaction of this key that already committed ``batch_id``, if any."""
+        from pulsartx.coordinator.keys import full_key
+
+        tcs = self._tcs()
+        for t in tcs.keys(tcs.pick(full_key(OWNER, self.key))).txn_ids(OWNER, self.key):
+            if t == self.job.txn_id:
+                continue
+            try:
+                meta = tcs.for_txn(t).get(t, refresh=True)
+            except TransactionNotFound:
+                continue  # trimmed: finished long ago; the key's last committed txn is never trimmed
+            if meta.properties.get(BATCH_PROPERTY) == self.batch_token(batch_id) and meta.status in (
+                    TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+                return str(t)
+        return None
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
+        done = self.committed_by(batch_id)
+        if done is not None:
+            log.warning("batch %d was already committed by transaction %s: discarding this replay's output (%s)",
+                        batch_id, done, self.job.txn_id)
+            self.job.abort(messages)
+            return
+        self._ack_inputs(batch_id)
+        assert self.job.txn_id is not None
+        tc = self._tcs().for_txn(self.job.txn_id)
+        entries = JobTransaction.entries(messages)
+        meta = tc.end_transaction(self.job.txn_id, TxnAction.COMMIT, commit_entries=entries,
+                                  properties={BATCH_PROPERTY: self.batch_token(batch_id)})
+        log.info("batch %d committed as transaction %s (%d entries, key %s, epoch %d, status %s)", batch_id,
+                 self.job.txn_id, len(entries), self.key, self.epoch, meta.status.value)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
+        if self.committed_by(batch_id) is not None:
+            log.warning("abort of batch %d ignored: the batch already committed", batch_id)
+        try:
+            self.job.abort(messages)
+        except InvalidTxnStatusError as e:
+            log.warning("abort of batch %d (transaction %s) refused, it committed: %s", batch_id, self.job.txn_id, e)
+
+    def _ack_inputs(self, batch_id: int) -> None:
+        """Cumulatively acknowledge the batch's input on its subscription inside the transaction."""
+        from pulsartx.buffer.state import txn_key
+
+        root, txn = self.job.root, self.job.txn_id
+        assert txn is not None
+        plans = []
+        for h in handoff.find(root, self.checkpoint, batch_id):
+            targets = _ack_targets(root, h)
+            if targets is not None:
+                plans.append((h.subscription, targets))
+        if len(plans) > 1:
+            log.warning("batch %d: input hand-off is ambiguous (%s); the source's commit will acknowledge instead",
+                        batch_id, [s for s, _ in plans])
+            return
+        tc = self._tcs().for_txn(txn)
+        k = txn_key(txn.most_bits, txn.least_bits)
+        for sub, stores in plans:
+            if stores:
+                tc.add_subscriptions(txn, [Subscription(str(partition), sub) for _, partition, _ in stores])
+            for store, _, pos in stores:
+                store.update(lambda c, pos=pos: c.txn_ack_cumulative(k, pos))
+
+
+def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
+    """(store, partition, position) to acknowledge for one hand-off record; None when the
+    subscription is not at the batch's start, i.e. the record belongs to another query."""
+    from pulsartx.subscription.store import SubscriptionStore
+
+    targets = []
+    for topic, parts in h.end.items():
+        for p, end in parts.items():
+            partition = TopicName.parse(topic).with_partition(int(p))
+            store = SubscriptionStore(root, partition, h.subscription)
+            cur = store.cursor() if store.exists() else None
+            if cur is None:
+                continue
+            start = h.start.get(topic, {}).get(p)
+            if start is not None and cur.mark_delete + 1 not in (start, end):
+                return None
+            if end - 1 > cur.mark_delete:
+                targets.append((store, partition, end - 1))
+    return targets
+
+
+def _fence(tcs, txn_ids, reason: str) -> None:
+    for t in txn_ids:
+        try:
+            tcs.for_txn(t).fence(t, reason)
+        except PulsarException as e:
+            log.debug("fencing %s skipped: %s", t, e)

@@ -1,0 +1,236 @@
+"""``spark.readStream.format("pulsartx")``: micro-batches over offset ranges.
+
+Offsets are ``{topic: {partition: next offset}}`` JSON with sorted keys. The reader lives in one
+long-lived process per query run (its transaction buffers fold incrementally across batches) but
+``stop()`` is never called, so it holds no leases or locks.
+
+* ``latestOffset`` never goes past a partition's maxReadPosition: undecided data is never planned,
+  and a replayed batch (restart from ``offsets/N``) re-reads exactly the same committed rows, since
+  everything below maxReadPosition is already decided by markers. Aborted data is filtered when
+  the batch is read, as in batch reads.
+* ``maxEntriesPerTrigger`` is honoured through admission control (``ReadMaxRows``), spread over
+  partitions in proportion to their backlog; ``Trigger.AvailableNow`` stops at the offsets present
+  when the query starts.
+* ``topicsPattern`` is re-evaluated every batch; new partitions start at their earliest offset.
+* ``subscription``: the query's position lives in a durable subscription. The first batch starts
+  from it (so a query without a checkpoint resumes after the last committed output); each batch's
+  range is handed to the sink (``commit_protocol.handoff``), whose transaction acknowledges it when
+  the sink is pulsartx; ``commit(end)`` acknowledges it otherwise (idempotent with the former).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from datasource.batch_reader import OffsetRangePartition, range_partitions, read_partition
+from datasource.offsets import EARLIEST, LATEST
+from datasource.options import StreamOptions
+from datasource.topics import partitions_to_read
+from datasource.visibility import Visibility
+from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.naming import TopicName
+
+log = logging.getLogger("pulsartx.datasource")
+Offsets = dict[str, dict[str, int]]
+
+
+def _sorted(offsets: Offsets) -> Offsets:
+    return {t: {p: offsets[t][p] for p in sorted(offsets[t], key=int)} for t in sorted(offsets)}
+
+
+def _get(offsets: Offsets, p: TopicName) -> int | None:
+    return offsets.get(p.base.short, {}).get(str(p.partition))
+
+
+def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
+    """Share ``limit`` entries among partitions in proportion to their backlog (largest
+    remainders first), never giving a partition more than it has."""
+    total = sum(backlog.values())
+    if total <= limit:
+        return dict(backlog)
+    share = {k: (v * limit) // total for k, v in backlog.items()}
+    left = limit - sum(share.values())
+    for k in sorted(backlog, key=lambda k: ((backlog[k] * limit) % total, backlog[k]), reverse=True):
+        if left <= 0:
+            break
+        if share[k] < backlog[k]:
+            share[k] += 1
+            left -= 1
+    return share
+
+
+class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: StreamOptions):
+        self.opts = opts
+        self.root = opts.read.root
+        self._buffers: dict[str, Any] = {}
+        self._logs: dict[str, Any] = {}
+        self._available_now: Offsets | None = None
+
+    # ---- helpers ------------------------------------------------------------------------------------
+    def _partitions(self) -> list[TopicName]:
+        assert self.opts.read.selection is not None
+        return partitions_to_read(self.root, self.opts.read.selection)
+
+    def _log(self, p: TopicName):
+        from pulsartx.log.partition import PartitionLog
+
+        key = str(p)
+        if key not in self._logs:
+            self._logs[key] = PartitionLog(self.root, p)
+        return self._logs[key]
+
+    def _limit(self, p: TopicName) -> int:
+        """The highest offset a batch may end at: maxReadPosition + 1 (or the end, uncommitted)."""
+        plog = self._log(p)
+        if self.opts.read.isolation_level != "READ_COMMITTED":
+            return plog.end_offset()
+        from pulsartx.buffer.buffer import TransactionBuffer
+
+        key = str(p)
+        if key not in self._buffers:
+            self._buffers[key] = TransactionBuffer(plog)
+        return self._buffers[key].state().read_limit
+
+    def _store(self, p: TopicName):
+        from pulsartx.subscription.store import SubscriptionStore
+
+        assert self.opts.subscription is not None
+        return SubscriptionStore(self.root, p, self.opts.subscription)
+
+    def _starting(self, p: TopicName) -> int:
+        """Where a partition without a checkpointed offset starts."""
+        plog = self._log(p)
+        spec = self.opts.read.starting_offsets.for_partition(p)
+        if spec == EARLIEST:
+            start = plog.refresh().start_offset
+        elif spec == LATEST:
+            start = self._limit(p)
+        else:
+            start = spec
+        if self.opts.subscription is None:
+            return start
+        store = self._store(p)
+        cursor = store.cursor() if store.exists() else None
+        if cursor is None or cursor.deleted:
+            cursor = store.create(start - 1)
+            log.info("created subscription %r on %s at offset %d", self.opts.subscription, p, start)
+        return cursor.mark_delete + 1
+
+    # ---- DataSourceStreamReader ---------------------------------------------------------------------
+    def initialOffset(self) -> Offsets:
+        partitions = self._partitions()
+        self.opts.read.starting_offsets.check_against(partitions)
+        out: Offsets = {}
+        for p in partitions:
+            out.setdefault(p.base.short, {})[str(p.partition)] = self._starting(p)
+        return _sorted(out)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_entries_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def _available(self, start: Offsets) -> tuple[Offsets, dict[str, int]]:
+        """(end offsets if everything available were read, backlog per partition)."""
+        end: Offsets = {t: dict(ps) for t, ps in start.items()}
+        backlog: dict[str, int] = {}
+        for p in self._partitions():
+            s = _get(start, p)
+            if s is None:  # a partition that appeared since the query started (topicsPattern, growth)
+                s = self._log(p).refresh().start_offset if self.opts.subscription is None else self._starting(p)
+                end.setdefault(p.base.short, {})[str(p.partition)] = s
+            limit = self._limit(p)
+            if self._available_now is not None:
+                cap = _get(self._available_now, p)
+                limit = min(limit, cap if cap is not None else s)
+            backlog[str(p)] = max(0, limit - s)
+        return end, backlog
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        end, backlog = self._available(start)
+        if isinstance(limit, ReadMaxRows):
+            backlog = spread(limit.max_rows, backlog)
+        for p in self._partitions():
+            b = backlog.get(str(p), 0)
+            if b:
+                end[p.base.short][str(p.partition)] += b
+        return _sorted(end)
+
+    def reportLatestOffset(self) -> Offsets | None:
+        out: Offsets = {}
+        for p in self._partitions():
+            out.setdefault(p.base.short, {})[str(p.partition)] = self._limit(p)
+        return _sorted(out)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = self.reportLatestOffset()
+        log.info("Trigger.AvailableNow: reading up to %s", self._available_now)
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+        from pulsartx.buffer.buffer import TransactionBuffer
+
+        planned: list[OffsetRangePartition] = []
+        for topic, parts in end.items():
+            for part, hi in parts.items():
+                p = TopicName.parse(topic).with_partition(int(part))
+                lo = start.get(topic, {}).get(part)
+                plog = self._log(p)
+                index = plog.refresh()
+                if lo is None:
+                    lo = index.start_offset
+                if lo < index.start_offset:
+                    if self.opts.fail_on_data_loss:
+                        raise InvalidConfiguration(
+                            f"data loss on {p}: offsets {lo}..{index.start_offset - 1} were deleted (retention) "
+                            "before this query read them; set option failOnDataLoss=false to skip them")
+                    log.warning("data loss on %s: skipping deleted offsets %d..%d", p, lo, index.start_offset - 1)
+                    lo = index.start_offset
+                if hi <= lo:
+                    continue
+                if self.opts.read.isolation_level == "READ_COMMITTED":
+                    key = str(p)
+                    if key not in self._buffers:
+                        self._buffers[key] = TransactionBuffer(plog)
+                    visibility = Visibility("READ_COMMITTED", self._buffers[key].state().filter())
+                else:
+                    visibility = Visibility(self.opts.read.isolation_level)
+                planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition))
+        if self.opts.subscription is not None and planned:
+            from commit_protocol import handoff
+
+            handoff.record(self.root, self.opts.subscription, start, end)
+        return list(planned)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, OffsetRangePartition):
+            return iter(())
+        return read_partition(self.root, partition)
+
+    def commit(self, end: Offsets) -> None:
+        """Spark processed everything up to ``end``: move the subscription there (a no-op when the
+        pulsartx sink already acknowledged it inside its transaction)."""
+        if self.opts.subscription is None:
+            return
+        for topic, parts in end.items():
+            for part, off in parts.items():
+                p = TopicName.parse(topic).with_partition(int(part))
+                store = self._store(p)
+                if store.exists() and off > 0:
+                    store.update(lambda c, off=off: c.ack_cumulative(off - 1))
+        from commit_protocol import handoff
+
+        handoff.forget(self.root, self.opts.subscription, end)
+
+    def stop(self) -> None:
+        """Never called by pyspark (notes/spark-python-datasource.md); nothing depends on it."""
+

@@ -1,0 +1,103 @@
+"""``writeStream.format("pulsartx")``: each micro-batch is one transaction (commit_protocol.microbatch).
+
+pyspark calls ``streamWriter()`` for every micro-batch, twice: in a planner worker (that writer is
+pickled to the tasks, so it begins the batch's transaction) and in the sink runner that commits or
+aborts (which rebuilds the DataSource, so it must not begin another: it learns the transaction from
+the tasks' reports). Nothing lives in memory between batches.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from datasource.writer import TaskWriting, resolve_targets
+
+if TYPE_CHECKING:
+    from commit_protocol.microbatch import MicroBatchTransaction
+    from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger("pulsartx.datasource")
+SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
+def in_sink_runner() -> bool:
+    """True in pyspark's streaming sink runner, the process that only commits or aborts batches."""
+    return SINK_RUNNER in sys.modules
+
+
+def prepare_stream_write(options, schema: StructType, overwrite: bool) -> PulsarTxStreamWriter:
+    from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
+    from datasource.options import (
+        CHECKPOINT_LOCATION,
+        DEFAULT_MICROBATCH_TIMEOUT_MS,
+        TRANSACTION_KEY,
+        TRANSACTION_TIMEOUT_MS,
+        _lower,
+        parse_positive_int,
+        parse_write_options,
+    )
+    from pulsartx.coordinator.keys import full_key
+    from pulsartx.exceptions import InvalidConfiguration
+
+    raw = _lower(options)
+    opts = parse_write_options(raw)
+    checkpoint = raw.get(CHECKPOINT_LOCATION.lower())
+    explicit = raw.get(TRANSACTION_KEY.lower())
+    if explicit is not None:
+        full_key(None, explicit)  # validates the key (no '&')
+    if not checkpoint and not explicit:
+        raise InvalidConfiguration(f"a pulsartx streaming sink needs option {CHECKPOINT_LOCATION} (exactly-once "
+                                   f"needs it) or an explicit {TRANSACTION_KEY}")
+    if not opts.transactional:
+        raise InvalidConfiguration("option transactional=false is not supported by the streaming sink: every "
+                                   "micro-batch is one transaction")
+    key = query_transaction_key(checkpoint, explicit)
+    timeout = parse_positive_int(raw, TRANSACTION_TIMEOUT_MS, DEFAULT_MICROBATCH_TIMEOUT_MS)
+    columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
+    create = opts.partitions if opts.create_topic else None
+    if in_sink_runner():
+        return PulsarTxStreamWriter(None, opts.root, key, checkpoint, timeout, opts.topic, counts, create,
+                                    registered, columns, skip)
+    mbt = MicroBatchTransaction.begin(opts.root, key, checkpoint, timeout_ms=timeout,
+                                      producer_name=opts.producer_name, partitions=registered)
+    return PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.topic, counts, create, registered,
+                                columns, skip)
+
+
+class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
+    def __init__(self, mbt: MicroBatchTransaction | None, root: StorageRoot, key: str, checkpoint: str | None,
+                 timeout_ms: int, *args):
+        from commit_protocol.job import JobTransaction
+
+        super().__init__(mbt.job if mbt is not None else JobTransaction(root, None, f"stream-{key}", timeout_ms), *args)
+        self.mbt = mbt
+        self.root = root
+        self.key = key
+        self.checkpoint = checkpoint
+        self.timeout_ms = timeout_ms
+
+    def _batch_txn(self, messages: list[WriterCommitMessage | None]) -> MicroBatchTransaction | None:
+        from commit_protocol.microbatch import MicroBatchTransaction
+
+        return MicroBatchTransaction.for_commit(self.root, self.key, self.checkpoint, self.timeout_ms, messages)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
+        from commit_protocol.microbatch import MicroBatchTransaction
+
+        mbt = self._batch_txn(messages)
+        if mbt is None:
+            # No task wrote anything; the input may still need acknowledging, atomically as always.
+            mbt = MicroBatchTransaction.begin(self.root, self.key, self.checkpoint, timeout_ms=self.timeout_ms)
+        mbt.commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        mbt = self._batch_txn(messages)
+        if mbt is not None:
+            mbt.abort(messages, batchId)
+        else:
+            log.info("batch %d aborted before any task reported; its transaction is superseded by the next batch "
+                     "or times out", batchId)
