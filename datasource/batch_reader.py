@@ -9,14 +9,16 @@ with none still gets one (empty) input partition, so the task count is predictab
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec
 from datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
+from datasource.pushdown import Pushed, push
 from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
 from datasource.topics import partitions_to_read
 from datasource.visibility import Visibility, plan_visibility, visible_records
@@ -66,10 +68,13 @@ def split_range(start: int, end: int, max_entries: int) -> list[tuple[int, int]]
     return [(lo, min(lo + max_entries, end)) for lo in range(start, end, max_entries)]
 
 
-def plan_partitions(root: StorageRoot, opts: PulsarTxOptions) -> list[OffsetRangePartition]:
+def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | None = None
+                    ) -> list[OffsetRangePartition]:
     """Driver side: one or more offset-range input partitions per topic partition."""
     assert opts.selection is not None
     partitions = partitions_to_read(root, opts.selection)
+    if pushed is not None:
+        partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     opts.starting_offsets.check_against(partitions)
     opts.ending_offsets.check_against(partitions)
     planned: list[OffsetRangePartition] = []
@@ -81,7 +86,12 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions) -> list[OffsetRang
         index, visibility = indexes[str(p)], visibilities[str(p)]
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
         start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit)
-        planned.extend(range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition))
+        if pushed is not None:
+            start, end = pushed.clamp(start, end)
+        ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition)
+        if pushed is not None and (pushed.publish_lo_us is not None or pushed.publish_hi_us is not None):
+            ranges = [dataclasses.replace(r, files=tuple(f for f in r.files if pushed.keeps_file(f))) for r in ranges]
+        planned.extend(ranges)
     return planned
 
 
@@ -118,18 +128,26 @@ def read_partition(root: StorageRoot, part: OffsetRangePartition) -> Iterator[pa
 
 
 class PulsarTxBatchReader(DataSourceReader):
-    # No pushFilters override: while spark.sql.python.filterPushdown.enabled is false (the default),
-    # merely defining it makes every read fail with DATA_SOURCE_PUSHDOWN_DISABLED.
+    # No pushFilters here: while spark.sql.python.filterPushdown.enabled is false (the default),
+    # merely defining it makes every read fail with DATA_SOURCE_PUSHDOWN_DISABLED. The subclass
+    # below is used only where pyspark pushes filters (datasource/pushdown.py).
 
     def __init__(self, opts: PulsarTxOptions):
         self.opts = opts
         # A clean copy of the root travels to executors: no filesystem objects cached by planning.
         self.root = dataclasses.replace(opts.root)
+        self.pushed: Pushed | None = None
 
     def partitions(self) -> list[InputPartition]:
-        return list(plan_partitions(dataclasses.replace(self.root), self.opts))
+        return list(plan_partitions(dataclasses.replace(self.root), self.opts, self.pushed))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRangePartition):
             return iter(())  # pyspark substitutes InputPartition(None) for an empty plan
         return read_partition(self.root, partition)
+
+
+class PulsarTxPushdownReader(PulsarTxBatchReader):
+    def pushFilters(self, filters: list[Any]) -> Iterable[Any]:  # noqa: N802 (pyspark's name)
+        self.pushed, rejected = push(list(filters))
+        return rejected

@@ -62,13 +62,15 @@ class PulsarTxDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from datasource.batch_reader import PulsarTxBatchReader
+        from datasource.batch_reader import PulsarTxBatchReader, PulsarTxPushdownReader
+        from datasource.pushdown import pushdown_worker
 
         check_schema(schema)
 
         # Parsed again rather than cached from schema(): with a user-supplied schema, schema() is
         # never called, and this is still the driver, where the storage root must be resolved.
-        return PulsarTxBatchReader(self._read_options())
+        cls = PulsarTxPushdownReader if pushdown_worker() else PulsarTxBatchReader
+        return cls(self._read_options())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Runs on the driver: validates the options and columns, then begins the job's transaction."""

@@ -8,6 +8,15 @@ asks the TCs about every transaction still ongoing in any of them
 the executor applies it to the raw records of its range and nothing else decides visibility.
 Because all partitions share one set of TC decisions, a read never returns part of a
 transaction, even while its markers are still being written (no fractured reads).
+
+Partitions are folded one after another, so one pass alone is no consistent cut: partition 0 may
+be folded before a job's last task appends to it, and partition 1 after the job's commit marker,
+which would show the job in partition 1 only. Planning therefore folds twice
+(:func:`plan_visibility`): pass 1 fixes the set of *decided* transactions (markers seen, plus TC
+answers for those ongoing); pass 2, which starts after those answers, folds every partition up to
+date. All data of a transaction precedes its decision, so pass 2 holds all data of every
+transaction decided in pass 1, which are read whole; markers of transactions decided only after
+pass 1 are held back in pass 2, so those still block (read in a later query).
 """
 from __future__ import annotations
 
@@ -47,16 +56,17 @@ class Visibility:
 
 
 def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation_level: str) -> dict[str, Visibility]:
-    """Driver side: one consistent visibility decision for all partitions of a read planned now."""
+    """Driver side: one consistent visibility decision for all partitions of a read planned now
+    (:func:`pulsartx.buffer.reads.consistent_cut`). Each ``PartitionLog``'s file index is refreshed
+    in place by the fold, so the index the caller plans files from covers what the cut folded."""
     if isolation_level != READ_COMMITTED:
         return {name: Visibility(isolation_level) for name in plogs}
     from pulsartx.buffer.buffer import TransactionBuffer
-    from pulsartx.buffer.reads import consistent_filters
+    from pulsartx.buffer.reads import consistent_cut
     from pulsartx.coordinator.registry import Coordinators
 
-    states = {name: TransactionBuffer(plog).state() for name, plog in plogs.items()}
-    coordinators = Coordinators(root) if any(s.ongoing for s in states.values()) else None
-    filters = consistent_filters(coordinators, states)
+    buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
+    filters = consistent_cut(Coordinators(root, recover_on_open=False), buffers)
     return {name: Visibility(isolation_level, filters[name]) for name in plogs}
 
 

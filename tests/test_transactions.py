@@ -320,6 +320,29 @@ def test_racing_marker_writers_write_one_marker(client):
     assert read(client, "mk") == [b"x"]
 
 
+def test_commit_entries_hide_unlisted_data_also_after_a_snapshot(client):
+    """A commit that reports its exact entries (as the Spark writer does) hides the transaction's
+    messages it does not list, in a partition with no listed entry too, and a buffer snapshot of that
+    partition must keep them hidden (regression: an empty entry list was lost in the snapshot)."""
+    client.admin.create_topic("ce", 2)
+    k = keys_for(2)
+    p = client.create_producer("ce")
+    txn = client.new_transaction()
+    kept = p.send(b"kept", partition_key=k[0], txn=txn)
+    p.send(b"unlisted0", partition_key=k[0], txn=txn)
+    p.send(b"unlisted1", partition_key=k[1], txn=txn)  # e.g. a failed task attempt's write
+    p.send(b"plain1", partition_key=k[1])
+    name0 = str(TopicName.parse("ce-partition-0"))
+    tc = client._coordinators().tc(txn.id.tc_id)
+    tc.end_transaction(txn.id, TxnAction.COMMIT, commit_entries=[(name0, kept.offset(), kept.offset())])
+    assert txn_markers(client, "ce", 2, txn) == Counter({(0, "TXN_COMMIT"): 1, (1, "TXN_COMMIT"): 1})
+    assert values(read_parts(client, "ce")) == {0: [b"kept"], 1: [b"plain1"]}
+    for i in range(2):
+        assert TransactionBuffer(plog(client, "ce", i)).take_snapshot() is True
+    assert values(read_parts(client, "ce")) == {0: [b"kept"], 1: [b"plain1"]}
+    assert values(read_parts(client, "ce", RU)) == {0: [b"kept", b"unlisted0"], 1: [b"unlisted1", b"plain1"]}
+
+
 # ---- the TC knows every partition before data lands ---------------------------------------------------------
 
 
@@ -382,8 +405,9 @@ def test_fenced_transaction_fails_sends_and_its_data_stays_invisible(root):
     with pytest.raises(ExpiredTransactionError, match="fenced"):
         p_old.send(b"after-fence", txn=txn)
     assert txn.state is TransactionState.ABORTED
-    with pytest.raises(InvalidTxnStatusError):
-        txn.commit()
+    for attempt in (txn.commit, lambda: p_old.send(b"again", txn=txn)):
+        with pytest.raises(ExpiredTransactionError, match="fenced"):
+            attempt()
     with pytest.raises(NotAllowedError):
         old.new_transaction()
     meta = new.admin.transactions.get_transaction_metadata(txn.id)

@@ -115,7 +115,7 @@ class TransactionsAdmin:
         for p in self.client.admin.partitions_of(topic):
             store = SubscriptionStore(self.client.root, p, subscription)
             c = store.cursor() if store.exists() else None
-            if c is None:
+            if c is None or c.deleted:  # never created, or unsubscribed
                 out.append({"partition": str(p), "subscription": subscription, "state": "None"})
                 continue
             txns = {str(TxnID(*key_txn(k))): len(rs) for k, rs in c.pending.items()}

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
-from pulsartx.buffer.state import BufferState, Decision, VisibilityFilter, key_txn
+from pulsartx.buffer.state import BufferState, Cut, Decision, VisibilityFilter, key_txn, txn_key
 from pulsartx.log.partition import PartitionLog
 from pulsartx.log.schema import MessageType
 
@@ -88,6 +88,67 @@ def consistent_filters(coordinators: Any, states: Mapping[str, BufferState]) -> 
                     ranges = tuple((a, b) for p, a, b in m.commit_entries if p == name)
                 decided[k] = Decision(True, ranges)
         out[name] = s.filter(decided)
+    return out
+
+
+def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) -> dict[str, VisibilityFilter]:
+    """READ_COMMITTED filters for a read of several partitions that shows every transaction whole
+    or not at all (the Spark batch read's guarantee), even while transactions commit during planning.
+
+    1. fold every partition, to learn which TCs matter;
+    2. resolve expired transactions, then take T0: each of those TCs' state (statuses, counters);
+    3. fold again, up to the partitions' current ends (everything decided before T0 was written
+       before T0, hence before these ends);
+    4. per partition, the read limit is the first offset of the earliest transaction not decided at
+       T0; a transaction is shown only if decided COMMIT at T0 (or finished before it) and none of its
+       data lies at or past any partition's limit: otherwise it is hidden everywhere.
+    """
+    from pulsartx.coordinator.state import TxnStatus
+    from pulsartx.exceptions import PulsarException
+
+    first = {name: b.state() for name, b in buffers.items()}
+    tc_ids = {key_txn(k)[0] for s in first.values() for k in (*s.ongoing, *s.ended)}
+    if coordinators is not None:
+        ongoing = set().union(*(s.ongoing.keys() for s in first.values())) if first else set()
+        _lookup(coordinators, ongoing)  # aborts expired ones before T0
+    known: dict[int, Any] = {}
+    counters: dict[int, int] = {}
+    for tc_id in sorted(tc_ids) if coordinators is not None else ():
+        try:
+            tc = coordinators.tc(tc_id)
+            metas = tc.transactions(refresh=True)
+        except PulsarException as e:
+            log.debug("TC %d unavailable for the cut: its transactions stay hidden: %s", tc_id, e)
+            continue
+        counters[tc_id] = tc.txlog.counter
+        for m in metas:
+            known[txn_key(m.txn_id.most_bits, m.txn_id.least_bits)] = m
+    committed = {TxnStatus.COMMITTING, TxnStatus.COMMITTED}
+    states = {name: b.state() for name, b in buffers.items()}
+
+    def decided(k: int) -> Decision | None:
+        m = known.get(k)
+        if m is None or m.status is TxnStatus.OPEN:
+            return None
+        return Decision(m.status in committed)
+
+    limits: dict[str, int] = {}
+    for name, s in states.items():
+        blocking = [o for k, o in s.ongoing.items() if decided(k) is None]
+        limits[name] = min(blocking) if blocking else s.end_offset
+    hidden = {k for name, s in states.items() for k, last in s.last_data.items()
+              if last >= limits[name] and k not in s.aborted}
+    visible = frozenset(k for k, m in known.items() if m.status in committed and k not in hidden)
+    invisible = frozenset((set(known) - visible) | hidden)
+    cut = Cut(visible, invisible, counters)
+    out = {}
+    for name, s in states.items():
+        ranges = dict(s.ranges)
+        for k in s.ongoing:
+            m = known.get(k)
+            if m is not None and m.status in committed and m.commit_entries is not None:
+                ranges[k] = [(a, b) for p, a, b in m.commit_entries if p == name]
+        out[name] = VisibilityFilter(limits[name], dict(s.aborted), dict(s.ended), ranges, cut=cut)
     return out
 
 

@@ -33,10 +33,10 @@ def snapshot_segments(topic: TopicName) -> tuple[str, ...]:
 
 def state_to_table(s: BufferState) -> pa.Table:
     rows = [{"kind": "META", "txn_key": None, "offset": s.end_offset, "first_offset": None, "last_offset": None}]
-    rows += [{"kind": "ONGOING", "txn_key": k, "offset": o, "first_offset": None, "last_offset": None}
+    rows += [{"kind": "ONGOING", "txn_key": k, "offset": o, "first_offset": None, "last_offset": s.last_data.get(k)}
              for k, o in s.ongoing.items()]
     rows += [{"kind": "ABORTED" if k in s.aborted else "ENDED", "txn_key": k, "offset": o, "first_offset": None,
-              "last_offset": None} for k, o in s.ended.items()]
+              "last_offset": s.last_data.get(k)} for k, o in s.ended.items()]
     rows += [{"kind": "RANGE", "txn_key": k, "offset": None, "first_offset": a, "last_offset": b}
              for k, rs in s.ranges.items() for a, b in rs]
     # A commit that listed no entries here shows nothing: kept as a RANGE row without offsets.
@@ -47,20 +47,25 @@ def state_to_table(s: BufferState) -> pa.Table:
 
 def table_to_state(t: pa.Table) -> BufferState:
     s = BufferState()
-    for r in t.to_pylist():
-        kind = r["kind"]
+    cols = t.to_pydict()  # column lists, not row dicts: snapshots hold up to MAX_ENDED rows
+    for kind, k, o, first, last in zip(cols["kind"], cols["txn_key"], cols["offset"], cols["first_offset"],
+                                       cols["last_offset"], strict=True):
         if kind == "META":
-            s.end_offset = r["offset"]
+            s.end_offset = o
         elif kind == "ONGOING":
-            s.ongoing[r["txn_key"]] = r["offset"]
+            s.ongoing[k] = o
+            if last is not None:
+                s.last_data[k] = last
         elif kind in ("ENDED", "ABORTED"):
-            s.ended[r["txn_key"]] = r["offset"]
+            s.ended[k] = o
             if kind == "ABORTED":
-                s.aborted[r["txn_key"]] = r["offset"]
+                s.aborted[k] = o
+            if last is not None:
+                s.last_data[k] = last
         elif kind == "RANGE":
-            rs = s.ranges.setdefault(r["txn_key"], [])
-            if r["first_offset"] is not None:
-                rs.append((r["first_offset"], r["last_offset"]))
+            rs = s.ranges.setdefault(k, [])
+            if first is not None:
+                rs.append((first, last))
     s.snapshot_offset = s.end_offset
     return s
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,6 +49,9 @@ class BufferState:
     aborted: dict[int, int] = field(default_factory=dict)
     ended: dict[int, int] = field(default_factory=dict)
     ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # Last DATA offset of each transaction (before its marker): a consistent cut must not show a
+    # transaction that has data past some partition's read limit.
+    last_data: dict[int, int] = field(default_factory=dict)
     markers_since_snapshot: int = 0
     snapshot_offset: int = -1
 
@@ -77,8 +81,11 @@ class BufferState:
             entries = txn_rows.column("marker_entries").to_pylist()
             for k, t, o, e in zip(keys, types, offs, entries, strict=True):
                 if t == MessageType.DATA.value:
-                    if k not in self.ongoing and k not in self.ended:
+                    if k in self.ended:
+                        continue  # a straggler after its transaction's marker: never visible
+                    if k not in self.ongoing:
                         self.ongoing[k] = o
+                    self.last_data[k] = o
                 else:
                     self.ongoing.pop(k, None)
                     if k in self.ended:
@@ -101,6 +108,7 @@ class BufferState:
         for k in sorted(self.ended, key=self.ended.get)[: len(self.ended) - MAX_ENDED]:
             if k not in self.aborted and k not in self.ranges:
                 del self.ended[k]
+                self.last_data.pop(k, None)
 
     def trim_below(self, start_offset: int) -> int:
         """Forget aborted/ranged transactions whose data retention removed (PIP-196's lesson: the
@@ -110,6 +118,7 @@ class BufferState:
             self.ended.pop(k, None)
             self.aborted.pop(k, None)
             self.ranges.pop(k, None)
+            self.last_data.pop(k, None)
         return len(drop)
 
     def filter(self, decided: dict[int, Decision] | None = None) -> VisibilityFilter:
@@ -143,6 +152,35 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """The TC state at one instant T0, which makes a read of several partitions consistent:
+    a transaction is shown only if it was decided COMMIT at T0, or is older than its TC's counter
+    at T0 and therefore finished before it. Everything else (decided later, created later, cut by
+    some partition's read limit) is hidden in every partition alike."""
+
+    visible: frozenset[int]
+    invisible: frozenset[int]
+    counters: dict[int, int]  # TC id -> last TxnID counter at T0
+
+    def mask(self, keys: pa.Array) -> pa.Array:
+        if not len(keys):
+            return pa.array([], pa.bool_())
+        k = keys.to_numpy(zero_copy_only=False)
+        valid = ~np.isnan(k) if k.dtype.kind == "f" else np.ones(len(k), dtype=bool)
+        k = np.nan_to_num(k.astype(np.float64), nan=0).astype(np.int64)
+        tc = k >> TC_SHIFT
+        least = k & ((1 << TC_SHIFT) - 1)
+        size = max([*self.counters.keys(), int(tc.max()) if len(tc) else 0]) + 1
+        table = np.full(size, -1, dtype=np.int64)
+        for t, c in self.counters.items():
+            table[t] = c
+        old = least <= table[tc]
+        vis = np.isin(k, np.fromiter(self.visible, np.int64, len(self.visible)))
+        inv = np.isin(k, np.fromiter(self.invisible, np.int64, len(self.invisible)))
+        return pa.array(~valid | vis | (~inv & old), pa.bool_())
+
+
+@dataclass(frozen=True)
 class VisibilityFilter:
     """What READ_COMMITTED may return, as a small picklable value: the Spark driver computes it once
     and ships it to executors, which then never need the partition's history."""
@@ -153,6 +191,7 @@ class VisibilityFilter:
     ranges: dict[int, list[tuple[int, int]]]
     # Transactions decided COMMIT in the TC whose marker is not written yet (no fractured reads).
     decided_commits: frozenset[int] = frozenset()
+    cut: Cut | None = None  # set for reads of several partitions that must agree (Spark batch reads)
 
     def apply(self, table: pa.Table) -> pa.Table:
         """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``)."""
@@ -162,6 +201,8 @@ class VisibilityFilter:
         keys = txn_key_column(data)
         plain = pc.is_null(keys)
         visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
+        if self.cut is not None:
+            visible = pc.and_kleene(visible, self.cut.mask(keys))
         mask = pc.or_kleene(plain, visible)
         special = (self.ended.keys() - self.aborted.keys()) | self.ranges.keys()
         if special and not special.isdisjoint(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist()):

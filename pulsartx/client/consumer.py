@@ -285,10 +285,23 @@ class Consumer:
                 part.cursor = None
 
     def unsubscribe(self) -> None:
-        """Delete the subscription and its state; the consumer is closed."""
+        """Delete the subscription and its state; the consumer is closed.
+
+        The cursor is replaced by a tombstone (a CAS, like every change) rather than its table
+        removed: other handles on the table (the TC participant's cached store, other consumers,
+        other processes) keep working on the table they know, where removing it left them on a
+        stale snapshot of a deleted table (after a re-subscribe, a transaction's acks on the new
+        subscription were then never committed). A new subscribe starts over from the tombstone."""
         self._check_open()
         self.close()
-        self._client.root.rm(*self._parts[0].store.segments[:-1])
+
+        def tombstone(c: CursorState) -> None:
+            c.reset(0)
+            c.deleted = True
+
+        for part in self._parts:
+            part.store.update(tombstone)
+            part.store.update_claims(lambda claims: ([], None))
 
     def close(self) -> None:
         if self._closed:
