@@ -63,6 +63,13 @@ class TransactionCoordinator:
         self._opened = False
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
 
+    def _emit(self, event: str, meta: TxnMeta) -> None:
+        from pulsartx import metrics
+
+        metrics.record_tc_event(self.tc_id, event, meta)
+        if self.on_event is not None:
+            self.on_event(event, meta)
+
     def open(self, recover: bool = True) -> TransactionCoordinator:
         with self._lock:
             if not self._opened:
@@ -96,8 +103,7 @@ class TransactionCoordinator:
                     self.txlog.refresh()
                     continue
                 new = entries[-1][0]
-                if self.on_event:
-                    self.on_event("append", new)
+                self._emit("append", new)
                 self._maybe_compact()
                 return new
         raise StorageError(f"TC {self.tc_id}: could not update {txn_id} after {MAX_CAS_ATTEMPTS} concurrent conflicts")
@@ -136,8 +142,7 @@ class TransactionCoordinator:
                     delta.backoff(attempt)
                     self.txlog.refresh()
                     continue
-                if self.on_event:
-                    self.on_event("created", meta)
+                self._emit("created", meta)
                 self._maybe_compact()
                 return meta
         raise StorageError(f"TC {self.tc_id}: could not allocate a TxnID after {MAX_CAS_ATTEMPTS} conflicts")
@@ -215,8 +220,7 @@ class TransactionCoordinator:
             # (two entries, COMMITTING/ABORTING then COMMITTED/ABORTED), saving a round trip.
             final = self._cas(txn_id, lambda m: _decide_and_finish(m, decide))
             if final.status.is_final:
-                if self.on_event:
-                    self.on_event(final.status.value.lower(), final)
+                self._emit(final.status.value.lower(), final)
                 return final
             meta = final
         else:
@@ -240,8 +244,7 @@ class TransactionCoordinator:
             return m.transition(action.final_status, now_ms()), MetadataOp.UPDATE
 
         final = self._cas(meta.txn_id, finish)
-        if self.on_event:
-            self.on_event(final.status.value.lower(), final)
+        self._emit(final.status.value.lower(), final)
         return final
 
     # ---- expiration and recovery ---------------------------------------------------------------
@@ -281,8 +284,8 @@ class TransactionCoordinator:
 
         meta = self._cas(txn_id, decide)
         if meta.status is TxnStatus.ABORTING:
-            if self.on_event and meta.reason == REASON_TIMEOUT:
-                self.on_event("timeout", meta)
+            if meta.reason == REASON_TIMEOUT:
+                self._emit("timeout", meta)
             return self._complete(meta)
         return meta
 

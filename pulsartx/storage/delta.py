@@ -164,3 +164,59 @@ class LogTail:
 
 def parse_stats(stats: str | None) -> dict[str, Any]:
     return json.loads(stats) if stats else {}
+
+
+def _ts_stat(micros: int, up: bool) -> str:
+    """Delta keeps timestamp stats in milliseconds: round outward so pruning stays correct."""
+    import datetime as dt
+    import math
+
+    millis = math.ceil(micros / 1000) if up else math.floor(micros / 1000)
+    t = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=millis)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
+    import pyarrow.compute as pc
+
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        col = table.column(name)
+        nulls[name] = col.null_count
+        if col.null_count == len(col):
+            continue
+        mm = pc.min_max(col)
+        if pa.types.is_timestamp(col.type):
+            lo, hi = mm["min"].cast(pa.int64()).as_py(), mm["max"].cast(pa.int64()).as_py()
+            mins[name], maxs[name] = _ts_stat(lo, False), _ts_stat(hi, True)
+        else:
+            mins[name], maxs[name] = mm["min"].as_py(), mm["max"].as_py()
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+
+
+def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], removes: list[tuple[str, int]],
+                  data: pa.Table | None, stats_columns: Iterable[str], data_change: bool = True) -> None:
+    """Atomically swap ``removes`` ((path, size) pairs) for one new file holding ``data`` (or for
+    nothing): compaction and retention. Removed files stay on disk until vacuum, so readers that
+    planned them keep working. Blind appends committed meanwhile are unaffected; a conflict raises
+    :class:`ConcurrentCommit` and the caller simply tries again later."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    dl = _deltalake()
+    now = int(time.time() * 1000)
+    actions: list[Any] = [dl.transaction.RemoveAction(p, data_change, now, size=s) for p, s in removes]
+    if data is not None and data.num_rows:
+        name = f"compacted-{uuid.uuid4().hex}.parquet"
+        path = root.fs_path(*segments, name)
+        pq.write_table(data, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1)
+        size = root.arrow_fs.get_file_info(path).size
+        actions.append(dl.transaction.AddAction(name, size, {}, now, data_change, file_stats(data, stats_columns)))
+    try:
+        table.create_write_transaction(actions, mode="append", schema=data.schema if data is not None else
+                                       table.schema())
+    except dl.exceptions.CommitFailedError as e:
+        raise ConcurrentCommit(str(e)) from e

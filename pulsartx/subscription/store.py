@@ -248,4 +248,8 @@ def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: Tx
     cur = store.cursor()
     if cur is None or (k not in cur.pending and (cur.pending_cumulative is None or cur.pending_cumulative[0] != k)):
         return
+    t0 = time.monotonic()
     store.update(apply)
+    from pulsartx import metrics
+
+    metrics.record_pending_ack(action is TxnAction.COMMIT, 1000 * (time.monotonic() - t0))

@@ -1,0 +1,72 @@
+"""Compaction: rewrite a partition's old files without what no reader may ever see.
+
+Only files entirely below maxReadPosition are touched, so open transactions' data and anything
+still undecided are never rewritten. The rewrite drops DATA rows of aborted transactions, rows a
+commit marker left out, and stragglers after their own transaction's marker; it keeps plain
+messages, committed messages and markers with their offsets, in order. Offsets never change, so
+cursors, MessageIds and transaction-buffer snapshots stay valid.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.log.partition import PartitionLog, read_files
+from pulsartx.log.schema import STATS_COLUMNS, MessageType
+from pulsartx.naming import TopicName
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CompactionResult:
+    partition: str
+    files_before: int = 0
+    files_after: int = 0
+    rows_before: int = 0
+    rows_dropped: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    skipped: str | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 2) -> CompactionResult:
+    plog = PartitionLog(root, partition)
+    index = plog.refresh()
+    state = TransactionBuffer(plog).state()
+    horizon = state.read_limit
+    files = [f for f in index.files if f.max_offset < horizon]
+    res = CompactionResult(str(partition), files_before=len(index.files), files_after=len(index.files))
+    if len(files) < min_files and not (files and state.aborted):
+        res.skipped = f"only {len(files)} file(s) below maxReadPosition {state.max_read_position}"
+        return res
+    raw = read_files(root, plog.segments, files, files[0].min_offset, files[-1].max_offset + 1)
+    kept = pa.concat_tables([
+        state.filter().apply(raw),  # visible DATA rows (plain and committed)
+        raw.filter(pc.not_equal(raw.column("type"), MessageType.DATA.value)),  # markers keep their offsets
+    ]).sort_by("offset")
+    res.rows_before = raw.num_rows
+    res.rows_dropped = raw.num_rows - kept.num_rows
+    res.bytes_before = sum(f.size for f in files)
+    table = delta.open_table(root, *plog.segments)
+    try:
+        delta.replace_files(root, table, plog.segments, [(f.path, f.size) for f in files], kept, STATS_COLUMNS,
+                            data_change=res.rows_dropped > 0)
+    except delta.ConcurrentCommit as e:
+        res.skipped = f"concurrent change, try again: {e}"
+        return res
+    after = plog.refresh()
+    res.files_after = len(after.files)
+    res.bytes_after = sum(f.size for f in after.files if f.max_offset < horizon)
+    log.info("compacted %s: %d files -> %d, dropped %d of %d rows", partition, len(files),
+             res.files_after - (res.files_before - len(files)), res.rows_dropped, res.rows_before)
+    return res

@@ -1,0 +1,92 @@
+"""Retention: delete a partition's oldest files by age or size, never past the slowest
+subscription's mark-delete position unless forced, then vacuum what is unreferenced."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pulsartx.log.partition import PartitionLog
+from pulsartx.log.schema import STATS_COLUMNS
+from pulsartx.naming import TopicName
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetentionResult:
+    partition: str
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    new_start_offset: int = 0
+    held_by_subscription: str | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def slowest_subscription(root: StorageRoot, partition: TopicName) -> tuple[str | None, int | None]:
+    """(name, first unacknowledged offset) of the subscription furthest behind on the partition."""
+    from pulsartx.subscription.store import SubscriptionStore, subscription_dir
+
+    slowest: tuple[str | None, int | None] = (None, None)
+    for name in root.listdir(*subscription_dir(partition.base, "x")[:-1]):
+        store = SubscriptionStore(root, partition, name)
+        cur = store.cursor() if store.exists() else None
+        if cur is None or cur.deleted:
+            continue
+        if slowest[1] is None or cur.mark_delete + 1 < slowest[1]:
+            slowest = (name, cur.mark_delete + 1)
+    return slowest
+
+
+def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | None = None,
+                    max_bytes: int | None = None, force: bool = False) -> RetentionResult:
+    plog = PartitionLog(root, partition)
+    index = plog.refresh()
+    files = index.files
+    res = RetentionResult(str(partition), new_start_offset=index.start_offset)
+    if len(files) <= 1:
+        return res
+    now_us = int(time.time() * 1_000_000)
+    total = sum(f.size for f in files)
+    doomed = []
+    for f in files[:-1]:  # the newest file stays: it carries the log's end
+        too_old = max_age_ms is not None and f.max_publish_us is not None and now_us - f.max_publish_us > max_age_ms * 1000
+        too_big = max_bytes is not None and total > max_bytes
+        if not (too_old or too_big):
+            break
+        doomed.append(f)
+        total -= f.size
+    if not force and doomed:
+        name, first_unacked = slowest_subscription(root, partition)
+        if first_unacked is not None:
+            allowed = [f for f in doomed if f.max_offset < first_unacked]
+            if len(allowed) < len(doomed):
+                res.held_by_subscription = name
+            doomed = allowed
+    if not doomed:
+        return res
+    table = delta.open_table(root, *plog.segments)
+    delta.replace_files(root, table, plog.segments, [(f.path, f.size) for f in doomed], None, STATS_COLUMNS)
+    res.files_deleted = len(doomed)
+    res.bytes_deleted = sum(f.size for f in doomed)
+    res.new_start_offset = plog.refresh().start_offset
+    log.info("retention on %s: deleted %d file(s), %d bytes; log now starts at %d", partition, res.files_deleted,
+             res.bytes_deleted, res.new_start_offset)
+    return res
+
+
+def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0) -> int:
+    """Physically delete files unreferenced for ``retention_hours``: long enough for any read that
+    planned them to finish. Returns the number of files deleted."""
+    from pulsartx.log.partition import partition_segments
+
+    table = delta.open_table(root, *partition_segments(partition))
+    if table is None:
+        return 0
+    deleted = table.vacuum(retention_hours=max(0, int(retention_hours)), enforce_retention_duration=False,
+                           dry_run=False)
+    return len(deleted)

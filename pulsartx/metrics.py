@@ -1,0 +1,188 @@
+"""Prometheus metrics, with Pulsar's names where they exist so existing dashboards keep working.
+
+Two kinds of figures:
+* events counted in this process (transactions committed/aborted/timed out by this process's TCs,
+  TC log appends, execution latencies, pending-ack commits): ``record_*`` functions, called by the
+  coordinator and the pending-ack participant;
+* state read from storage at scrape time (active transactions, TxnIDs created, transaction keys,
+  per-partition entries, maxReadPosition lag, oldest open transaction).
+
+Embed with :func:`generate_latest` (text exposition) or :func:`start_metrics_server`;
+``pulsartx coordinator run --metrics-port`` does the latter.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+# Pulsar's pulsar_txn_execution_latency_le_* buckets, in milliseconds.
+LATENCY_BUCKETS_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
+
+_lock = threading.Lock()
+_counts: dict[tuple[str, int], int] = defaultdict(int)  # (event, coordinator_id) -> count
+_latency: dict[int, list[int]] = defaultdict(lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+_tp: dict[str, int] = defaultdict(int)  # pending-ack committed/aborted counts
+_tp_latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+
+
+def _bucket(ms: float) -> int:
+    for i, b in enumerate(LATENCY_BUCKETS_MS):
+        if ms <= b:
+            return i
+    return len(LATENCY_BUCKETS_MS)
+
+
+def record_tc_event(coordinator_id: int, event: str, meta: Any = None) -> None:
+    """``event``: created, append, committed, aborted, timeout."""
+    with _lock:
+        _counts[(event, coordinator_id)] += 1
+        if event in ("committed", "aborted") and meta is not None:
+            _latency[coordinator_id][_bucket(meta.last_modified_ms - meta.start_ms)] += 1
+
+
+def record_pending_ack(committed: bool, latency_ms: float) -> None:
+    with _lock:
+        _tp["committed" if committed else "aborted"] += 1
+        if committed:
+            _tp_latency[_bucket(latency_ms)] += 1
+
+
+def reset() -> None:
+    """Forget this process's event counts (tests)."""
+    with _lock:
+        _counts.clear()
+        _latency.clear()
+        _tp.clear()
+        for i in range(len(_tp_latency)):
+            _tp_latency[i] = 0
+
+
+class PulsarTxCollector:
+    """A prometheus_client collector: event counts from memory, state from storage at scrape."""
+
+    def __init__(self, client: Any, topics: Iterable[str] | None = None):
+        self.client = client
+        self.topics = list(topics) if topics is not None else None
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        def family(name: str, doc: str, labels: list[str]):
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        tcs = self.client._coordinators()
+        active = family("pulsar_txn_active_count", "Open, committing and aborting transactions", ["coordinator_id"])
+        created = family("pulsar_txn_created_count", "Transactions created (TxnIDs issued)", ["coordinator_id"])
+        metas_by_tc = {}
+        for tc in tcs.all():
+            metas = tc.transactions()
+            metas_by_tc[tc.tc_id] = metas
+            active.add_metric([str(tc.tc_id)], sum(1 for m in metas if not m.status.is_final))
+            created.add_metric([str(tc.tc_id)], tc.txlog.counter + 1)
+        yield active
+        yield created
+        with _lock:
+            counts = dict(_counts)
+            latency = {k: list(v) for k, v in _latency.items()}
+            tp = dict(_tp)
+            tp_latency = list(_tp_latency)
+        for event, name, doc in (("committed", "pulsar_txn_committed_count", "Transactions committed"),
+                                 ("aborted", "pulsar_txn_aborted_count", "Transactions aborted"),
+                                 ("timeout", "pulsar_txn_timeout_count", "Transactions aborted on timeout"),
+                                 ("append", "pulsar_txn_append_log_count", "TC log entries appended")):
+            f = family(name, doc + " by this process", ["coordinator_id"])
+            for tc_id in range(tcs.count):
+                f.add_metric([str(tc_id)], counts.get((event, tc_id), 0))
+            yield f
+        labels = [f"le_{b}" for b in LATENCY_BUCKETS_MS] + ["le_overflow"]
+        for i, suffix in enumerate(labels):
+            f = family(f"pulsar_txn_execution_latency_{suffix}", "Transactions whose execution took at most "
+                       "this many ms", ["coordinator_id"])
+            for tc_id in range(tcs.count):
+                f.add_metric([str(tc_id)], latency.get(tc_id, [0] * len(labels))[i])
+            yield f
+        f = family("pulsar_txn_tp_committed_count_total", "Pending acks committed", [])
+        f.add_metric([], tp.get("committed", 0))
+        yield f
+        f = family("pulsar_txn_tp_aborted_count_total", "Pending acks aborted", [])
+        f.add_metric([], tp.get("aborted", 0))
+        yield f
+        for i, suffix in enumerate(labels):
+            f = family(f"pulsar_txn_tp_commit_latency_{suffix}", "Pending-ack commits that took at most this "
+                       "many ms", [])
+            f.add_metric([], tp_latency[i])
+            yield f
+        yield from self._keys(tcs)
+        yield from self._partitions(metas_by_tc)
+
+    def _keys(self, tcs):
+        from prometheus_client.core import GaugeMetricFamily
+
+        count = GaugeMetricFamily("pulsar_txn_transaction_key_count", "Transaction keys", labels=["coordinator_id"])
+        epoch = GaugeMetricFamily("pulsar_txn_transaction_key_epoch", "Current epoch of each transaction key",
+                                  labels=["coordinator_id", "owner", "transaction_key"])
+        age = GaugeMetricFamily("pulsar_txn_transaction_key_age", "Milliseconds since the key's epoch was claimed",
+                                labels=["coordinator_id", "owner", "transaction_key"])
+        for tc_id in range(tcs.count):
+            infos = tcs.keys(tc_id).list()
+            count.add_metric([str(tc_id)], len(infos))
+            for i in infos:
+                epoch.add_metric([str(tc_id), i.owner, i.transaction_key], i.epoch)
+                age.add_metric([str(tc_id), i.owner, i.transaction_key], i.age_ms)
+        yield count
+        yield epoch
+        yield age
+
+    def _partitions(self, metas_by_tc):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from pulsartx.buffer.buffer import TransactionBuffer
+        from pulsartx.buffer.state import key_txn
+        from pulsartx.log.partition import PartitionLog
+
+        entries = GaugeMetricFamily("pulsartx_partition_entries", "Offsets in the partition log",
+                                    labels=["topic", "partition"])
+        lag = GaugeMetricFamily("pulsartx_partition_max_read_position_lag", "End offset minus maxReadPosition + 1",
+                                labels=["topic", "partition"])
+        oldest = GaugeMetricFamily("pulsartx_partition_oldest_open_txn_age_ms",
+                                   "Age of the oldest transaction open in the partition", labels=["topic", "partition"])
+        starts = {(m.txn_id.most_bits, m.txn_id.least_bits): m.start_ms for ms in metas_by_tc.values() for m in ms}
+        now = int(time.time() * 1000)
+        for topic in self.topics if self.topics is not None else self.client.admin.list_topics():
+            for p in self.client.admin.partitions_of(topic):
+                plog = PartitionLog(self.client.root, p)
+                index = plog.refresh()
+                state = TransactionBuffer(plog).state()
+                labels = [str(p.base), str(p.partition)]
+                entries.add_metric(labels, index.end_offset - index.start_offset)
+                lag.add_metric(labels, state.end_offset - state.read_limit)
+                ages = [now - starts[key_txn(k)] for k in state.ongoing if key_txn(k) in starts]
+                oldest.add_metric(labels, max(ages) if ages else 0)
+        yield entries
+        yield lag
+        yield oldest
+
+
+def registry(client: Any, topics: Iterable[str] | None = None):
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(PulsarTxCollector(client, topics))
+    return reg
+
+
+def generate_latest(client: Any, topics: Iterable[str] | None = None) -> str:
+    """The metrics in Prometheus' text format, for embedding in an existing endpoint."""
+    from prometheus_client import generate_latest as _gen
+
+    return _gen(registry(client, topics)).decode()
+
+
+def start_metrics_server(port: int, client: Any, topics: Iterable[str] | None = None, addr: str = "0.0.0.0"):
+    """Serve /metrics on ``port`` from a background thread; returns (server, thread)."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=addr, registry=registry(client, topics))
