@@ -64,13 +64,7 @@ class TaskAppender:
                     raise TopicNotFound(
                         f"topic {topic} (from the __topic column) does not exist: create it first, or set "
                         "option createTopic=true with partitions=N") from None
-                from pulsartx.exceptions import TopicAlreadyExists
-
-                try:
-                    admin.create_topic(topic, self.create_topics)
-                except TopicAlreadyExists:
-                    pass
-                n = admin.get_partitions(topic)
+                n = admin.ensure_topic(topic, self.create_topics)
             self.counts[topic] = n
         return n
 

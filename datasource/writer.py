@@ -11,6 +11,7 @@ creates it otherwise.
 """
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -106,11 +107,7 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
             if not opts.create_topic and opts.save_mode == "append":
                 raise TopicNotFound(f"topic {name} does not exist: create it first (client.admin.create_topic or "
                                     "`pulsartx topics create`), or set option createTopic=true with partitions=N")
-            try:
-                admin.create_topic(name, opts.partitions)
-            except TopicAlreadyExists:
-                pass
-            counts[name] = admin.get_partitions(name)
+            counts[name] = admin.ensure_topic(name, opts.partitions)
     registered: frozenset[str] = frozenset()
     if opts.topic is not None and "__topic" not in columns:
         registered = frozenset(str(opts.topic.with_partition(i)) for i in range(counts[str(opts.topic)]))
@@ -150,8 +147,7 @@ class TaskWriting:
         from commit_protocol.task import TaskAppender
 
         if self.skip:
-            for _ in iterator:
-                pass
+            collections.deque(iterator, maxlen=0)  # saveMode=ignore on an existing topic: write nothing
             return TaskReport()
         ctx = TaskContext.get()
         task_id, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)

@@ -20,7 +20,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import pulsartx
-from pulsartx.exceptions import TopicAlreadyExists
 
 
 def main() -> int:
@@ -42,10 +41,7 @@ def main() -> int:
     root = client.root.url
     checkpoint = args.checkpoint or os.path.join(root, "_checkpoints", args.subscription)
     for topic in (args.input, args.output):
-        try:
-            client.admin.create_topic(topic, partitions=args.partitions)
-        except TopicAlreadyExists:
-            pass
+        client.admin.ensure_topic(topic, partitions=args.partitions)
     if args.seed:
         with client.create_producer(args.input) as producer:
             for i in range(args.seed):

@@ -14,7 +14,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import pulsartx
-from pulsartx.exceptions import TopicAlreadyExists
 
 
 def main() -> int:
@@ -31,10 +30,7 @@ def main() -> int:
     spark = SparkSession.builder.appName("pulsartx-produce-stream").getOrCreate()
     client = pulsartx.Client(args.service_url)
     root = client.root.url
-    try:
-        client.admin.create_topic(args.topic, partitions=args.partitions)
-    except TopicAlreadyExists:
-        pass
+    client.admin.ensure_topic(args.topic, partitions=args.partitions)
     rate = spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
     events = rate.select(
         F.to_json(F.struct("timestamp", "value")).alias("value"),

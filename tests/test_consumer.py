@@ -15,6 +15,7 @@ from pulsartx import Client, ConsumerType, InitialPosition, MessageId, NotAllowe
 from pulsartx.exceptions import AlreadyClosed, ConsumerBusy, InvalidConfiguration
 
 TOPIC = "persistent://public/default/in"
+pytestmark = pytest.mark.timeout(120)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def test_receive_from_all_partitions_and_plain_acks_persist(client):
     assert sorted(vals(got)) == sorted(names("m", range(30)))
     assert {m.message_id().partition() for m in got} == {0, 1, 2}
     assert all(m.redelivery_count() == 0 for m in got)
-    assert all(m.topic_name().startswith(TOPIC + "-partition-") for m in got)
+    assert {m.topic_name() for m in got} == {TOPIC}  # as the Reader: the topic, the partition in the id
     acked = got[::2]
     for m in acked:
         c.acknowledge(m)
@@ -244,6 +245,33 @@ def test_shared_consumers_never_hold_the_same_message(client):
     b.close()
 
 
+def test_shared_consumer_is_not_starved_by_another_holding_messages(client):
+    seed(client, TOPIC, 12)
+    kw = {"consumer_type": ConsumerType.Shared, "initial_position": InitialPosition.Earliest,
+          "receiver_queue_size": 4}
+    a = client.subscribe(TOPIC, "sh", **kw)
+    b = client.subscribe(TOPIC, "sh", **kw)
+    held_by_a = [a.receive(timeout_millis=2000) for _ in range(4)]  # held, not acked
+    got_b = [b.receive(timeout_millis=2000) for _ in range(4)]  # b gets the next ones, not nothing
+    assert vals(held_by_a) == ["m0", "m1", "m2", "m3"] and vals(got_b) == ["m4", "m5", "m6", "m7"]
+    a.close()  # releases its claims: b gets a's messages back
+    rest = drain(b)
+    assert sorted(vals(rest)) == ["m0", "m1", "m10", "m11", "m2", "m3", "m8", "m9"]
+
+
+def test_shared_message_held_longer_than_a_lease_stays_with_its_consumer(client):
+    seed(client, TOPIC, 1)
+    kw = {"consumer_type": ConsumerType.Shared, "initial_position": InitialPosition.Earliest, "lease_ms": 900}
+    a = client.subscribe(TOPIC, "sh", **kw)
+    b = client.subscribe(TOPIC, "sh", **kw)
+    m = a.receive(timeout_millis=2000)
+    time.sleep(2.0)  # a is alive and still holds m0 after two lease periods
+    with pytest.raises(Timeout):
+        b.receive(timeout_millis=500)
+    a.close()  # not acked: it goes to b now
+    assert b.receive(timeout_millis=3000).data() == m.data()
+
+
 def test_shared_negative_ack_goes_to_any_consumer(client):
     seed(client, TOPIC, 1)
     kw = {"consumer_type": ConsumerType.Shared, "initial_position": InitialPosition.Earliest,
@@ -283,6 +311,15 @@ def test_negative_ack_redelivers_after_the_delay(client):
     assert drain(c, idle_ms=200) == []
 
 
+def test_negative_ack_without_delay_counts_the_redelivery(client):
+    seed(client, TOPIC, 1)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, negative_ack_redelivery_delay_ms=0)
+    for count in range(4):
+        m = c.receive(timeout_millis=3000)
+        assert m.data() == b"m0" and m.redelivery_count() == count
+        c.negative_acknowledge(m)
+
+
 def test_unacked_messages_timeout_redelivers(client):
     seed(client, TOPIC, 4)
     c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, unacked_messages_timeout_ms=500)
@@ -290,11 +327,13 @@ def test_unacked_messages_timeout_redelivers(client):
     assert vals(got) == ["m0", "m1", "m2", "m3"]
     c.acknowledge(got[0])
     c.acknowledge(got[3])
-    again = sorted(drain(c, idle_ms=1500), key=lambda m: m.message_id())
+    t0 = time.monotonic()
+    again = sorted([c.receive(timeout_millis=3000) for _ in range(2)], key=lambda m: m.message_id())
+    assert time.monotonic() - t0 >= 0.3
     assert vals(again) == ["m1", "m2"] and [m.redelivery_count() for m in again] == [1, 1]
     for m in again:
         c.acknowledge(m)
-    assert drain(c, idle_ms=1000) == []
+    assert drain(c, idle_ms=1000) == []  # acked in time: not redelivered
 
 
 def test_redeliver_unacknowledged_messages(client):

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pulsartx.admin.subscriptions import SubscriptionNotFound, SubscriptionsAdmin
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.admin.transactions import TransactionsAdmin
 
 
-class Admin(TopicsAdmin):
-    """``client.admin``: topic operations directly, transaction operations under ``.transactions``."""
+class Admin(TopicsAdmin, SubscriptionsAdmin):
+    """``client.admin``: topic and subscription operations directly, transaction operations under
+    ``.transactions``."""
 
     def __init__(self, client: Any):
         super().__init__(client.root)
@@ -16,4 +18,4 @@ class Admin(TopicsAdmin):
         self.transactions = TransactionsAdmin(client)
 
 
-__all__ = ["Admin", "TopicsAdmin", "TransactionsAdmin"]
+__all__ = ["Admin", "SubscriptionNotFound", "SubscriptionsAdmin", "TopicsAdmin", "TransactionsAdmin"]

@@ -7,9 +7,11 @@ last and marks the topic complete. A crash between the two is repaired by the ne
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from typing import Any
 
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments
@@ -50,6 +52,13 @@ class TopicsAdmin:
         self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
         log.info("created topic %s with %d partition(s)", t, partitions)
         return t
+
+    def ensure_topic(self, topic: str, partitions: int = 1) -> int:
+        """Create the topic unless it exists (racing creators agree); returns its partition count."""
+        # Created by someone else, possibly with another count: the stored one wins.
+        with contextlib.suppress(TopicAlreadyExists):
+            self.create_topic(topic, partitions)
+        return self.get_partitions(topic)
 
     def _read_meta(self, t: TopicName) -> dict | None:
         text = self.root.read_text(*_topic_dir(t), TOPIC_META)
@@ -94,3 +103,62 @@ class TopicsAdmin:
                 if self.root.exists("topics", tn, ns, name, TOPIC_META):
                     out.append(str(TopicName(tn, ns, name)))
         return sorted(out)
+
+    # ---- stats and peek (pulsar-admin topics stats / peek-messages) -----------------------------------
+    def topic_stats(self, topic: str) -> list[dict[str, Any]]:
+        """Per partition of ``topic`` (or the one it names): entries (end offset - start offset),
+        bytes (data files), start/end offsets, maxReadPosition, ongoing and aborted transaction
+        counts (the transaction buffer's), and each subscription's backlog: ``end offset -
+        (markDeletePosition + 1)`` minus the offsets acknowledged individually above it."""
+        from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names
+        from pulsartx.buffer.buffer import TransactionBuffer
+        from pulsartx.log.partition import PartitionLog
+        from pulsartx.subscription.store import SubscriptionStore
+
+        parts = self.partitions_of(topic)
+        names = subscription_names(self.root, parts)
+        out = []
+        for p in parts:
+            plog = PartitionLog(self.root, p)
+            index = plog.refresh()
+            state = TransactionBuffer(plog).state()
+            start, end = index.start_offset, index.end_offset
+            subs: dict[str, dict[str, Any]] = {}
+            for name in names:
+                c = live_cursor(SubscriptionStore(self.root, p, name))
+                if c is None:
+                    continue
+                subs[name] = {"markDeletePosition": c.mark_delete,
+                              "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
+                              "backlog": cursor_backlog(c, start, end)}
+            out.append({"partition": str(p), "entries": end - start, "bytes": index.size_bytes(),
+                        "startOffset": start, "endOffset": end, "maxReadPosition": state.max_read_position,
+                        "ongoingTxnCount": len(state.ongoing), "abortedTxnCount": len(state.aborted),
+                        "subscriptions": subs})
+        return out
+
+    def peek(self, topic: str, n: int = 10, isolation_level: str = "READ_COMMITTED") -> list[Any]:
+        """The first ``n`` messages a reader from the earliest position sees (``Message`` objects),
+        READ_COMMITTED by default. No subscription is touched."""
+        from pulsartx.client.reader import check_isolation
+        from pulsartx.log.message_id import MessageId
+
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InvalidConfiguration(f"peek on {topic}: n={n!r} must be a non-negative integer")
+        level = check_isolation(isolation_level)
+        self.get_partitions(topic)
+        client = getattr(self, "client", None)
+        own = client is None
+        if own:  # a bare TopicsAdmin(root): a client for the reader (TC decisions need one)
+            from pulsartx.client.client import Client
+
+            client = Client(self.root.url, self.root.storage_options)
+        try:
+            out: list[Any] = []
+            with client.create_reader(topic, MessageId.earliest, isolation_level=level) as reader:
+                while len(out) < n and reader.has_message_available():
+                    out.append(reader.read_next())
+            return out
+        finally:
+            if own:
+                client.close()

@@ -143,6 +143,7 @@ class TransactionCoordinator:
                     self.txlog.refresh()
                     continue
                 self._emit("created", meta)
+                self._emit("append", meta)  # the NEW entry is a log append too
                 self._maybe_compact()
                 return meta
         raise StorageError(f"TC {self.tc_id}: could not allocate a TxnID after {MAX_CAS_ATTEMPTS} conflicts")

@@ -154,7 +154,7 @@ class SubscriptionStore:
                 raise StorageError(f"subscription {self.subscription!r} on {self.partition} has no cursor")
             new = c.copy()
             out = fn(new)
-            return new, out
+            return (c if new == c else new), out  # unchanged: nothing to write
 
         return self._update_cursor(change)
 
@@ -239,17 +239,11 @@ def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: Tx
         return
     k = _key(txn_id.most_bits, txn_id.least_bits)
 
-    def apply(c: CursorState) -> None:
-        if action is TxnAction.COMMIT:
-            c.commit(k)
-        else:
-            c.abort(k)
+    def apply(c: CursorState) -> bool:
+        return c.commit(k) if action is TxnAction.COMMIT else bool(c.abort(k))
 
-    cur = store.cursor()
-    if cur is None or (k not in cur.pending and (cur.pending_cumulative is None or cur.pending_cumulative[0] != k)):
-        return
     t0 = time.monotonic()
-    store.update(apply)
-    from pulsartx import metrics
+    if store.update(apply):  # writes only if the transaction had something pending here
+        from pulsartx import metrics
 
-    metrics.record_pending_ack(action is TxnAction.COMMIT, 1000 * (time.monotonic() - t0))
+        metrics.record_pending_ack(action is TxnAction.COMMIT, 1000 * (time.monotonic() - t0))

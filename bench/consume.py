@@ -1,0 +1,330 @@
+"""Consume throughput: transactional acknowledgements against plain ones, and consume-transform-produce
+against transactional produce.
+
+    .venv/bin/python bench/consume.py [--chunks 60] [--chunk-size 1000] [--message-size 1024] [--profile]
+
+Every side works on its own one-partition topic, pre-seeded (untimed) with ``chunks x chunk-size``
+messages of ``message-size`` incompressible bytes, through an Exclusive subscription. One chunk is
+one transaction where there are transactions:
+
+  consume, plain acks       receive + acknowledge(msg) per message (grouped by the consumer,
+                            acknowledgment_group_time_ms=100; the final flush at close is timed)
+  consume, txn cumulative   receive the chunk, acknowledge_cumulative(last, txn), commit
+  consume, txn ack list     receive the chunk, acknowledge(list_of_msgs, txn) (one write), commit
+  consume, txn cum., async  as txn cumulative, but each commit() runs in a helper thread while the
+                            next chunk is received (Pulsar's commit() returns a future); informative
+  txn produce               send_async(value, txn) for the chunk, commit
+  consume-transform-produce receive, send_async(transform(value), txn) per message,
+                            acknowledge_cumulative(last, txn), commit
+
+The sides run chunk by chunk, interleaved with a rotating order, so that load from other processes
+on a shared machine hits all of them alike. Ratios (wall time; process CPU time alongside):
+  txn cumulative / plain  (target >= 0.8)      txn ack list, async commit / plain  (reported)
+  consume-transform-produce / txn produce  (target >= 0.7)
+Nothing is asserted; every side's end state is checked (all consumed, nothing pending, outputs
+all there) so that a fast but wrong side cannot pass. ``--profile`` adds cProfiles.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+TARGET_CONSUME = 0.8
+TARGET_CTP = 0.7
+RECEIVE_TIMEOUT_MS = 30_000
+
+
+def make_payloads(chunks: int, chunk_size: int, message_size: int, seed: int = 7) -> list[list[bytes]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(chunks):
+        blob = rng.bytes(chunk_size * message_size)
+        out.append([blob[i * message_size:(i + 1) * message_size] for i in range(chunk_size)])
+    return out
+
+
+class Side:
+    topic = "bench"
+    sub = "bench-sub"
+
+    def __init__(self, name: str, workdir: str, profile: bool):
+        from pulsartx import Client
+
+        self.name = name
+        self.client = Client(workdir)
+        self.client.admin.create_topic(self.topic, partitions=1)
+        for tc in self.client._coordinators().all():  # open (create) every TC log before the clock starts
+            tc.transactions()
+        self.wall = 0.0
+        self.cpu = 0.0
+        self.messages = 0
+        self.prof = cProfile.Profile() if profile else None
+
+    def seed(self, payloads: list[list[bytes]]) -> None:
+        p = self.client.create_producer(self.topic, batching_max_messages=len(payloads[0]))
+        for chunk in payloads:
+            for v in chunk:
+                p.send_async(v, None)
+            p.flush()
+        p.close()
+
+    def subscribe(self):
+        from pulsartx import ConsumerType, InitialPosition
+
+        return self.client.subscribe(self.topic, self.sub, consumer_type=ConsumerType.Exclusive,
+                                     initial_position=InitialPosition.Earliest)
+
+    def timed(self, fn, *args) -> None:
+        if self.prof:
+            self.prof.enable()
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            fn(*args)
+        finally:
+            self.wall += time.perf_counter() - w0
+            self.cpu += time.process_time() - c0
+            if self.prof:
+                self.prof.disable()
+
+    def chunk(self, i: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def check(self, expected: int) -> None:
+        pass
+
+    def rate(self) -> float:
+        return self.messages / self.wall if self.wall else 0.0
+
+    def profile_report(self, n: int = 25) -> str:
+        if not self.prof:
+            return ""
+        s = io.StringIO()
+        pstats.Stats(self.prof, stream=s).sort_stats("cumulative").print_stats(n)
+        return s.getvalue()
+
+    def check_subscription_at_end(self, expected: int) -> None:
+        from pulsartx import Timeout
+
+        [st] = self.client.admin.transactions.get_pending_ack_stats(self.topic, self.sub)
+        if st["markDeletePosition"] != expected - 1 or st["pendingAckCount"] or st["individuallyAckedRanges"]:
+            raise RuntimeError(f"{self.name}: subscription not at the end: {st}")
+        c = self.subscribe()
+        try:
+            m = c.receive(timeout_millis=300)
+            raise RuntimeError(f"{self.name}: {m.message_id()} delivered again after everything was acked")
+        except Timeout:
+            pass
+        c.close()
+
+
+class ConsumeSide(Side):
+    def __init__(self, name: str, workdir: str, payloads, mode: str, profile: bool):
+        super().__init__(name, workdir, profile)
+        self.seed(payloads)
+        self.mode = mode
+        self.n = len(payloads[0])
+        self.consumer = self.subscribe()
+        self.pool = ThreadPoolExecutor(1) if mode == "txn-pipelined" else None
+        self.inflight = None
+
+    def chunk(self, i: int) -> None:
+        c, n = self.consumer, self.n
+        receive = c.receive
+        if self.mode == "plain":
+            ack = c.acknowledge
+            for _ in range(n):
+                ack(receive(RECEIVE_TIMEOUT_MS))
+        elif self.pool is None:
+            txn = self.client.new_transaction()
+            msgs = [receive(RECEIVE_TIMEOUT_MS) for _ in range(n)]
+            if self.mode == "txn-list":
+                c.acknowledge(msgs, txn=txn)
+            else:
+                c.acknowledge_cumulative(msgs[-1], txn=txn)
+            txn.commit()
+        else:
+            # Pulsar's commit() returns a future: the previous chunk's commit runs in a helper thread
+            # while this chunk is received. It must end before this chunk's cumulative ack (another
+            # transaction's pending cumulative ack would conflict), and nothing is left running when
+            # this call returns, so no work escapes the timing into the other sides' turns.
+            prev = self.pool.submit(self.inflight.commit) if self.inflight is not None else None
+            txn = self.client.new_transaction()
+            msgs = [receive(RECEIVE_TIMEOUT_MS) for _ in range(n)]
+            if prev is not None:
+                prev.result()
+            c.acknowledge_cumulative(msgs[-1], txn=txn)
+            self.inflight = txn
+        self.messages += n
+
+    def finish(self) -> None:
+        if self.inflight is not None:
+            self.timed(self.inflight.commit)
+        self.timed(self.consumer.close)  # the plain side's last grouped acks land here
+
+    def check(self, expected: int) -> None:
+        self.check_subscription_at_end(expected)
+
+
+class TxnProduceSide(Side):
+    def __init__(self, name: str, workdir: str, payloads, profile: bool):
+        super().__init__(name, workdir, profile)
+        self.payloads = payloads
+        self.producer = self.client.create_producer(self.topic, batching_max_messages=len(payloads[0]))
+
+    def chunk(self, i: int) -> None:
+        txn = self.client.new_transaction()
+        send = self.producer.send_async
+        for v in self.payloads[i]:
+            send(v, None, txn=txn)
+        txn.commit()
+        self.messages += len(self.payloads[i])
+
+    def check(self, expected: int) -> None:
+        self.producer.close()
+        got = count_committed(self.client, self.topic)
+        if got != expected:
+            raise RuntimeError(f"{self.name}: {got} committed messages, expected {expected}")
+
+
+def transform(value: bytes) -> bytes:
+    """A cheap, real transformation: a header plus the payload (one copy, as a map step would do)."""
+    return b"T:" + value
+
+
+class CtpSide(Side):
+    out = "bench-out"
+
+    def __init__(self, name: str, workdir: str, payloads, profile: bool):
+        super().__init__(name, workdir, profile)
+        self.seed(payloads)
+        self.n = len(payloads[0])
+        self.client.admin.create_topic(self.out, partitions=1)
+        self.producer = self.client.create_producer(self.out, batching_max_messages=self.n)
+        self.consumer = self.subscribe()
+
+    def chunk(self, i: int) -> None:
+        c, send, receive = self.consumer, self.producer.send_async, self.consumer.receive
+        txn = self.client.new_transaction()
+        m = None
+        for _ in range(self.n):
+            m = receive(RECEIVE_TIMEOUT_MS)
+            send(transform(m.data()), None, txn=txn)
+        c.acknowledge_cumulative(m, txn=txn)
+        txn.commit()
+        self.messages += self.n
+
+    def finish(self) -> None:
+        self.timed(self.consumer.close)
+
+    def check(self, expected: int) -> None:
+        self.check_subscription_at_end(expected)
+        self.producer.close()
+        got = count_committed(self.client, self.out)
+        if got != expected:
+            raise RuntimeError(f"{self.name}: {got} committed outputs, expected {expected}")
+
+
+def count_committed(client, topic: str) -> int:
+    from pulsartx import MessageId, Timeout
+
+    r = client.create_reader(topic, MessageId.earliest)
+    n = 0
+    while True:
+        try:
+            r.read_next(timeout_millis=300)
+        except Timeout:
+            break
+        n += 1
+    r.close()
+    return n
+
+
+def run(sides: list[Side], chunks: int) -> None:
+    for i in range(chunks):
+        for k in range(len(sides)):
+            s = sides[(i + k) % len(sides)]
+            s.timed(s.chunk, i)
+    for s in sides:
+        s.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=60, help="transactions (chunks) per side")
+    ap.add_argument("--chunk-size", type=int, default=1000, help="messages per chunk / transaction")
+    ap.add_argument("--message-size", type=int, default=1024, help="payload bytes per message")
+    ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
+    ap.add_argument("--profile", action="store_true", help="cProfile every side (cumulative, top functions)")
+    args = ap.parse_args(argv)
+
+    n = args.chunks * args.chunk_size
+    try:
+        load = f" load avg {os.getloadavg()[0]:.1f},"
+    except OSError:
+        load = ""
+    print(f"consume bench: {args.chunks} chunks x {args.chunk_size} messages x {args.message_size} B = {n:,} "
+          f"messages per side; {os.cpu_count()} CPU(s),{load} sides interleaved per chunk")
+    payloads = make_payloads(args.chunks, args.chunk_size, args.message_size)
+    base = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-consume-")
+    t0 = time.perf_counter()
+    try:
+        d = lambda name: os.path.join(base, name)  # noqa: E731
+        prof = args.profile
+        plain = ConsumeSide("consume, plain acks", d("plain"), payloads, "plain", prof)
+        cum = ConsumeSide("consume, txn cumulative ack", d("cum"), payloads, "txn-cumulative", prof)
+        lst = ConsumeSide("consume, txn ack list", d("list"), payloads, "txn-list", prof)
+        pipe = ConsumeSide("consume, txn cum., async commit", d("pipe"), payloads, "txn-pipelined", prof)
+        produce = TxnProduceSide("txn produce (send_async)", d("produce"), payloads, prof)
+        ctp = CtpSide("consume-transform-produce", d("ctp"), payloads, prof)
+        print(f"seeded {5 * n:,} messages in {time.perf_counter() - t0:.1f} s (untimed)")
+        sides: list[Side] = [plain, cum, lst, pipe, produce, ctp]
+        run(sides, args.chunks)
+        for s in sides:
+            s.check(n)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+    print()
+    print(f"{'side':30s} {'wall s':>8s} {'msg/s':>10s} {'MB/s':>7s} {'cpu s':>7s}")
+    for s in sides:
+        print(f"{s.name:30s} {s.wall:8.2f} {s.rate():10,.0f} {s.rate() * args.message_size / 1e6:7.1f} {s.cpu:7.2f}")
+    rows = [
+        ("txn cumulative ack / plain acks", cum, plain, TARGET_CONSUME),
+        ("txn ack list / plain acks", lst, plain, TARGET_CONSUME),
+        ("txn cumulative, async commit / plain acks", pipe, plain, TARGET_CONSUME),
+        ("consume-transform-produce / txn produce", ctp, produce, TARGET_CTP),
+    ]
+    print()
+    print(f"{'ratio (throughput)':42s} {'wall':>6s} {'cpu':>6s} {'target':>7s}")
+    for label, a, b, target in rows:
+        ratio = a.rate() / b.rate()
+        cpu_ratio = b.cpu / a.cpu
+        flag = "ok" if ratio >= target else "BELOW TARGET"
+        print(f"{label:42s} {ratio:6.2f} {cpu_ratio:6.2f} {'>= ' + str(target):>7s}  {flag}")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    if args.profile:
+        for s in sides:
+            print(f"\n==== cProfile: {s.name} ====")
+            print(s.profile_report())
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # skip interpreter teardown: deltalake sometimes aborts there (notes/deltalake.md)

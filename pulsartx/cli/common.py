@@ -1,0 +1,116 @@
+"""What every ``pulsartx`` command shares: the client built from the global options, one output
+path (:func:`emit`: a table, or JSON with ``--json``) and PulsarException → ``error: ...`` on
+stderr with exit code 2.
+
+Command modules (``topics``, ``subscriptions``, ``transactions``, ``ops``) import from here, never
+from ``main``, so ``main`` can import them without a cycle.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+
+from pulsartx.exceptions import PulsarException
+
+ERROR_EXIT_CODE = 2
+
+
+class PulsarTxError(click.ClickException):
+    """A PulsarException as the CLI reports it: ``error: <message>`` on stderr, exit code 2."""
+
+    exit_code = ERROR_EXIT_CODE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class RootGroup(click.Group):
+    """The root group: turns a PulsarException raised by any command into :class:`PulsarTxError`,
+    so the same message and exit code come out of ``main()`` and of ``CliRunner``."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PulsarException as e:
+            raise PulsarTxError(str(e)) from e
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise click.BadParameter(f"{p!r}: use KEY=VALUE", param_hint="--storage-option")
+        k, v = p.split("=", 1)
+        out[k] = v
+    return out
+
+
+def get_client(ctx: click.Context):
+    """A Client on the root given by the global ``--service-url`` / ``--storage-option``."""
+    from pulsartx import Client
+
+    obj = ctx.find_root().obj
+    return Client(obj["service_url"], obj["storage_options"])
+
+
+def json_mode(ctx: click.Context) -> bool:
+    return bool(ctx.find_root().obj["json"])
+
+
+def header(column: str) -> str:
+    """``markDeletePosition`` and ``mark_delete_position`` both become ``MARK_DELETE_POSITION``."""
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", column).upper()
+
+
+def cell(value: Any) -> str:
+    """One table cell: None is empty, lists are comma-joined, mappings are ``k=v`` pairs."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={cell(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ",".join(cell(v) for v in value)
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:
+    if not rows:
+        click.echo("(none)")
+        return
+    cols = columns or list(rows[0].keys())
+    texts = [[cell(r.get(c)) for c in cols] for r in rows]
+    heads = [header(c) for c in cols]
+    widths = [max(len(h), *(len(t[i]) for t in texts)) for i, h in enumerate(heads)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())
+    for t in texts:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)).rstrip())
+
+
+def emit(ctx: click.Context, rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None = None) -> None:
+    """Print rows as a table, or as JSON with --json: one rendering path for every command. A dict
+    is shown as a KEY/VALUE table."""
+    if json_mode(ctx):
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if isinstance(rows, dict):
+        rows = [{"key": k, "value": v} for k, v in rows.items()]
+    render_table(rows, columns)
+
+
+def emit_tables(ctx: click.Context, document: Any, tables: list[tuple[str | None, list[dict[str, Any]],
+                                                                        list[str] | None]]) -> None:
+    """``document`` as JSON with --json; otherwise several tables, each under an optional title."""
+    if json_mode(ctx):
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    for i, (title, rows, columns) in enumerate(tables):
+        if i:
+            click.echo("")
+        if title:
+            click.echo(title)
+        render_table(rows, columns)

@@ -1,0 +1,102 @@
+"""``pulsartx topics``: create, delete, list, stats, peek (after ``pulsar-admin topics``)."""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Any
+
+import click
+
+from pulsartx.cli.common import emit, emit_tables, get_client
+
+
+@click.group()
+def topics() -> None:
+    """Create, delete, list, inspect and peek at topics."""
+
+
+@topics.command("create")
+@click.argument("topic")
+@click.option("--partitions", "-p", default=1, show_default=True, type=int, help="Number of partitions.")
+@click.pass_context
+def topics_create(ctx: click.Context, topic: str, partitions: int) -> None:
+    """Create TOPIC with its partitions."""
+    t = get_client(ctx).admin.create_topic(topic, partitions=partitions)
+    emit(ctx, {"topic": str(t), "partitions": partitions})
+
+
+@topics.command("delete")
+@click.argument("topic")
+@click.pass_context
+def topics_delete(ctx: click.Context, topic: str) -> None:
+    """Delete TOPIC and all its partitions' data."""
+    get_client(ctx).admin.delete_topic(topic)
+    emit(ctx, {"deleted": topic})
+
+
+@topics.command("list")
+@click.argument("namespace", required=False)
+@click.pass_context
+def topics_list(ctx: click.Context, namespace: str | None) -> None:
+    """List topics, optionally of one NAMESPACE (tenant/namespace)."""
+    admin = get_client(ctx).admin
+    emit(ctx, [{"topic": t, "partitions": admin.get_partitions(t)} for t in admin.list_topics(namespace)],
+         ["topic", "partitions"])
+
+
+PARTITION_COLUMNS = ["partition", "entries", "bytes", "startOffset", "endOffset", "maxReadPosition",
+                     "ongoingTxnCount", "abortedTxnCount"]
+SUBSCRIPTION_COLUMNS = ["partition", "subscription", "markDeletePosition", "backlog", "pendingAckCount"]
+
+
+def _index(partition: str) -> int:
+    return int(partition.rsplit("-partition-", 1)[1])
+
+
+@topics.command("stats")
+@click.argument("topic")
+@click.pass_context
+def topics_stats(ctx: click.Context, topic: str) -> None:
+    """Per partition: entries, bytes, offsets, maxReadPosition, transactions, subscription backlogs."""
+    stats = get_client(ctx).admin.topic_stats(topic)
+    parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"])} for s in stats]
+    subs = [{"partition": _index(s["partition"]), "subscription": name, **sub}
+            for s in stats for name, sub in s["subscriptions"].items()]
+    emit_tables(ctx, stats, [(None, parts, PARTITION_COLUMNS), ("Subscriptions:", subs, SUBSCRIPTION_COLUMNS)])
+
+
+def message_dict(m: Any) -> dict[str, Any]:
+    """A Message as JSON-able data: the value as UTF-8 text when it is, else base64 (``encoding``)."""
+    data = m.data()
+    try:
+        value, encoding = data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        value, encoding = base64.b64encode(data).decode("ascii"), "base64"
+    mid = m.message_id()
+    return {"messageId": str(mid), "partition": mid.partition(), "offset": mid.offset(), "key": m.partition_key(),
+            "properties": m.properties(), "publishTime": m.publish_timestamp(),
+            "eventTime": m.event_timestamp() or None,
+            "txnId": None if m.txn_id is None else "({},{})".format(*m.txn_id),
+            "size": len(data), "value": value, "encoding": encoding}
+
+
+def iso_ms(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@topics.command("peek")
+@click.argument("topic")
+@click.option("--count", "-n", default=10, show_default=True, type=click.IntRange(min=0),
+              help="How many messages to show.")
+@click.option("--isolation-level", default="READ_COMMITTED", show_default=True,
+              type=click.Choice(["READ_COMMITTED", "READ_UNCOMMITTED"], case_sensitive=False))
+@click.pass_context
+def topics_peek(ctx: click.Context, topic: str, count: int, isolation_level: str) -> None:
+    """Show the first messages of TOPIC a reader sees from the earliest position (no subscription)."""
+    msgs = [message_dict(m) for m in get_client(ctx).admin.peek(topic, count, isolation_level.upper())]
+    if ctx.find_root().obj["json"]:
+        emit(ctx, msgs)
+        return
+    emit(ctx, [{**m, "publishTime": iso_ms(m["publishTime"]),
+                "value": m["value"] if m["encoding"] == "utf-8" else "base64:" + m["value"]} for m in msgs],
+         ["messageId", "key", "publishTime", "txnId", "properties", "value"])

@@ -1,0 +1,114 @@
+"""``pulsartx transactions``: after ``pulsar-admin transactions``, plus transaction keys and the
+admin abort."""
+from __future__ import annotations
+
+import click
+
+from pulsartx.cli.common import emit, get_client
+
+META_COLUMNS = ["txn_id", "status", "open_duration_ms", "timeout_ms", "partitions", "subscriptions", "owner",
+                "transaction_key", "epoch"]
+
+
+@click.group()
+def transactions() -> None:
+    """Inspect transaction coordinators, buffers and pending acks; manage transaction keys; abort."""
+
+
+@transactions.command("coordinator-stats")
+@click.pass_context
+def coordinator_stats(ctx: click.Context) -> None:
+    """Per TC: open, committing and aborting transactions, the TxnID counter and the log size."""
+    emit(ctx, get_client(ctx).admin.transactions.get_coordinator_stats())
+
+
+@transactions.command("transaction-metadata")
+@click.argument("txn_id")
+@click.pass_context
+def transaction_metadata(ctx: click.Context, txn_id: str) -> None:
+    """Everything the TC log holds about TXN_ID ("(most,least)")."""
+    emit(ctx, get_client(ctx).admin.transactions.get_transaction_metadata(txn_id))
+
+
+@transactions.command("slow-transactions")
+@click.option("--timeout-ms", "-t", required=True, type=click.IntRange(min=0),
+              help="List transactions still unfinished after this many milliseconds.")
+@click.pass_context
+def slow_transactions(ctx: click.Context, timeout_ms: int) -> None:
+    """Transactions open (or still committing/aborting) for longer than --timeout-ms."""
+    emit(ctx, get_client(ctx).admin.transactions.get_slow_transactions(timeout_ms), META_COLUMNS)
+
+
+@transactions.command("buffer-stats")
+@click.argument("topic")
+@click.pass_context
+def buffer_stats(ctx: click.Context, topic: str) -> None:
+    """Per partition of TOPIC: maxReadPosition, ongoing and aborted transactions, last snapshot."""
+    emit(ctx, get_client(ctx).admin.transactions.get_transaction_buffer_stats(topic))
+
+
+@transactions.command("transaction-in-buffer-stats")
+@click.argument("txn_id")
+@click.argument("topic")
+@click.pass_context
+def transaction_in_buffer_stats(ctx: click.Context, txn_id: str, topic: str) -> None:
+    """Where TXN_ID stands in each partition of TOPIC: ONGOING, COMMITTED, ABORTED or NONE."""
+    emit(ctx, get_client(ctx).admin.transactions.get_transaction_in_buffer_stats(txn_id, topic))
+
+
+PENDING_ACK_COLUMNS = ["partition", "subscription", "state", "markDeletePosition", "individuallyAckedRanges",
+                       "pendingAckCount", "ongoingTxnCount", "transactions", "pendingCumulativeAck"]
+
+
+@transactions.command("pending-ack-stats")
+@click.argument("topic")
+@click.argument("subscription")
+@click.pass_context
+def pending_ack_stats(ctx: click.Context, topic: str, subscription: str) -> None:
+    """Per partition: SUBSCRIPTION's cursor and what is in PENDING_ACK, by transaction."""
+    emit(ctx, get_client(ctx).admin.transactions.get_pending_ack_stats(topic, subscription), PENDING_ACK_COLUMNS)
+
+
+@transactions.command("transaction-in-pending-ack-stats")
+@click.argument("txn_id")
+@click.argument("topic")
+@click.argument("subscription")
+@click.pass_context
+def transaction_in_pending_ack_stats(ctx: click.Context, txn_id: str, topic: str, subscription: str) -> None:
+    """Per partition: the offsets TXN_ID holds in PENDING_ACK on SUBSCRIPTION."""
+    emit(ctx, get_client(ctx).admin.transactions.get_transaction_in_pending_ack_stats(txn_id, topic, subscription))
+
+
+@transactions.command("list-transaction-keys")
+@click.pass_context
+def list_transaction_keys(ctx: click.Context) -> None:
+    """Every transaction key: owner, epoch, its transactions, age."""
+    emit(ctx, get_client(ctx).admin.transactions.list_transaction_keys(),
+         ["coordinator_id", "owner", "transaction_key", "epoch", "txn_ids", "claimed_ms", "age_ms"])
+
+
+@transactions.command("get-transaction-key")
+@click.argument("key")
+@click.option("--owner", default=None, help="The key's owner (none by default).")
+@click.pass_context
+def get_transaction_key(ctx: click.Context, key: str, owner: str | None) -> None:
+    """One transaction key: epoch, transactions, age."""
+    emit(ctx, get_client(ctx).admin.transactions.get_transaction_key(key, owner))
+
+
+@transactions.command("delete-transaction-key")
+@click.argument("key")
+@click.option("--owner", default=None, help="The key's owner (none by default).")
+@click.pass_context
+def delete_transaction_key(ctx: click.Context, key: str, owner: str | None) -> None:
+    """Delete a transaction key and abort its open transactions."""
+    aborted = get_client(ctx).admin.transactions.delete_transaction_key(key, owner)
+    emit(ctx, {"transaction_key": key, "owner": owner, "aborted": aborted})
+
+
+@transactions.command("abort")
+@click.argument("txn_id")
+@click.pass_context
+def abort(ctx: click.Context, txn_id: str) -> None:
+    """Admin override: abort TXN_ID whatever its owner (logged with reason "admin abort")."""
+    emit(ctx, get_client(ctx).admin.transactions.abort_transaction(txn_id))

@@ -1,0 +1,210 @@
+"""Operations: metrics endpoint, compaction under load, retention and the coordinator service."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import pulsartx
+from pulsartx import InitialPosition, MessageId, metrics
+from pulsartx.log.partition import PartitionLog
+from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.maintenance.retention import apply_retention, vacuum
+from pulsartx.naming import TopicName
+
+PULSARTX = str(Path(sys.executable).with_name("pulsartx"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_all(client, topic: str, level: str = "READ_COMMITTED") -> list[tuple[int, int, bytes]]:
+    r = client.create_reader(topic, MessageId.earliest, isolation_level=level)
+    return sorted((m.message_id().partition(), m.message_id().offset(), m.data()) for m in r)
+
+
+def test_metrics_endpoint_serves_pulsar_names_with_values(tmp_path):
+    metrics.reset()
+    client = pulsartx.Client(str(tmp_path), num_coordinators=1)
+    client.admin.create_topic("m", partitions=1)
+    producer = client.create_producer("m")
+    for _ in range(3):
+        with client.new_transaction() as txn:
+            producer.send(b"c", txn=txn)
+    aborted = client.new_transaction()
+    producer.send(b"a", txn=aborted)
+    aborted.abort()
+    open_txn = client.new_transaction()
+    producer.send(b"o", txn=open_txn)
+    pulsartx.Client(str(tmp_path), transaction_key="etl", owner="alice")
+    port = _free_port()
+    server, _ = metrics.start_metrics_server(port, client, addr="127.0.0.1")
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+              if line and not line.startswith("#")}
+    assert values['pulsar_txn_active_count{coordinator_id="0"}'] == 1
+    assert values['pulsar_txn_created_count{coordinator_id="0"}'] == 5
+    assert values['pulsar_txn_committed_count{coordinator_id="0"}'] == 3
+    assert values['pulsar_txn_aborted_count{coordinator_id="0"}'] == 1
+    assert values['pulsar_txn_timeout_count{coordinator_id="0"}'] == 0
+    # NEW, ADD_PARTITION, COMMITTING/ABORTING, COMMITTED/ABORTED for 4 ended txns; NEW + ADD_PARTITION open
+    assert values['pulsar_txn_append_log_count{coordinator_id="0"}'] == 4 * 4 + 2
+    assert sum(v for k, v in values.items() if k.startswith("pulsar_txn_execution_latency_le_")) == 4
+    assert values['pulsar_txn_transaction_key_count{coordinator_id="0"}'] == 1
+    assert values['pulsar_txn_transaction_key_epoch{coordinator_id="0",owner="alice",transaction_key="etl"}'] == 0
+    assert 'pulsar_txn_transaction_key_age{coordinator_id="0",owner="alice",transaction_key="etl"}' in values
+    assert values["pulsar_txn_tp_committed_count_total"] == 0
+    assert "pulsar_txn_tp_aborted_count_total" in values
+    topic = 'partition="0",topic="persistent://public/default/m"'
+    assert values[f"pulsartx_partition_entries{{{topic}}}"] == 3 * 2 + 2 + 1
+    assert values[f"pulsartx_partition_max_read_position_lag{{{topic}}}"] == 1
+    assert values[f"pulsartx_partition_oldest_open_txn_age_ms{{{topic}}}"] > 0
+
+
+def test_pending_ack_metrics_count_commits_and_aborts(tmp_path):
+    metrics.reset()
+    client = pulsartx.Client(str(tmp_path), num_coordinators=1)
+    client.admin.create_topic("in", partitions=1)
+    client.create_producer("in").send(b"1")
+    consumer = client.subscribe("in", "s", initial_position=InitialPosition.Earliest)
+    msg = consumer.receive(5000)
+    txn = client.new_transaction()
+    consumer.acknowledge(msg, txn=txn)
+    txn.abort()
+    msg = consumer.receive(5000)
+    with client.new_transaction() as txn:
+        consumer.acknowledge(msg, txn=txn)
+    text = metrics.generate_latest(client)
+    assert "pulsar_txn_tp_committed_count_total 1.0" in text
+    assert "pulsar_txn_tp_aborted_count_total 1.0" in text
+
+
+def test_compaction_under_load_keeps_reads_identical_and_shrinks_disk(tmp_path):
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("c", partitions=1)
+    producer = client.create_producer("c")
+    for i in range(40):
+        txn = client.new_transaction()
+        producer.send(f"t{i}".encode() * 50, txn=txn)
+        producer.send(f"p{i}".encode())
+        (txn.commit if i % 2 else txn.abort)()
+    before = _read_all(client, "c")
+    part = TopicName.parse("c-partition-0")
+    disk_before = PartitionLog(client.root, part).refresh().size_bytes()
+
+    stop = threading.Event()
+    written: list[bytes] = []
+
+    def load() -> None:
+        c2 = pulsartx.Client(str(tmp_path))
+        p2 = c2.create_producer("c")
+        i = 0
+        while not stop.is_set():
+            txn = c2.new_transaction()
+            p2.send(f"late{i}".encode(), txn=txn)
+            txn.commit()
+            written.append(f"late{i}".encode())
+            i += 1
+
+    t = threading.Thread(target=load)
+    t.start()
+    try:
+        res = compact_partition(client.root, part)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join()
+    assert res.skipped is None, res.skipped
+    assert res.rows_dropped == 20  # the 20 aborted messages
+    after = _read_all(client, "c")
+    assert [x for x in after if x[1] <= before[-1][1]] == before  # same messages, same offsets
+    assert sorted(x[2] for x in after if x[2].startswith(b"late")) == sorted(written)
+    assert PartitionLog(client.root, part).refresh().size_bytes() < disk_before
+    # raw data of aborted transactions is gone from the compacted range
+    uncommitted = {x[2] for x in _read_all(client, "c", "READ_UNCOMMITTED")}
+    assert not any(f"t{i}".encode() * 50 in uncommitted for i in range(0, 40, 2))
+
+
+def test_retention_stops_at_the_slowest_subscription_unless_forced(tmp_path):
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("r", partitions=1)
+    producer = client.create_producer("r")
+    for i in range(10):
+        producer.send(f"m{i}".encode())
+    consumer = client.subscribe("r", "slow", initial_position=InitialPosition.Earliest,
+                                acknowledgment_group_time_ms=0)
+    for _ in range(3):
+        consumer.acknowledge(consumer.receive(5000))
+    part = TopicName.parse("r-partition-0")
+    res = apply_retention(client.root, part, max_bytes=1)
+    assert res.held_by_subscription == "slow"
+    assert res.new_start_offset == 3  # files of offsets 0..2 only: the subscription still needs 3
+    assert [m.data() for m in client.create_reader("r", MessageId.earliest)] == [f"m{i}".encode() for i in range(3, 10)]
+    forced = apply_retention(client.root, part, max_bytes=1, force=True)
+    assert forced.new_start_offset == 9  # the newest file always stays
+    assert vacuum(client.root, part, 0) == 9
+
+
+def _run_service(root: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([PULSARTX, "--service-url", root, "coordinator", "run", "--sweep-interval-ms", "200",
+                             "--grace-ms", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_status(client, txn_id, status: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = client.admin.transactions.get_transaction_metadata(txn_id)
+        if meta["status"] == status or time.monotonic() > deadline:
+            return meta
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_coordinator_service_sweeps_stops_on_sigterm_and_survives_sigkill(tmp_path):
+    root = str(tmp_path)
+    client = pulsartx.Client(root, num_coordinators=2)
+    client.admin.create_topic("s", partitions=1)
+    service = _run_service(root)
+    try:
+        txn = client.new_transaction(timeout_ms=500)
+        client.create_producer("s").send(b"x", txn=txn)
+        meta = _wait_status(client, txn.id, "ABORTED")
+        assert meta["status"] == "ABORTED" and meta["reason"] == "timed out"
+        service.send_signal(signal.SIGTERM)
+        out, err = service.communicate(timeout=60)
+        assert service.returncode == 0, err.decode()[-2000:]
+        assert b"stopped" in err
+    finally:
+        if service.poll() is None:
+            service.kill()
+    # A SIGKILLed instance leaves nothing behind: a new one (two at once, even) keeps working.
+    killed = _run_service(root)
+    time.sleep(3)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    a, b = _run_service(root), _run_service(root)
+    try:
+        txn = client.new_transaction(timeout_ms=500)
+        client.create_producer("s").send(b"y", txn=txn)
+        assert _wait_status(client, txn.id, "ABORTED")["status"] == "ABORTED"
+    finally:
+        for s in (a, b):
+            s.send_signal(signal.SIGTERM)
+        for s in (a, b):
+            s.communicate(timeout=60)
+            assert s.returncode == 0
