@@ -117,7 +117,13 @@ class Producer:
         """Queue the message; ``callback(result, message_id)`` runs once it is durable (or failed)."""
         p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
         if p.full:
-            self._flush_queue(self._queue_key(p, txn))
+            if txn is not None:
+                # Register every partition this transaction has messages queued for in one TC write,
+                # rather than one write per partition as each batch fills.
+                with self._lock:
+                    queued = {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
+                txn._register_partitions(queued)
+            self._flush_queue(self._queue_key(p, txn), registered=txn is not None)
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
