@@ -82,9 +82,9 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
 
     if overwrite:
         raise InvalidConfiguration(
-            "mode('overwrite') (or outputMode complete) is not supported: pulsartx topics are append-only logs "
-            "(readers hold offsets into them). Use mode('append') / outputMode append; to start over, delete and "
-            "recreate the topic (pulsartx topics delete)")
+            "mode('overwrite') is not supported (nor is streaming outputMode complete): pulsartx topics are "
+            "append-only logs (readers hold offsets into them). Use mode('append') / outputMode append; to start "
+            "over, delete and recreate the topic (pulsartx topics delete)")
     columns = check_write_schema(schema)
     if opts.topic is None and "__topic" not in columns:
         raise InvalidConfiguration("no topic to write to: set option topic, or add a __topic column naming each "
