@@ -267,6 +267,7 @@ def test_consume_transform_produce_500_commit_abort_alternating(client):
             txn.commit()
             committed += vals(batch)
         else:
+            p.flush()  # write the outputs first: abort() drops what is still queued, and we count them below
             txn.abort()
             aborted += vals(batch)
         n_txn += 1

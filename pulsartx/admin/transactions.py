@@ -168,8 +168,11 @@ class TransactionsAdmin:
         txns = tcs.keys(tcs.pick(full_key(owner, transaction_key))).delete(owner, transaction_key)
         aborted = []
         for t in txns:
+            tc = tcs.for_txn(t)
             try:
-                m = tcs.for_txn(t).fence(t, f"fenced: transaction key {transaction_key!r} deleted")
+                if tc.get(t, refresh=True).status is not TxnStatus.OPEN:
+                    continue  # already ended: not this call's doing
+                m = tc.fence(t, f"fenced: transaction key {transaction_key!r} deleted")
             except TransactionNotFound:
                 continue  # finished long ago and trimmed from the TC log: nothing to abort
             if m.status is TxnStatus.ABORTED:

@@ -272,7 +272,7 @@ class Consumer:
             if message_id.is_earliest:
                 pos = part.visible.log.index.start_offset
             elif message_id.is_latest:
-                pos = part.visible.log.end_offset()
+                pos = part.visible.end_position()  # READ_COMMITTED end: an open transaction is not skipped
             elif message_id.partition() == part.index or len(self._parts) == 1:
                 pos = message_id.offset()
             else:

@@ -28,16 +28,14 @@ class RetentionResult:
 
 
 def slowest_subscription(root: StorageRoot, partition: TopicName) -> tuple[str | None, int | None]:
-    """(name, first unacknowledged offset) of the subscription furthest behind on the partition."""
-    from pulsartx.subscription.store import SubscriptionStore, subscription_dir
+    """(name, first unacknowledged offset) of the live subscription furthest behind on the partition."""
+    from pulsartx.admin.subscriptions import live_cursor, subscription_names
+    from pulsartx.subscription.store import SubscriptionStore
 
     slowest: tuple[str | None, int | None] = (None, None)
-    for name in root.listdir(*subscription_dir(partition.base, "x")[:-1]):
-        store = SubscriptionStore(root, partition, name)
-        cur = store.cursor() if store.exists() else None
-        if cur is None or cur.deleted:
-            continue
-        if slowest[1] is None or cur.mark_delete + 1 < slowest[1]:
+    for name in subscription_names(root, [partition]):
+        cur = live_cursor(SubscriptionStore(root, partition, name))
+        if cur is not None and (slowest[1] is None or cur.mark_delete + 1 < slowest[1]):
             slowest = (name, cur.mark_delete + 1)
     return slowest
 
@@ -87,6 +85,9 @@ def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0
     table = delta.open_table(root, *partition_segments(partition))
     if table is None:
         return 0
-    deleted = table.vacuum(retention_hours=max(0, int(retention_hours)), enforce_retention_duration=False,
+    import math
+
+    # delta-rs takes whole hours: round up, never delete sooner than asked.
+    deleted = table.vacuum(retention_hours=max(0, math.ceil(retention_hours)), enforce_retention_duration=False,
                            dry_run=False)
     return len(deleted)
