@@ -66,6 +66,7 @@ def table_to_state(t: pa.Table) -> BufferState:
             rs = s.ranges.setdefault(k, [])
             if first is not None:
                 rs.append((first, last))
+    s.rebuild_plain_ended()
     s.snapshot_offset = s.end_offset
     return s
 

@@ -12,6 +12,7 @@ or the last offset of the log when none is ongoing.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +23,10 @@ from pulsartx.log.schema import MessageType
 
 # Transactions are keyed as one int64 so visibility filters vectorise: TC id in the high bits.
 TC_SHIFT = 40
-MAX_ENDED = 100_000
+# Committed transactions without entry lists are remembered only to drop their stragglers (data
+# written after their own marker, e.g. by a zombie producer); the most recent ones cover that, and
+# keeping all of them would make snapshots, and so rebuilding the state, grow with history.
+MAX_ENDED = 1000
 
 
 def txn_key(most: int, least: int) -> int:
@@ -53,6 +57,8 @@ class BufferState:
     # transaction that has data past some partition's read limit.
     last_data: dict[int, int] = field(default_factory=dict)
     markers_since_snapshot: int = 0
+    # Plain committed transactions (neither aborted nor range-limited), oldest marker first.
+    plain_ended: deque[int] = field(default_factory=deque, repr=False, compare=False)
     snapshot_offset: int = -1
 
     @property
@@ -96,19 +102,26 @@ class BufferState:
                         self.aborted[k] = o
                     elif e is not None:
                         self.ranges[k] = [(r["first_offset"], r["last_offset"]) for r in e]
+                    else:
+                        self.plain_ended.append(k)
             self._trim()
         self.end_offset = int(pc.max(offsets).as_py()) + 1
         return self
 
     def _trim(self) -> None:
-        """Bound ``ended``: the oldest transactions that are neither aborted nor range-limited only
-        served straggler detection, which recent ones cover (see docs/semantics.md)."""
-        if len(self.ended) <= MAX_ENDED:
-            return
-        for k in sorted(self.ended, key=self.ended.get)[: len(self.ended) - MAX_ENDED]:
+        """Keep only the MAX_ENDED most recent plain committed transactions (aborted and
+        range-limited ones are kept: they decide visibility of data below maxReadPosition)."""
+        while len(self.plain_ended) > MAX_ENDED:
+            k = self.plain_ended.popleft()
             if k not in self.aborted and k not in self.ranges:
-                del self.ended[k]
+                self.ended.pop(k, None)
                 self.last_data.pop(k, None)
+
+    def rebuild_plain_ended(self) -> None:
+        """After loading a snapshot: the plain committed transactions in marker order, bounded."""
+        plain = sorted((o, k) for k, o in self.ended.items() if k not in self.aborted and k not in self.ranges)
+        self.plain_ended = deque(k for _, k in plain)
+        self._trim()
 
     def trim_below(self, start_offset: int) -> int:
         """Forget aborted/ranged transactions whose data retention removed (PIP-196's lesson: the
