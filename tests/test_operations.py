@@ -208,3 +208,31 @@ def test_coordinator_service_sweeps_stops_on_sigterm_and_survives_sigkill(tmp_pa
         for s in (a, b):
             s.communicate(timeout=60)
             assert s.returncode == 0
+
+
+def test_retention_bounds_the_aborted_set_and_old_files_stay_hidden(tmp_path):
+    from pulsartx.buffer.buffer import TransactionBuffer
+
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("a", partitions=1)
+    producer = client.create_producer("a")
+    for i in range(12):
+        txn = client.new_transaction()
+        producer.send(f"t{i}".encode(), txn=txn)
+        (txn.commit if i % 2 else txn.abort)()
+    part = TopicName.parse("a-partition-0")
+    plog = PartitionLog(client.root, part)
+    old_files = plog.refresh().files
+    before = TransactionBuffer(plog).state()
+    assert len(before.aborted) == 6
+    res = apply_retention(client.root, part, max_bytes=1, force=True)
+    after = TransactionBuffer(PartitionLog(client.root, part)).state()  # from the new snapshot
+    assert after.trimmed_below == res.new_start_offset > 0
+    assert len(after.aborted) < len(before.aborted)
+    # A reader that planned the old files but folded the new snapshot shows nothing below the horizon.
+    from pulsartx.log.partition import read_files
+
+    raw = read_files(client.root, plog.segments, old_files, 0, res.new_start_offset)
+    assert after.filter().apply(raw).num_rows == 0
+    assert [m.data() for m in client.create_reader("a", MessageId.earliest)] == [
+        f"t{i}".encode() for i in range(12) if i % 2 and 2 * i >= res.new_start_offset]  # data at 2i, marker 2i+1

@@ -148,7 +148,8 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
             m = known.get(k)
             if m is not None and m.status in committed and m.commit_entries is not None:
                 ranges[k] = [(a, b) for p, a, b in m.commit_entries if p == name]
-        out[name] = VisibilityFilter(limits[name], dict(s.aborted), dict(s.ended), ranges, cut=cut)
+        out[name] = VisibilityFilter(limits[name], dict(s.aborted), dict(s.ended), ranges, cut=cut,
+                                     min_offset=s.trimmed_below)
     return out
 
 

@@ -32,7 +32,8 @@ def snapshot_segments(topic: TopicName) -> tuple[str, ...]:
 
 
 def state_to_table(s: BufferState) -> pa.Table:
-    rows = [{"kind": "META", "txn_key": None, "offset": s.end_offset, "first_offset": None, "last_offset": None}]
+    rows = [{"kind": "META", "txn_key": None, "offset": s.end_offset, "first_offset": s.trimmed_below,
+             "last_offset": None}]
     rows += [{"kind": "ONGOING", "txn_key": k, "offset": o, "first_offset": None, "last_offset": s.last_data.get(k)}
              for k, o in s.ongoing.items()]
     rows += [{"kind": "ABORTED" if k in s.aborted else "ENDED", "txn_key": k, "offset": o, "first_offset": None,
@@ -52,6 +53,7 @@ def table_to_state(t: pa.Table) -> BufferState:
                                        cols["last_offset"], strict=True):
         if kind == "META":
             s.end_offset = o
+            s.trimmed_below = first or 0
         elif kind == "ONGOING":
             s.ongoing[k] = o
             if last is not None:

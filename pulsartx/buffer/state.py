@@ -57,6 +57,8 @@ class BufferState:
     # transaction that has data past some partition's read limit.
     last_data: dict[int, int] = field(default_factory=dict)
     markers_since_snapshot: int = 0
+    # Offsets below this were deleted by retention and their transactions forgotten: never shown.
+    trimmed_below: int = 0
     # Plain committed transactions (neither aborted nor range-limited), oldest marker first.
     plain_ended: deque[int] = field(default_factory=deque, repr=False, compare=False)
     snapshot_offset: int = -1
@@ -126,6 +128,7 @@ class BufferState:
     def trim_below(self, start_offset: int) -> int:
         """Forget aborted/ranged transactions whose data retention removed (PIP-196's lesson: the
         aborted set must not grow forever). Returns how many entries were dropped."""
+        self.trimmed_below = max(self.trimmed_below, start_offset)
         drop = [k for k, m in self.ended.items() if m < start_offset]
         for k in drop:
             self.ended.pop(k, None)
@@ -138,7 +141,8 @@ class BufferState:
         """The READ_COMMITTED filter. ``decided``: outcomes the TC already logged for transactions
         still ongoing here (markers not written yet); they no longer block maxReadPosition."""
         if not decided:
-            return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges))
+            return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges),
+                                    min_offset=self.trimmed_below)
         aborted = dict(self.aborted)
         ranges = dict(self.ranges)
         commits = set()
@@ -153,7 +157,8 @@ class BufferState:
                 aborted[k] = self.end_offset
         blocking = [o for k, o in self.ongoing.items() if k not in decided]
         limit = min(blocking) if blocking else self.end_offset
-        return VisibilityFilter(limit, aborted, dict(self.ended), ranges, frozenset(commits))
+        return VisibilityFilter(limit, aborted, dict(self.ended), ranges, frozenset(commits),
+                                min_offset=self.trimmed_below)
 
 
 @dataclass(frozen=True)
@@ -205,10 +210,15 @@ class VisibilityFilter:
     # Transactions decided COMMIT in the TC whose marker is not written yet (no fractured reads).
     decided_commits: frozenset[int] = frozenset()
     cut: Cut | None = None  # set for reads of several partitions that must agree (Spark batch reads)
+    # Retention horizon: rows below it belong to deleted files whose aborted transactions the state
+    # no longer remembers, so a reader still holding those files must not show them.
+    min_offset: int = 0
 
     def apply(self, table: pa.Table) -> pa.Table:
         """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``)."""
         data = table.filter(pc.equal(table.column("type"), MessageType.DATA.value))
+        if self.min_offset > 0:
+            data = data.filter(pc.greater_equal(data.column("offset"), self.min_offset))
         if data.num_rows == 0 or data.column("txn_most_bits").null_count == data.num_rows:
             return data
         keys = txn_key_column(data)

@@ -72,6 +72,13 @@ def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | N
     res.files_deleted = len(doomed)
     res.bytes_deleted = sum(f.size for f in doomed)
     res.new_start_offset = plog.refresh().start_offset
+    # The aborted set must not grow forever (PIP-196): forget what retention deleted. Readers drop
+    # rows below the snapshot's horizon, so one still holding the old files stays correct.
+    from pulsartx.buffer.buffer import TransactionBuffer
+
+    buf = TransactionBuffer(plog)
+    buf.state().trim_below(res.new_start_offset)
+    buf.take_snapshot()
     log.info("retention on %s: deleted %d file(s), %d bytes; log now starts at %d", partition, res.files_deleted,
              res.bytes_deleted, res.new_start_offset)
     return res
