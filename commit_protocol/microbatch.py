@@ -243,8 +243,16 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
 
 
 def _fence(tcs, txn_ids, reason: str) -> None:
+    """Abort the key's OPEN transactions; roll decided but unfinished ones forward (a killed run's
+    COMMITTING batch: its markers and its input acknowledgement must not wait for an outside sweep,
+    or the subscription cursor stays behind the committed output)."""
     for t in txn_ids:
         try:
-            tcs.for_txn(t).fence(t, reason)
+            tc = tcs.for_txn(t)
+            meta = tc.fence(t, reason)
+            if meta.status is TxnStatus.COMMITTING:
+                tc.end_transaction(t, TxnAction.COMMIT)  # repeating the decision completes it
+            elif meta.status is TxnStatus.ABORTING:
+                tc.end_transaction(t, TxnAction.ABORT)
         except PulsarException as e:
             log.debug("fencing %s skipped: %s", t, e)

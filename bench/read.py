@@ -1,0 +1,319 @@
+"""Spark batch read throughput: ``spark.read.format("pulsartx")`` against a minimal Python Arrow data
+source reading the very same parquet files, and against ``spark.read.parquet`` of them.
+
+    .venv/bin/python bench/read.py [--messages 2000000] [--value-size 100] [--batch 10000] [--rounds 3]
+
+Setup: ``--messages`` plain (non-transactional) messages of ``--value-size`` random bytes, a third of
+them keyed, appended to a 4-partition topic ``--batch`` messages per Delta commit (as a producer
+with ``batching_max_messages=--batch`` would), so every side reads the same data files.
+
+Sides, each forced to produce every column of every row (``write.format("noop")``):
+
+* ``pulsartx``: ``spark.read.format("pulsartx")`` (READ_COMMITTED, the default): plans offset ranges
+  from the Delta logs, reads the files with pyarrow in the executors, and returns the topic schema
+  (9 columns, three of them derived: ``__topic``, ``__partition``, ``__messageId``);
+* ``arrow reader``: a ``DataSourceReader`` defined here, one input partition per topic partition,
+  yielding ``pyarrow.parquet`` batches of the stored columns the topic schema is built from (value,
+  key, offset, publish_time, event_time, properties): the floor for a Python data source;
+* ``arrow reader 9col``: the same reader adding the topic schema's three derived columns as
+  constants (informative: what the output schema alone costs, Python data sources having no
+  column pruning);
+* ``spark parquet``: ``spark.read.parquet`` of the same files and columns (JVM vectorized reader).
+
+Runs are interleaved round by round, rotating which side goes first. Ratios are throughput ratios
+(pulsartx ÷ side, higher is better); the target is pulsartx ÷ arrow reader >= 0.8. Nothing is
+asserted. bench/spark_read.py reuses this module for transactional data written by Spark jobs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+TOPIC = "bench"
+PARTITIONS = 4
+STORED = ("value", "key", "offset", "publish_time", "event_time", "properties")
+READER_SCHEMA = ("value binary, key string, offset bigint, publish_time timestamp, event_time timestamp, "
+                 "properties map<string,string>")
+
+
+def session(master: str, name: str) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    log4j = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
+    spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.driver.memory", "2g")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# ---- the minimal Arrow reader ----------------------------------------------------------------------
+def register_arrow_reader(spark: Any) -> None:
+    """``bench_arrow_parquet_reader``: option ``files`` names a JSON file of ``[[path, ...], ...]``,
+    one list of parquet files per input partition."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Files(InputPartition):
+        def __init__(self, files: list[str]):
+            self.files = files
+
+    class ArrowParquetReader(DataSourceReader):
+        def __init__(self, groups: list[list[str]], topic_schema: bool):
+            self.groups = groups
+            self.topic_schema = topic_schema
+
+        def partitions(self) -> list[Any]:
+            return [Files(g) for g in self.groups]
+
+        def read(self, partition: Any) -> Iterator[Any]:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            ts = pa.timestamp("us", tz="UTC")
+            schema = pa.schema([("value", pa.binary()), ("key", pa.string()), ("offset", pa.int64()),
+                                ("publish_time", ts), ("event_time", ts),
+                                ("properties", pa.map_(pa.string(), pa.string()))])
+            for f in partition.files:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536, columns=list(STORED)):
+                    batch = batch.cast(schema)
+                    if self.topic_schema:  # the three derived columns of the topic schema, as constants
+                        from datasource.schema import arrow_schema, message_ids
+
+                        n = batch.num_rows
+                        cols = {"value": batch.column(0), "__key": batch.column(1), "__topic": pa.repeat(
+                                pa.scalar("persistent://public/default/bench", pa.string()), n),
+                                "__partition": pa.repeat(pa.scalar(0, pa.int32()), n), "__offset": batch.column(2),
+                                "__messageId": message_ids(0, batch.column(2).to_numpy()),
+                                "__publishTime": batch.column(3), "__eventTime": batch.column(4),
+                                "__messageProperties": batch.column(5)}
+                        batch = pa.RecordBatch.from_arrays(list(cols.values()), schema=arrow_schema())
+                    yield batch
+
+    class ArrowParquetSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_arrow_parquet_reader"
+
+        def schema(self) -> Any:
+            if self.options.get("topicschema") == "true":
+                from datasource.schema import SPARK_SCHEMA
+
+                return SPARK_SCHEMA
+            return READER_SCHEMA
+
+        def reader(self, schema: Any) -> Any:
+            with open(self.options["files"]) as f:
+                return ArrowParquetReader(json.load(f), self.options.get("topicschema") == "true")
+
+    spark.dataSource.register(ArrowParquetSource)
+
+
+def data_files(root: str, topic: str, partitions: int) -> list[list[str]]:
+    """The current data files of each partition table (Delta snapshot), as local paths."""
+    from pulsartx.log.partition import partition_segments
+    from pulsartx.naming import TopicName
+    from pulsartx.storage import delta
+    from pulsartx.storage.root import StorageRoot
+
+    sr = StorageRoot.resolve(root)
+    out = []
+    for i in range(partitions):
+        t = delta.open_table(sr, *partition_segments(TopicName.parse(topic).with_partition(i)))
+        out.append(sorted(u.removeprefix("file://") for u in t.file_uris()))
+    return out
+
+
+# ---- timing ------------------------------------------------------------------------------------
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and every process below it (the driver JVM, the
+    pyspark daemons and workers; exited workers count through their parent's cutime/cstime).
+    On a shared machine this is far steadier than wall time, which other processes' load skews."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stats[int(entry)] = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(int(st[1]), []).append(pid)
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        st = stats.get(pid)
+        if st is not None:
+            total += sum(int(x) for x in st[11:15])  # utime, stime, cutime, cstime
+        todo.extend(children.get(pid, []))
+    return total / tick
+
+
+def measure(action: Callable[[], Any]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process tree) of ``action()``."""
+    c, t = tree_cpu(), time.perf_counter()
+    action()
+    return time.perf_counter() - t, tree_cpu() - c
+
+
+def force(df: Any) -> None:
+    """Produce every column of every row of ``df`` (the noop sink consumes them all)."""
+    df.write.format("noop").mode("overwrite").save()
+
+
+def interleave(sides: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Run each side once to warm up, then ``rounds`` rounds, rotating which side goes first."""
+    names = list(sides)
+    for name in names:
+        force(sides[name]())
+    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(measure(lambda name=name: force(sides[name]())))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1][0]:.2f}s ({times[n][-1][1]:.1f} cpu-s)"
+                                             for n in names), flush=True)
+    return times
+
+
+def report(times: dict[str, list[tuple[float, float]]], rows: int, reference: str, targets: dict[str, float]) -> None:
+    """Throughput ratios ``reference / side`` (higher is better for the reference), on median wall
+    time and on median CPU time of the process tree."""
+    def med(side: str, i: int) -> float:
+        return statistics.median(t[i] for t in times[side])
+
+    print(f"\n{'side':<18}{'wall s':>8}{'best':>7}{'cpu s':>7}{'M rows/s':>10}{'ratio wall':>12}{'ratio cpu':>11}"
+          f"  target ({reference} / side)")
+    for side in times:
+        wall, cpu = med(side, 0), med(side, 1)
+        rw, rc = wall / med(reference, 0), cpu / med(reference, 1)
+        target = targets.get(side)
+        verdict = "" if target is None else (f">= {target}: wall {'met' if rw >= target else 'MISSED'}, "
+                                             f"cpu {'met' if rc >= target else 'MISSED'}")
+        print(f"{side:<18}{wall:>8.2f}{min(t[0] for t in times[side]):>7.2f}{cpu:>7.1f}{rows / wall / 1e6:>10.2f}"
+              f"{rw:>12.2f}{rc:>11.2f}  {verdict}")
+    per_round = {s: [round(b[0] / a[0], 2) for a, b in zip(times[reference], ts, strict=True)]
+                 for s, ts in times.items() if s != reference}
+    print(f"per-round wall ratios {reference}/side:", per_round)
+
+
+def read_breakdown(root: str, topic: str) -> None:
+    """Where a pulsartx read spends its time, outside Spark: planning (Delta logs, visibility), then
+    per input partition the parquet read, the visibility filter and the conversion to Spark rows."""
+    from datasource.batch_reader import file_groups, plan_partitions
+    from datasource.options import parse_options
+    from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
+    from datasource.visibility import visible_records
+    from pulsartx.log.partition import read_files
+
+    opts = parse_options({"service.url": root, "topic": topic})
+    t = time.perf_counter()
+    parts = plan_partitions(opts.root, opts)
+    plan = time.perf_counter() - t
+    acc = {"read_files (pyarrow parquet)": 0.0, "visible_records (filter)": 0.0,
+           "to_spark_table + batches": 0.0}
+    rows = files = 0
+    for part in parts:
+        columns = tuple(dict.fromkeys((*RECORD_COLUMNS, *part.visibility.columns)))
+        for group in file_groups(part.files):
+            files += len(group)
+            t = time.perf_counter()
+            raw = read_files(opts.root, part.segments, group, part.start, part.end, columns)
+            acc["read_files (pyarrow parquet)"] += time.perf_counter() - t
+            t = time.perf_counter()
+            vis = visible_records(raw, part.visibility)
+            acc["visible_records (filter)"] += time.perf_counter() - t
+            t = time.perf_counter()
+            rows += sum(b.num_rows for b in spark_batches(to_spark_table(vis, part.topic, part.partition)))
+            acc["to_spark_table + batches"] += time.perf_counter() - t
+    print(f"\nbreakdown of the pulsartx read path in one process ({rows:,} rows, {len(parts)} input "
+          f"partitions, {files} files):")
+    print(f"  {'plan_partitions (driver)':<34}{plan:>7.2f}s")
+    for k, v in acc.items():
+        print(f"  {k:<34}{v:>7.2f}s")
+
+
+# ---- setup: plain messages ---------------------------------------------------------------------
+def produce(root: str, messages: int, value_size: int, batch: int) -> None:
+    """``messages`` plain messages, round-robin over the partitions, ``batch`` per Delta commit."""
+    import numpy as np
+    import pyarrow as pa
+
+    import pulsartx
+    from pulsartx.log.partition import PartitionLog, records_from_arrow
+    from pulsartx.naming import TopicName
+
+    client = pulsartx.Client(root)
+    client.admin.create_topic(TOPIC, PARTITIONS)
+    rng = np.random.default_rng(7)
+    per = messages // PARTITIONS
+    for p in range(PARTITIONS):
+        plog = PartitionLog(client.root, TopicName.parse(TOPIC).with_partition(p))
+        seq = 0
+        for lo in range(0, per, batch):
+            n = min(batch, per - lo)
+            blob = rng.bytes(n * value_size)
+            values = pa.FixedSizeBinaryArray.from_buffers(pa.binary(value_size), n, [None, pa.py_buffer(blob)])
+            keys = pa.array([f"key-{(lo + i) % 100}" if (lo + i) % 3 == 0 else None for i in range(n)], pa.string())
+            plog.append(records_from_arrow(values.cast(pa.binary()), keys=keys, producer_name="bench",
+                                           first_sequence_id=seq), producer_name="bench")
+            seq += n
+    client.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=10_000, help="messages per Delta commit (data file)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--breakdown", action="store_true", help="time the read path's steps outside Spark")
+    args = ap.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="bench-read-"))
+    root = str(base / "root")
+    try:
+        t0 = time.perf_counter()
+        produce(root, args.messages, args.value_size, args.batch)
+        groups = data_files(root, TOPIC, PARTITIONS)
+        listing = base / "files.json"
+        listing.write_text(json.dumps(groups))
+        print(f"{args.messages:,} messages x {args.value_size} B in {sum(map(len, groups))} files over {PARTITIONS} "
+              f"partitions, produced in {time.perf_counter() - t0:.1f}s", flush=True)
+        spark = session(args.master, "pulsartx-bench-read")
+        register_arrow_reader(spark)
+        flat = [f for g in groups for f in g]
+        sides = {
+            "pulsartx": lambda: spark.read.format("pulsartx").option("service.url", root).option("topic", TOPIC).load(),
+            "arrow reader": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing)).load(),
+            "arrow reader 9col": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing))
+            .option("topicSchema", "true").load(),
+            "spark parquet": lambda: spark.read.parquet(*flat).select(*STORED),
+        }
+        print(f"{args.rounds} interleaved round(s) on {args.master}; load average {os.getloadavg()[0]:.1f}", flush=True)
+        times = interleave(sides, args.rounds)
+        report(times, args.messages, "pulsartx", {"arrow reader": 0.8})
+        if args.breakdown:
+            read_breakdown(root, TOPIC)
+        spark.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""READ_COMMITTED Spark reads of transactional data written by Spark jobs: ``spark.read.format("pulsartx")``
+against a minimal Python Arrow data source over the same parquet files (and ``spark.read.parquet``).
+
+    .venv/bin/python bench/spark_read.py [--rows 2000000] [--value-size 100] [--jobs 4] [--rounds 3]
+
+Setup: ``--jobs`` committed ``df.write.format("pulsartx")`` jobs (one transaction each) of
+``--rows / --jobs`` rows of ``--value-size`` random bytes into a 4-partition topic, plus one small
+aborted job, so a READ_COMMITTED read has commit markers with entry lists and aborted data to
+filter. Sides (every column of every row produced, ``write.format("noop")``):
+
+* ``pulsartx RC``: ``spark.read.format("pulsartx")``, READ_COMMITTED (the default);
+* ``pulsartx RU``: the same with ``isolationLevel=READ_UNCOMMITTED`` (no transaction filtering);
+* ``arrow reader`` and ``spark parquet``: as in bench/read.py, over the partition tables' current
+  data files (they return the aborted rows and marker rows too, which READ_COMMITTED drops).
+
+The target is pulsartx RC ÷ arrow reader >= 0.8 (throughput ratio; nothing is asserted).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from read import (  # noqa: E402 (the sibling bench module)
+    PARTITIONS,
+    STORED,
+    data_files,
+    interleave,
+    read_breakdown,
+    register_arrow_reader,
+    report,
+    session,
+)
+
+TOPIC = "txbench"
+
+
+def write_jobs(spark, root: str, rows: int, value_size: int, jobs: int) -> None:
+    from pyspark.sql import functions as F
+
+    import pulsartx
+
+    client = pulsartx.Client(root)
+    client.admin.create_topic(TOPIC, PARTITIONS)
+    client.close()
+    digest = F.concat(*[F.unhex(F.sha2(F.concat(F.lit(f"{i}:"), F.col("id").cast("string")), 512))
+                        for i in range(value_size // 64 + 1)])
+    per = rows // jobs
+    for j in range(jobs):
+        df = spark.range(j * per, (j + 1) * per, numPartitions=4).select(
+            F.substring(digest, 1, value_size).alias("value"),
+            F.when(F.col("id") % 3 == 0, F.concat(F.lit("key-"), (F.col("id") % 100).cast("string"))).alias("__key"))
+        df.write.format("pulsartx").mode("append").option("service.url", root).option("topic", TOPIC).save()
+    # One aborted job: its rows stay in the files and READ_COMMITTED must drop them.
+    from pyspark import TaskContext
+
+    def boom(v: bytes) -> bytes:
+        if TaskContext.get().partitionId() == 3:
+            raise RuntimeError("abort this job")
+        return v
+
+    bad = spark.range(20_000, numPartitions=4).select(F.udf(boom, "binary")(digest).alias("value"))
+    try:
+        bad.write.format("pulsartx").mode("append").option("service.url", root).option("topic", TOPIC).save()
+    except Exception:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--breakdown", action="store_true", help="time the read path's steps outside Spark")
+    args = ap.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="bench-spark-read-"))
+    root = str(base / "root")
+    spark = session(args.master, "pulsartx-bench-spark-read")
+    try:
+        t0 = time.perf_counter()
+        write_jobs(spark, root, args.rows, args.value_size, args.jobs)
+        groups = data_files(root, TOPIC, PARTITIONS)
+        listing = base / "files.json"
+        listing.write_text(json.dumps(groups))
+        register_arrow_reader(spark)
+        flat = [f for g in groups for f in g]
+
+        def pulsartx(level: str):
+            return lambda: (spark.read.format("pulsartx").option("service.url", root).option("topic", TOPIC)
+                            .option("isolationLevel", level).load())
+
+        rc = pulsartx("READ_COMMITTED")().count()
+        ru = pulsartx("READ_UNCOMMITTED")().count()
+        print(f"{args.jobs} committed jobs + 1 aborted: {rc:,} rows READ_COMMITTED, {ru:,} READ_UNCOMMITTED, in "
+              f"{len(flat)} files; written in {time.perf_counter() - t0:.1f}s", flush=True)
+        sides = {
+            "pulsartx RC": pulsartx("READ_COMMITTED"),
+            "pulsartx RU": pulsartx("READ_UNCOMMITTED"),
+            "arrow reader": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing)).load(),
+            "spark parquet": lambda: spark.read.parquet(*flat).select(*STORED),
+        }
+        print(f"{args.rounds} interleaved round(s) on {args.master}; load average {os.getloadavg()[0]:.1f}", flush=True)
+        times = interleave(sides, args.rounds)
+        report(times, rc, "pulsartx RC", {"arrow reader": 0.8})
+        if args.breakdown:
+            read_breakdown(root, TOPIC)
+    finally:
+        spark.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

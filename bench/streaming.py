@@ -1,0 +1,237 @@
+"""Structured Streaming: the pulsartx sink and the consume-transform-produce pipeline against Spark's
+parquet file sink/source, and the per-micro-batch cost of the transaction.
+
+    .venv/bin/python bench/streaming.py [--rows 200000] [--batches 5] [--value-size 100] \\
+        [--empty-batches 12] [--partitions 4] [--dir DIR]
+
+Every side processes the same pre-generated input (untimed set-up) with Trigger.AvailableNow and the
+same number of micro-batches:
+
+  sink: parquet -> pulsartx       parquet file source (maxFilesPerTrigger) -> writeStream pulsartx
+  sink: parquet -> parquet        the same source -> FileStreamSink (parquet)
+  ctp:  pulsartx -> pulsartx      readStream pulsartx (subscription, maxEntriesPerTrigger) -> transform
+                                  -> writeStream pulsartx: every batch one transaction that also
+                                  acknowledges its input
+  ctp:  parquet -> parquet        the same rows from parquet files -> the same transform -> parquet
+  empty: ... -> pulsartx          batches that deliver 0 rows to the sink (a filter no row passes):
+  empty: ... -> parquet           the fixed cost of a micro-batch, transaction included
+
+Throughput is steady state: rows / summed ``triggerExecution`` of the batches after the first (the
+first batch also pays for starting the query's Python workers, which is reported in the wall
+column). Empty-batch overhead is the median ``triggerExecution`` (and ``addBatch``) after two
+warm-up batches. Ratios: sink pulsartx/parquet (target >= 0.8), ctp pulsartx/parquet (target
+>= 0.7), empty-batch pulsartx/parquet (target <= 1.5). Nothing is asserted; outputs are counted so
+a fast but wrong side cannot pass. A phase breakdown (Spark's durationMs per batch) follows the table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TARGET_SINK, TARGET_CTP, TARGET_EMPTY = 0.8, 0.7, 1.5
+PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+
+
+@dataclass
+class Result:
+    name: str
+    rows: int = 0
+    wall: float = 0.0
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    output_rows: int = 0
+
+    def steady(self) -> list[dict[str, Any]]:
+        with_rows = [p for p in self.progress if p["numInputRows"] > 0]
+        return with_rows[1:] if len(with_rows) > 1 else with_rows
+
+    def rate(self) -> float:
+        s = self.steady()
+        ms = sum(p["durationMs"].get("triggerExecution", 0) for p in s)
+        return 1000.0 * sum(p["numInputRows"] for p in s) / ms if ms else 0.0
+
+    def median(self, phase: str, skip: int = 2) -> float:
+        vals = [p["durationMs"].get(phase, 0) for p in self.progress[skip:]] or [0]
+        return float(statistics.median(vals))
+
+    def phase_means(self, batches: list[dict[str, Any]]) -> dict[str, float]:
+        return {k: statistics.mean(p["durationMs"].get(k, 0) for p in batches) if batches else 0.0
+                for k in (*PHASES, "triggerExecution")}
+
+
+def session() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    log4j = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "log4j2.properties")
+    spark = (SparkSession.builder.master("local[2]").appName("pulsartx-bench-streaming")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run(name: str, start, rows: int) -> Result:
+    """Start a Trigger.AvailableNow query (``start()``), wait for its end, keep its progress."""
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        q = start(attempt)
+        try:
+            q.awaitTermination()
+        except Exception as e:  # Spark gives a new source runner 10 s to connect back: retry that
+            q.stop()
+            if "failed to connect back" not in str(e) or attempt == 2:
+                raise
+            continue
+        return Result(name, rows, time.perf_counter() - t0, list(q.recentProgress))
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=200_000, help="rows per throughput side")
+    ap.add_argument("--batches", type=int, default=5, help="micro-batches per throughput side")
+    ap.add_argument("--value-size", type=int, default=100, help="bytes per value")
+    ap.add_argument("--empty-batches", type=int, default=12, help="empty micro-batches per overhead side")
+    ap.add_argument("--partitions", type=int, default=4, help="partitions of every pulsartx topic")
+    ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
+    args = ap.parse_args(argv)
+
+    t_all = time.perf_counter()
+    work = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-streaming-")
+    os.makedirs(work, exist_ok=True)
+    spark = session()
+    from pyspark.sql import functions as F
+
+    import pulsartx
+
+    root = os.path.join(work, "root")
+    client = pulsartx.Client(root)
+    for t in ("sink-out", "ctp-in", "ctp-out", "empty-out"):
+        client.admin.create_topic(t, args.partitions)
+    files = 2 * args.batches  # two files (tasks) per batch: both cores busy on every side
+    n = args.rows
+    print(f"streaming bench: {n:,} rows x {args.value_size} B values in {args.batches} batches; "
+          f"{args.empty_batches} empty batches; {args.partitions} partitions per topic; work dir {work}")
+
+    # ---- untimed set-up: the same input for every side ------------------------------------------
+    t0 = time.perf_counter()
+    data = spark.range(n, numPartitions=files).select(
+        F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * max(0, args.value_size - 12)))
+        .cast("binary").alias("value"),
+        F.concat(F.lit("k"), (F.col("id") % 64).cast("string")).alias("__key"))
+    src_dir = os.path.join(work, "input")
+    data.write.parquet(src_dir)
+    data.write.format("pulsartx").mode("append").option("service.url", root).option("topic", "ctp-in").save()
+    tiny_dir = os.path.join(work, "tiny")
+    for _ in range(args.empty_batches):  # one file per batch
+        data.limit(1).coalesce(1).write.mode("append").parquet(tiny_dir)
+    schema = spark.read.parquet(src_dir).schema
+    print(f"set-up (untimed): {time.perf_counter() - t0:.1f} s")
+
+    def from_parquet(path: str, per_trigger: int) -> Any:
+        return spark.readStream.schema(schema).option("maxFilesPerTrigger", str(per_trigger)).parquet(path)
+
+    def transform(df: Any) -> Any:
+        return df.select(F.concat(F.col("value"), F.lit(b"!")).alias("value"), F.col("__key"))
+
+    def to_pulsartx(df: Any, topic: str, ck: str) -> Any:
+        return (df.writeStream.format("pulsartx").option("service.url", root).option("topic", topic)
+                .option("checkpointLocation", os.path.join(work, "ck", ck)).trigger(availableNow=True).start())
+
+    def to_parquet(df: Any, out: str, ck: str) -> Any:
+        return (df.writeStream.format("parquet").option("path", os.path.join(work, "out", out))
+                .option("checkpointLocation", os.path.join(work, "ck", ck)).trigger(availableNow=True).start())
+
+    def parquet_rows(out: str) -> int:
+        return spark.read.parquet(os.path.join(work, "out", out)).count()
+
+    def topic_rows(topic: str) -> int:
+        return spark.read.format("pulsartx").option("service.url", root).option("topic", topic).load().count()
+
+    def nothing(df: Any) -> Any:
+        return df.where(F.length("value") < 0)  # no row passes; not constant-folded
+
+    # Warm-up (untimed): start the pyspark daemon and the data source's workers once.
+    run("warm-up", lambda a: to_pulsartx(nothing(from_parquet(tiny_dir, 1000)), "empty-out", f"warm{a}"), 0)
+
+    results: dict[str, Result] = {}
+    r = results["sink_pq"] = run("sink: parquet -> parquet", lambda a: to_parquet(from_parquet(src_dir, 2), "sink",
+                                                                                   f"sink-pq{a}"), n)
+    r.output_rows = parquet_rows("sink")
+    r = results["sink_px"] = run("sink: parquet -> pulsartx", lambda a: to_pulsartx(from_parquet(src_dir, 2),
+                                                                                    "sink-out", f"sink-px{a}"), n)
+    r.output_rows = topic_rows("sink-out")
+    r = results["ctp_pq"] = run("ctp: parquet -> parquet", lambda a: to_parquet(transform(from_parquet(src_dir, 2)),
+                                                                                "ctp", f"ctp-pq{a}"), n)
+    r.output_rows = parquet_rows("ctp")
+
+    def ctp_source(a: int) -> Any:
+        return (spark.readStream.format("pulsartx").option("service.url", root).option("topic", "ctp-in")
+                .option("subscription", f"bench{a}").option("startingOffsets", "earliest")
+                .option("maxEntriesPerTrigger", str(-(-n // args.batches))).load())
+
+    r = results["ctp_px"] = run("ctp: pulsartx -> pulsartx", lambda a: to_pulsartx(transform(ctp_source(a)),
+                                                                                   "ctp-out", f"ctp-px{a}"), n)
+    r.output_rows = topic_rows("ctp-out")
+
+    results["empty_pq"] = run("empty: parquet -> parquet", lambda a: to_parquet(nothing(from_parquet(tiny_dir, 1)),
+                                                                                f"empty{a}", f"empty-pq{a}"), 0)
+    results["empty_px"] = run("empty: parquet -> pulsartx", lambda a: to_pulsartx(nothing(from_parquet(tiny_dir, 1)),
+                                                                                  "empty-out", f"empty-px{a}"), 0)
+
+    # ---- report -----------------------------------------------------------------------------------
+    print()
+    print(f"{'side':28s} {'batches':>7s} {'rows out':>9s} {'wall s':>7s} {'rows/s':>10s} {'med batch ms':>12s} "
+          f"{'med addBatch':>12s}")
+    for r in results.values():
+        print(f"{r.name:28s} {len(r.progress):7d} {r.output_rows:9,d} {r.wall:7.1f} {r.rate():10,.0f} "
+              f"{r.median('triggerExecution'):12.0f} {r.median('addBatch'):12.0f}")
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
+    rows = [
+        ("sink throughput pulsartx / parquet", ratio(results["sink_px"].rate(), results["sink_pq"].rate()),
+         f">= {TARGET_SINK}", lambda x: x >= TARGET_SINK),
+        ("ctp throughput pulsartx / parquet", ratio(results["ctp_px"].rate(), results["ctp_pq"].rate()),
+         f">= {TARGET_CTP}", lambda x: x >= TARGET_CTP),
+        ("empty batch time pulsartx / parquet", ratio(results["empty_px"].median("triggerExecution"),
+                                                      results["empty_pq"].median("triggerExecution")),
+         f"<= {TARGET_EMPTY}", lambda x: x <= TARGET_EMPTY),
+        ("  (addBatch only, informative)", ratio(results["empty_px"].median("addBatch"),
+                                                results["empty_pq"].median("addBatch")), "", None),
+    ]
+    print()
+    print(f"{'ratio':40s} {'value':>7s} {'target':>8s}")
+    for label, value, target, ok in rows:
+        flag = "" if ok is None else ("ok" if ok(value) else "MISSED")
+        print(f"{label:40s} {value:7.2f} {target:>8s}  {flag}")
+
+    print("\nmean durationMs per batch (steady-state batches; empty sides after 2 warm-up batches):")
+    print(f"{'side':28s} " + " ".join(f"{k[:12]:>12s}" for k in (*PHASES, "triggerExecution")))
+    for key, r in results.items():
+        batches = r.progress[2:] if key.startswith("empty") else r.steady()
+        means = r.phase_means(batches)
+        print(f"{r.name:28s} " + " ".join(f"{means[k]:12.0f}" for k in (*PHASES, "triggerExecution")))
+    wrong = [r.name for k, r in results.items() if not k.startswith("empty") and r.output_rows != r.rows]
+    if wrong:
+        print(f"\nWRONG OUTPUT COUNTS: {wrong}")
+    print(f"\ntotal {time.perf_counter() - t_all:.1f} s")
+    spark.stop()
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

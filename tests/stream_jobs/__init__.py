@@ -1,0 +1,1 @@
+"""spark-submit job scripts and parent-side helpers for the Structured Streaming tests."""

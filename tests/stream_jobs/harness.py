@@ -1,0 +1,221 @@
+"""Parent side of the streaming ``spark-submit`` tests: start a job script in its own session (process
+group), follow it through its events file, SIGKILL the whole process tree; and the checks every
+streaming test makes on storage (READ_COMMITTED output, per-key order, subscription cursors).
+
+Children are judged by the events they wrote and by what is in storage, never by exit codes:
+deltalake may abort at interpreter exit after the work is done (notes/deltalake.md), which is why
+the job leaves with ``os._exit`` after its last event.
+
+The pyspark daemon moves itself into its own process group, so killing the job's group alone would
+leave a worker that is paused in a hook alive: the process tree is listed from ``/proc`` first and
+every process in it is killed by pid too, as a crashed machine would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parents[1]
+LOG4J2 = PROJECT / "conf" / "log4j2.properties"
+
+
+def _spark_submit() -> str:
+    local = Path(sys.executable).with_name("spark-submit")
+    return str(local) if local.exists() else "spark-submit"
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(0), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class JobFailed(AssertionError):
+    """The job's query failed (its ``failed`` event); ``error`` is the query's exception text."""
+
+    def __init__(self, message: str, error: str):
+        super().__init__(message)
+        self.error = error
+
+    @property
+    def worker_start_timeout(self) -> bool:
+        """Spark gives a new Python worker (the streaming source runner) a fixed 10 s to connect back;
+        on an overloaded machine that start can fail. Restarting the query is the remedy (and is just
+        one more restart from the checkpoint)."""
+        return "failed to connect back" in self.error
+
+
+class StreamJob:
+    """``spark-submit tests/stream_jobs/<script> '<json config>'``; the config gets an ``events`` path."""
+
+    def __init__(self, script: str, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
+        name = config.get("run", "run")
+        self.events_path = workdir / f"events-{name}.jsonl"
+        self.log_path = workdir / f"spark-submit-{name}.log"
+        self.config = dict(config, events=str(self.events_path))
+        full_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, **(env or {}))
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait_done()/kill()
+        cmd = [_spark_submit(), "--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J2}",
+               str(HERE / script), json.dumps(self.config)]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir),
+                                     start_new_session=True)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            with open(self.events_path) as f:
+                out = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+        return [e for e in out if name is None or e["event"] == name]
+
+    def output(self, tail: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
+        except OSError:
+            return ""
+
+    def _fail(self, why: str) -> AssertionError:
+        return AssertionError(f"{why}; events {[e['event'] for e in self.events()]}; output:\n{self.output()}")
+
+    def wait_event(self, name: str, timeout: float = 240, count: int = 1) -> dict[str, Any]:
+        """The ``count``-th ``name`` event; fails with the job's output if the job ends or times out first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.events(name)
+            if len(got) >= count:
+                return got[count - 1]
+            if self.events("failed"):
+                self.kill()
+                error = self.events("failed")[0]["error"]
+                raise JobFailed(f"job failed before event {name!r}: {error[-3000:]}; events "
+                                f"{[e['event'] for e in self.events()]}", error)
+            if self.proc.poll() is not None:
+                got = self.events(name)
+                if len(got) >= count:
+                    return got[count - 1]
+                raise self._fail(f"spark job ended (rc {self.proc.returncode}) without event {name!r} x{count}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise self._fail(f"no event {name!r} x{count} within {timeout}s")
+            time.sleep(0.1)
+
+    def wait_end(self, timeout: float = 300) -> dict[str, Any]:
+        """The job's ``done`` or ``failed`` event (then the process is reaped, or killed if it lingers)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            end = self.events("done") + self.events("failed")
+            if end:
+                break
+            if self.proc.poll() is not None:
+                end = self.events("done") + self.events("failed")
+                if end:
+                    break
+                raise self._fail(f"spark job ended (rc {self.proc.returncode}) without a done/failed event")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise self._fail(f"job not finished within {timeout}s")
+            time.sleep(0.2)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()  # whatever is left (e.g. a worker stuck at exit)
+        return end[0]
+
+    def kill(self) -> list[int]:
+        """SIGKILL the driver and every process it started; returns the pids killed."""
+        tree = descendants(self.proc.pid)
+        if self.proc.poll() is None or tree:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.wait(60)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in tree):
+            assert time.monotonic() < deadline, f"processes {tree} survived SIGKILL"
+            time.sleep(0.05)
+        if not self._log.closed:
+            self._log.close()
+        return [self.proc.pid, *tree]
+
+
+# ---- storage checks ---------------------------------------------------------------------------------
+def committed_messages(root: str, topic: str, isolation_level: str = "READ_COMMITTED"
+                       ) -> list[tuple[int, int, str | None, str]]:
+    """Every message of ``topic`` a reader sees (READ_COMMITTED by default): (partition, offset, key,
+    value), in offset order per partition. The reading client never finishes a decided transaction
+    (its recovery grace is endless): the tests look at what the pipeline itself left behind."""
+    import pulsartx
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+
+    client = pulsartx.Client(root, coordinator_config=CoordinatorConfig(recovery_grace_ms=10**15))
+    try:
+        reader = client.create_reader(topic, pulsartx.MessageId.earliest, isolation_level=isolation_level)
+        out = []
+        while reader.has_message_available():
+            m = reader.read_next(timeout_millis=30_000)
+            mid = m.message_id()
+            out.append((mid.partition(), mid.offset(), m.partition_key(), m.value().decode()))
+        reader.close()
+    finally:
+        client.close()
+    return sorted(out)
+
+
+def per_key_sequences(messages: list[tuple[int, int, str | None, str]], parse) -> dict[str, list[Any]]:
+    """``parse(value)`` of each message, grouped by key, in (partition, offset) order."""
+    out: dict[str, list[Any]] = defaultdict(list)
+    for _, _, key, value in sorted(messages):
+        out[str(key)].append(parse(value))
+    return dict(out)
+
+
+def cursor_positions(client: Any, topic: str, subscription: str) -> dict[int, int | None]:
+    """markDeletePosition per partition of ``topic`` on ``subscription`` (None: no cursor)."""
+    from pulsartx.naming import TopicName
+
+    return {TopicName.parse(s["partition"]).partition: s.get("markDeletePosition")
+            for s in client.admin.transactions.get_pending_ack_stats(topic, subscription)}
+
+
+def last_offsets(messages: list[tuple[int, int, str | None, str]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for p, off, _, _ in messages:
+        out[p] = max(out.get(p, -1), off)
+    return out

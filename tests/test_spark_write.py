@@ -1,0 +1,321 @@
+"""``df.write.format("pulsartx")``: one Spark job is one transaction, through the session's real
+local[2] SparkSession (no task retries; the retry and driver-crash cases run their own sessions in
+``spark-submit`` subprocesses, tests/test_spark_write_crash.py).
+
+Every check is exact: the rows read back equal the rows written (chispa), the job leaves exactly
+one transaction in the TC logs with one commit marker per partition it touched, and a failed or
+refused job leaves no visible row and no open transaction.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from spark_jobs.checks import RU, counts_by_prefix, data_count, markers, raw, read, txns, values, write
+
+from pulsartx.client.routing import partition_for_key
+from pulsartx.coordinator.state import TxnStatus
+
+pytestmark = pytest.mark.spark
+A, B = "persistent://public/default/wa", "persistent://public/default/wb"
+EVENT_US0 = 1_700_000_000_000_000
+
+
+def error_of(action: Any) -> str:
+    with pytest.raises(Exception) as info:
+        action()
+    return str(info.value)
+
+
+def open_txns(client: Any) -> list[dict[str, Any]]:
+    return client.admin.transactions.get_slow_transactions(0)
+
+
+# ---- one job, one transaction -------------------------------------------------------------------
+def test_100k_rows_over_two_topics_read_back_exactly(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("wa", 4)
+    client.admin.create_topic("wb", 4)
+    n = 100_000
+
+    def rows(df: Any) -> Any:
+        """The written columns; the same expressions build the expectation (no Python worker)."""
+        i = F.col("id")
+        return df.select(
+            F.concat(F.lit("v-"), i.cast("string")).alias("value"),
+            F.when(i % 7 == 0, F.lit(None)).otherwise(F.concat(F.lit("key-"), (i % 1000).cast("string"))).alias("__key"),
+            F.when(i % 2 == 0, F.lit(A)).otherwise(F.lit(B)).alias("__topic"),
+            F.when(i % 5 == 0, F.timestamp_micros(F.lit(EVENT_US0) + i)).alias("__eventTime"),
+            F.when(i % 3 == 0, F.create_map(F.lit("i"), i.cast("string"))).alias("__messageProperties"))
+
+    src = rows(spark.range(n, numPartitions=8))
+    assert src.rdd.getNumPartitions() == 8
+    write(src, root)
+
+    # One Spark read of everything, kept as Arrow: the checks below need no further scan.
+    back = read(spark, root, topics="wa,wb").select(
+        F.col("value").cast("string").alias("value"), "__key", "__topic", "__partition", "__eventTime",
+        "__messageProperties").toArrow()
+    assert back.num_rows == n
+    actual = spark.createDataFrame(back.select(["value", "__key", "__topic"]))
+    expected = rows(spark.range(n)).select("value", "__key", "__topic")
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+    # Event times and properties, row by row (sorted by value).
+    got = back.sort_by("value")
+    ids = sorted(range(n), key=lambda i: f"v-{i}")
+    assert got.column("value").to_pylist() == [f"v-{i}" for i in ids]
+    assert got.column("__eventTime").cast(pa.int64()).to_pylist() == [EVENT_US0 + i if i % 5 == 0 else None
+                                                                       for i in ids]
+    assert got.column("__messageProperties").to_pylist() == [[("i", str(i))] if i % 3 == 0 else None for i in ids]
+
+    # Key routing: every key of a topic lands on one partition, Pulsar's hash of the key.
+    keyed = back.filter(pc.is_valid(back.column("__key")))
+    routed = keyed.group_by(["__topic", "__key"]).aggregate([("__partition", "min"), ("__partition", "max"),
+                                                               ("__partition", "count")])
+    assert routed.num_rows == 1000  # key-k is on topic wa for even k, on wb for odd k
+    for r in routed.to_pylist():
+        assert r["__partition_min"] == r["__partition_max"] == partition_for_key(r["__key"], 4), r
+    assert sum(routed.column("__partition_count").to_pylist()) == n - len(range(0, n, 7))
+    # Rows without a key are spread round-robin over every partition of both topics.
+    unkeyed = back.filter(pc.is_null(back.column("__key")))
+    assert len(set(zip(unkeyed.column("__topic").to_pylist(), unkeyed.column("__partition").to_pylist(),
+                       strict=True))) == 8
+
+    # One transaction, committed, with every partition it touched and the exact entries.
+    ts = txns(root)
+    assert len(ts) == 1
+    (txn_id, meta), = ts.items()
+    assert meta.status is TxnStatus.COMMITTED
+    assert meta.partitions == {f"{t}-partition-{i}" for t in (A, B) for i in range(4)}
+    assert sum(b - a + 1 for _, a, b in meta.commit_entries) == n
+    for topic in ("wa", "wb"):
+        assert markers(root, topic) == Counter({(i, "TXN_COMMIT", txn_id): 1 for i in range(4)})
+        assert data_count(root, topic) == n // 2  # nothing but this job's rows: no duplicate append
+    assert open_txns(client) == []
+
+
+def test_transaction_timeout_and_producer_name_options(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("opt", 2)
+    df = spark.range(10, numPartitions=2).selectExpr("cast(id as string) as value")
+    write(df, root, topic="opt", transactionTimeoutMs="123456", producerName="etl")
+    (first,) = txns(root)
+    write(df, root, topic="opt")
+    (second,) = set(txns(root)) - {first}
+    meta = client.admin.transactions.get_transaction_metadata(first)
+    assert meta["timeout_ms"] == 123456 and meta["status"] == "COMMITTED"
+    assert client.admin.transactions.get_transaction_metadata(second)["timeout_ms"] == 3_600_000
+    producers = raw(root, "opt").filter(pc.equal(raw(root, "opt").column("type"), "DATA")).column("producer_name")
+    names = set(producers.to_pylist())
+    assert any(p.startswith(f"etl-{first}-t") for p in names)  # per (job, task, attempt) under the given name
+    assert read(spark, root, topic="opt").count() == 20
+
+
+# ---- failures ---------------------------------------------------------------------------------
+def failing_rows(spark: Any, n: int, slices: int, prefix: str) -> Any:
+    """``n`` rows in ``slices`` tasks; the last task always fails (local[2]: no retry)."""
+    from pyspark import TaskContext
+
+    last = slices - 1
+
+    def boom(v: str) -> str:
+        if TaskContext.get().partitionId() == last:
+            raise RuntimeError("injected failure of the last task")
+        return v
+
+    return spark.range(n, numPartitions=slices).select(
+        F.udf(boom, "string")(F.concat(F.lit(f"{prefix}-"), F.col("id").cast("string"))).alias("value"))
+
+
+def test_failed_job_is_aborted_invisible_and_does_not_block(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("jf", 4)
+    msg = error_of(lambda: write(failing_rows(spark, 4000, 4, "failed"), root, topic="jf"))
+    assert "injected failure of the last task" in msg
+    (txn_id, meta), = txns(root).items()
+    assert meta.status is TxnStatus.ABORTED  # abort() ran before save() raised
+    assert open_txns(client) == []
+    appended = data_count(root, "jf")
+    assert 0 < appended < 4000  # the tasks that finished did append ...
+    assert read(spark, root, topic="jf").count() == 0  # ... and none of it is visible
+    assert read(spark, root, RU, topic="jf").count() == appended
+    assert all(t == "TXN_ABORT" and x == txn_id for (_, t, x) in markers(root, "jf"))
+
+    # A later job to the same partitions is readable at once: nothing to wait for or sweep.
+    t0 = time.monotonic()
+    write(spark.range(1000, numPartitions=4).selectExpr("concat('later-', id) as value"), root, topic="jf")
+    got = values(read(spark, root, topic="jf"))
+    assert sorted(got) == sorted(f"later-{i}" for i in range(1000))
+    assert time.monotonic() - t0 < 120
+    # Still nothing of the failed job, now that every task of it is long gone.
+    assert counts_by_prefix(read(spark, root, topic="jf")) == {"later": 1000}
+
+
+def test_non_transactional_rows_are_visible_at_once(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("plain", 2)
+    write(spark.range(500, numPartitions=2).selectExpr("concat('ok-', id) as value"), root, topic="plain",
+          transactional="false")
+    assert txns(root) == {}
+    stored = raw(root, "plain")
+    assert stored.column("txn_most_bits").null_count == stored.num_rows == 500  # no marker either
+    # A failing non-transactional job: what its finished tasks appended is visible right away.
+    msg = error_of(lambda: write(failing_rows(spark, 4000, 4, "partial"), root, topic="plain",
+                                 transactional="false"))
+    assert "injected failure of the last task" in msg
+    assert txns(root) == {}
+    got = counts_by_prefix(read(spark, root, topic="plain"))
+    assert got["ok"] == 500 and 0 < got["partial"] < 4000
+    assert got["partial"] == data_count(root, "plain") - 500
+
+
+# ---- concurrent readers --------------------------------------------------------------------------
+def test_no_fractured_reads_while_jobs_commit(spark: Any, client: Any, root: str) -> None:
+    """Jobs spanning 8 partitions commit one after another while two readers loop: Spark batch
+    reads and the same planning + executor code called directly (many more reads per second).
+    Every read returns each job whole or not at all, and the jobs it returns are a prefix of the
+    commit order."""
+    from datasource.batch_reader import plan_partitions, read_partition
+    from datasource.options import parse_options
+
+    client.admin.create_topic("frac", 8)
+    jobs, rows = 6, 4000
+    stop = threading.Event()
+    seen: dict[str, list[dict[str, int]]] = {"spark": [], "direct": []}
+    errors: list[BaseException] = []
+
+    def check(counts: dict[str, int]) -> None:
+        assert all(c == rows for c in counts.values()), f"partial job in a read: {counts}"
+        visible = sorted(counts)
+        assert visible == [f"j{j}" for j in range(len(visible))], f"not a prefix of the commits: {visible}"
+
+    def loop(name: str, once: Any) -> None:
+        try:
+            while not stop.is_set():
+                counts = once()
+                seen[name].append(counts)
+                check(counts)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+            stop.set()
+
+    def direct() -> dict[str, int]:
+        opts = parse_options({"service.url": root, "topic": "frac"})
+        c: Counter = Counter()
+        for part in plan_partitions(opts.root, opts):
+            for batch in read_partition(opts.root, part):
+                prefix = pc.binary_slice(batch.column("value"), 0, 2).cast("string")
+                c.update(dict(zip(*(x.to_pylist() for x in pc.value_counts(prefix).flatten()), strict=True)))
+        return dict(c)
+
+    readers = [threading.Thread(target=loop, args=("spark", lambda: counts_by_prefix(read(spark, root, topic="frac"))),
+                                daemon=True),
+               threading.Thread(target=loop, args=("direct", direct), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        for j in range(jobs):
+            if stop.is_set():
+                break
+            df = spark.range(rows, numPartitions=8).selectExpr(f"concat('j{j}-', id) as value")
+            write(df, root, topic="frac")
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(120)
+    if errors:
+        raise errors[0]
+    final = counts_by_prefix(read(spark, root, topic="frac"))
+    assert final == {f"j{j}": rows for j in range(jobs)}
+    assert {len(m.partitions) for m in txns(root).values()} == {8}  # every job spans all 8 partitions
+    partial = [s for s in seen["spark"] + seen["direct"] if 0 < len(s) < jobs]
+    assert len(seen["direct"]) >= 3 and len(seen["spark"]) >= 1, {k: len(v) for k, v in seen.items()}
+    assert partial, "no read overlapped the jobs: the test proved nothing"
+
+
+# ---- refused input ------------------------------------------------------------------------------
+def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("bad", 2)
+    write(spark.range(5).selectExpr("concat('seed-', id) as value"), root, topic="bad")
+    baseline = txns(root)
+
+    def refused(df: Any, *expected: str, mode: str = "append", **options: str) -> None:
+        w = df.write.format("pulsartx").option("service.url", root).options(**options)
+        msg = error_of(lambda: (w.mode(mode) if mode else w).save())
+        for text in expected:
+            assert text in msg, f"{text!r} not in:\n{msg}"
+        assert data_count(root, "bad") == 5  # nothing appended
+        assert open_txns(client) == []  # no transaction left open
+
+    good = spark.range(3).selectExpr("concat('x-', id) as value")
+    refused(spark.range(3).selectExpr("cast(id as string) as __key"), "the DataFrame has no 'value' column",
+            "(it has __key)", topic="bad")
+    refused(good.withColumn("payload", F.lit(1)), "column 'payload' is not written by pulsartx", topic="bad")
+    refused(good.withColumn("__offset", F.lit(1)), "column '__offset' is not written by pulsartx", topic="bad")
+    refused(good, "mode('overwrite') is not supported", "Use mode('append')", mode="overwrite", topic="bad")
+    for mode in ("errorifexists", "ignore", None):
+        refused(good, "UNSUPPORTED_DATA_SOURCE_SAVE_MODE", mode=mode, topic="bad")  # Spark's own check
+    for col, expr, shown in [("value", "id", "column 'value' has type bigint: it must be binary or string"),
+                             ("__key", "id", "column '__key' has type bigint: it must be string"),
+                             ("__topic", "id", "column '__topic' has type bigint: it must be string"),
+                             ("__eventTime", "'2024-01-01'", "column '__eventTime' has type string: it must be timestamp"),
+                             ("__messageProperties", "map('a', 1)", "must be map<string,string>"),
+                             ("__partition", "'1'", "column '__partition' has type string: it must be int")]:
+        cols = [f"{expr} AS {col}"] if col == "value" else ["concat('x-', id) AS value", f"{expr} AS {col}"]
+        refused(spark.range(3).selectExpr(*cols), shown, topic="bad")
+    refused(good, "no topic to write to", "__topic column")
+    refused(good, "option topics is for reading", topics="bad")
+    refused(good, "names a single partition", topic="bad-partition-1")
+    refused(good, "option saveMode='bogus' is invalid", topic="bad", saveMode="bogus")
+    refused(good, "option transactional='maybe' is invalid", topic="bad", transactional="maybe")
+    refused(good, "option transactionTimeoutMs='0' is invalid", topic="bad", transactionTimeoutMs="0")
+    refused(good, "topic persistent://public/default/bad already exists and option saveMode=errorifexists",
+            topic="bad", saveMode="errorifexists")
+    refused(good, "persistent://public/default/missing does not exist", "createTopic=true", topic="missing")
+    assert client.admin.list_topics() == ["persistent://public/default/bad"]  # nothing created
+    assert txns(root) == baseline  # every refusal above happened before a transaction began
+
+    # Refused inside the tasks: the job's transaction is aborted, and nothing is visible.
+    refused(good.withColumn("__partition", F.lit(7)), "__partition values [7", "are outside topic "
+            "persistent://public/default/bad's partitions 0..1", topic="bad")
+    refused(good.withColumn("__topic", F.lit("nowhere")), "topic persistent://public/default/nowhere (from the "
+            "__topic column) does not exist", "createTopic=true")
+    refused(good.withColumn("__topic", F.lit(None).cast("string")), "a row has a null __topic and no topic option")
+    failed = {k: m for k, m in txns(root).items() if k not in baseline}
+    assert len(failed) == 3 and all(m.status is TxnStatus.ABORTED for m in failed.values())
+    assert sorted(values(read(spark, root, topic="bad"))) == [f"seed-{i}" for i in range(5)]
+
+
+def test_save_modes_and_topic_creation(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("exists", 2)
+    df = spark.range(30, numPartitions=3).selectExpr("cast(concat('b-', id) as binary) as value")  # binary value
+
+    def topic_values(topic: str) -> list[str]:
+        return sorted(values(read(spark, root, topic=topic)))
+
+    expected = sorted(f"b-{i}" for i in range(30))
+    # saveMode=ignore: an existing topic is left alone, without even a transaction.
+    write(df, root, topic="exists", saveMode="ignore")
+    assert data_count(root, "exists") == 0 and txns(root) == {}
+    # ... a missing one is created (partitions option) and written.
+    write(df, root, topic="ign", saveMode="ignore", partitions="3")
+    assert topic_values("ign") == expected
+    # saveMode=errorifexists: a missing topic is created and written.
+    write(df, root, topic="eie", saveMode="errorifexists", partitions="2")
+    assert topic_values("eie") == expected
+    # createTopic=true with the default saveMode (append).
+    write(df, root, topic="made", createTopic="true", partitions="3")
+    assert topic_values("made") == expected
+    # createTopic=true for topics named by the __topic column.
+    routed = df.withColumn("__topic", F.when(F.col("value").cast("string").endswith("0"), F.lit("c1"))
+                           .otherwise(F.lit("c2")))
+    write(routed, root, createTopic="true", partitions="2")
+    assert topic_values("c1") == sorted(f"b-{i}" for i in range(30) if i % 10 == 0)
+    assert len(topic_values("c2")) == 27
+    assert [client.admin.get_partitions(t) for t in ("ign", "eie", "made", "c1", "c2")] == [3, 2, 3, 2, 2]
+    assert all(m.status is TxnStatus.COMMITTED for m in txns(root).values())
+    assert len(txns(root)) == 4
