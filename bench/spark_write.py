@@ -15,8 +15,10 @@ tasks, written to a fresh 4-partition topic / directory per run):
 * ``spark parquet``: ``df.write.parquet`` (JVM writer, zstd), for reference.
 
 Runs are interleaved round by round, rotating which side goes first, so load from other processes
-hits every side alike. Ratios are throughput ratios (higher is better for pulsartx): targets are
-tx/plain >= 0.9 and tx/arrow sink >= 0.8. Nothing is asserted. ``--breakdown`` adds a run with
+hits every side alike; each run is timed in wall seconds and in CPU seconds of the whole process
+tree (driver JVM and pyspark workers), which a shared machine skews far less. Ratios are throughput
+ratios (higher is better for pulsartx): targets are tx/plain >= 0.9 and tx/arrow sink >= 0.8.
+Nothing is asserted. ``--breakdown`` adds a run with
 timers inside the pyspark workers (routing, record building, Delta appends, TC calls, commit).
 """
 from __future__ import annotations
@@ -25,13 +27,15 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from read import measure, report  # noqa: E402 (the sibling bench module: CPU accounting, table)
 
 TOPIC_PARTITIONS = 4
 TARGETS = {"pulsartx plain": 0.9, "arrow sink": 0.8}
@@ -219,7 +223,8 @@ class Runner:
         self.client = pulsartx.Client(str(self.root))
         self.n = 0
 
-    def run(self, side: str, df: Any) -> float:
+    def run(self, side: str, df: Any) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of the process tree) of one write of ``df``."""
         self.n += 1
         target = f"t{self.n}"
         if side.startswith("pulsartx"):
@@ -228,18 +233,14 @@ class Runner:
                 .option("service.url", str(self.root)).option("topic", target)
             if side == "pulsartx plain":
                 w = w.option("transactional", "false")
-            t = time.perf_counter()
-            w.save()
-            return time.perf_counter() - t
+            return measure(w.save)
         path = str(self.base / target)
-        t = time.perf_counter()
         if side == "arrow sink":
-            df.write.format("bench_arrow_parquet").mode("append").save(path)
+            took = measure(lambda: df.write.format("bench_arrow_parquet").mode("append").save(path))
         else:
-            df.write.option("compression", "zstd").parquet(path)
-        elapsed = time.perf_counter() - t
+            took = measure(lambda: df.write.option("compression", "zstd").parquet(path))
         shutil.rmtree(path, ignore_errors=True)
-        return elapsed
+        return took
 
 
 def main() -> None:
@@ -269,13 +270,14 @@ def main() -> None:
         for side in sides:  # Python workers, imports, JIT: paid once, outside the timings
             runner.run(side, warm)
         warm.unpersist()
-        times: dict[str, list[float]] = {s: [] for s in sides}
+        times: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
         for r in range(args.rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]
             for side in order:
                 times[side].append(runner.run(side, df))
-            print(f"round {r + 1}: " + ", ".join(f"{s} {times[s][-1]:.2f}s" for s in sides), flush=True)
-        report(times, args.rows, args.value_size)
+            print(f"round {r + 1}: " + ", ".join(f"{s} {times[s][-1][0]:.2f}s ({times[s][-1][1]:.1f} cpu-s)"
+                                                 for s in sides), flush=True)
+        report(times, args.rows, "pulsartx tx", TARGETS)
         if args.breakdown:
             breakdown(runner, df, timings)
     finally:
@@ -284,24 +286,9 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def report(times: dict[str, list[float]], rows: int, value_size: int) -> None:
-    tx = statistics.median(times["pulsartx tx"])
-    print(f"\n{'side':<16}{'median s':>10}{'best s':>9}{'M rows/s':>10}{'MB/s':>8}{'tx / side':>11}  target")
-    for side, ts in times.items():
-        med = statistics.median(ts)
-        ratio = med / tx
-        target = TARGETS.get(side)
-        verdict = "" if target is None else f">= {target}: {'met' if ratio >= target else 'MISSED'}"
-        print(f"{side:<16}{med:>10.2f}{min(ts):>9.2f}{rows / med / 1e6:>10.2f}{rows * value_size / med / 1e6:>8.0f}"
-              f"{ratio:>11.2f}  {verdict}")
-    per_round = {s: [round(b / a, 2) for a, b in zip(times["pulsartx tx"], ts, strict=True)]
-                 for s, ts in times.items() if s != "pulsartx tx"}
-    print("per-round tx/side ratios:", per_round)
-
-
 def breakdown(runner: Runner, df: Any, timings: Path) -> None:
     timings.unlink(missing_ok=True)
-    elapsed = runner.run("pulsartx timed", df)
+    elapsed, _ = runner.run("pulsartx timed", df)
     recs = [json.loads(line) for line in timings.read_text().splitlines()]
     tasks = [r for r in recs if r["kind"] == "task"]
     print(f"\nbreakdown of one transactional write ({elapsed:.2f}s wall, {len(tasks)} tasks; seconds summed over tasks):")

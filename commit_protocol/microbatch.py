@@ -206,7 +206,7 @@ class MicroBatchTransaction:
         plans = []
         for h in handoff.find(root, self.checkpoint, batch_id):
             targets = _ack_targets(root, h)
-            if targets is not None:
+            if targets:  # None: another query's record; []: a subscription already past this range
                 plans.append((h.subscription, targets))
         if len(plans) > 1:
             log.warning("batch %d: input hand-off is ambiguous (%s); the source's commit will acknowledge instead",

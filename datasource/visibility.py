@@ -11,12 +11,10 @@ transaction, even while its markers are still being written (no fractured reads)
 
 Partitions are folded one after another, so one pass alone is no consistent cut: partition 0 may
 be folded before a job's last task appends to it, and partition 1 after the job's commit marker,
-which would show the job in partition 1 only. Planning therefore folds twice
-(:func:`plan_visibility`): pass 1 fixes the set of *decided* transactions (markers seen, plus TC
-answers for those ongoing); pass 2, which starts after those answers, folds every partition up to
-date. All data of a transaction precedes its decision, so pass 2 holds all data of every
-transaction decided in pass 1, which are read whole; markers of transactions decided only after
-pass 1 are held back in pass 2, so those still block (read in a later query).
+which would show the job in partition 1 only. Planning therefore fixes the TCs' decisions at one
+instant T0 between two folds (:func:`pulsartx.buffer.reads.consistent_cut`): all data of a
+transaction precedes its decision, so the second fold holds all data of every transaction decided
+by T0, which is read whole; transactions decided after T0 still block (read in a later query).
 """
 from __future__ import annotations
 

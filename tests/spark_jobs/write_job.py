@@ -172,7 +172,7 @@ def main() -> None:
         fail_task, fail_at = int(CFG["fail_task"]), int(CFG.get("fail_at_row", 3000))
         seen: dict[tuple[int, int], int] = {}
 
-        def fail_once(value: str) -> str:
+        def fail_once(value):  # no type hints: pyspark would try to infer an Arrow UDF from them
             # A plain Python UDF (mapInArrow needs pandas, which is not installed). Rows before
             # fail_at flow on to the writer, which flushes them (flush_rows); only once that
             # append is durable does the first attempt fail, so it leaves appended entries that
@@ -190,7 +190,7 @@ def main() -> None:
                 raise RuntimeError(f"injected failure of task {fail_task} attempt 0")
             return value
 
-        df = df.withColumn("value", F.udf(fail_once, "string")("value"))
+        df = df.withColumn("value", F.udf(fail_once, "string", useArrow=False)("value"))
 
     writer = df.write.format("pulsartx").mode("append").option("service.url", CFG["root"])
     for k, v in CFG.get("options", {}).items():
