@@ -33,6 +33,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from commit_protocol import handoff
 from commit_protocol.job import JobTransaction
+from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, PulsarException, TransactionNotFound
 from pulsartx.naming import TopicName
@@ -40,6 +41,7 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger("pulsartx.commit_protocol")
 BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
+COMMIT_REQUESTED_PROPERTY = "pulsartx.streaming.commitRequestedMs"  # sink's commit call, epoch ms
 OWNER = "spark-streaming"
 DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
 
@@ -184,10 +186,13 @@ class MicroBatchTransaction:
         assert self.job.txn_id is not None
         tc = self._tcs().for_txn(self.job.txn_id)
         entries = JobTransaction.entries(messages)
+        requested = now_ms()
         meta = tc.end_transaction(self.job.txn_id, TxnAction.COMMIT, commit_entries=entries,
-                                  properties={BATCH_PROPERTY: self.batch_token(batch_id)})
-        log.info("batch %d committed as transaction %s (%d entries, key %s, epoch %d, status %s)", batch_id,
-                 self.job.txn_id, len(entries), self.key, self.epoch, meta.status.value)
+                                  properties={BATCH_PROPERTY: self.batch_token(batch_id),
+                                              COMMIT_REQUESTED_PROPERTY: str(requested)})
+        log.info("batch %d committed as transaction %s (%d entries, key %s, epoch %d, status %s, commit %d ms)",
+                 batch_id, self.job.txn_id, len(entries), self.key, self.epoch, meta.status.value,
+                 now_ms() - requested)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
         if self.committed_by(batch_id) is not None:

@@ -404,16 +404,36 @@ def test_pipeline_exactly_once_in_key_order_then_checkpoint_deleted(spark: Any, 
         assert sorted(m[3].split("@")[1] for m in out) == sorted(f"{p}:{o}" for p, o, _, _ in inputs)
         return out
 
+    from datasource.progress import PulsarTxProgressListener
+
     checkpoint = str(tmp_path / "checkpoint")
     produce(240)
-    q = _pipeline(spark, root, checkpoint)
-    batches = [p for p in q.recentProgress if p["numInputRows"]]
+    forwarded: list[dict[str, Any]] = []
+    listener = PulsarTxProgressListener(root, on_batch=forwarded.append)
+    spark.streams.addListener(listener)
+    try:
+        q = _pipeline(spark, root, checkpoint)
+        progress = list(q.recentProgress)
+        deadline = time.monotonic() + 60  # listener events arrive asynchronously
+        while len(listener.batches) < len(progress) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(listener)
+    batches = [p for p in progress if p["numInputRows"]]
     assert len(batches) >= 4 and all(p["numInputRows"] <= 60 for p in batches)
     check()
     key = query_transaction_key(checkpoint, None)
     txns = sink_txns(client, key)
     committed = [m for m in txns if m.status.value == "COMMITTED"]
     assert len(committed) == len(batches)
+    # Every progress event is joined to exactly its batch's committed transaction, with its latency.
+    assert {b: bt.txn_id for (_, b), bt in listener.batches.items()} == {
+        int(m.properties["pulsartx.streaming.batch"].rsplit(":", 1)[1]): str(m.txn_id) for m in committed}
+    assert {(qid, b) for qid, b in listener.batches} == {(p["id"], p["batchId"]) for p in progress}
+    assert all(bt.status == "COMMITTED" and bt.commit_latency_ms is not None and bt.commit_latency_ms >= 0
+               for bt in listener.batches.values())
+    assert sorted(f["batchId"] for f in forwarded) == sorted(b for _, b in listener.batches)
+    assert all(f["pulsartx"]["txn_id"] == listener.batches[(f["id"], f["batchId"])].txn_id for f in forwarded)
     # Each batch's transaction carries the input acknowledgement (the subscription) with its outputs.
     assert all(any(s.subscription == "enrich" for s in m.subscriptions) for m in committed)
     assert client.admin.transactions.get_transaction_key(key, owner=OWNER)["transaction_key"] == key
