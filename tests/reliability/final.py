@@ -1,0 +1,146 @@
+"""Storage-side inputs of the checker, read through pulsartx's public client, reader and admin.
+
+:func:`collect_final` builds the checker's :class:`~checker.FinalState` after recovery;
+:func:`batch_read` is the Spark-free batch read of several partitions at one moment (the consistent
+cut Spark's planner uses, ``pulsartx.buffer.reads.consistent_cut``) that workers record as ``read``
+events; :func:`blocked_at` samples maxReadPosition for the stuck-partition check.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .checker import FinalState
+
+BIG_RETENTION_MS = 10**12  # keep every finished transaction in the TC logs, so the checker sees it
+DATA_COLUMNS = ["offset", "type", "value", "txn_most_bits", "txn_least_bits"]
+
+
+def config(recovery_grace_ms: int = 0) -> Any:
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+
+    return CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_ms=recovery_grace_ms)
+
+
+def client(url: str, storage_options: dict[str, str] | None = None, recovery_grace_ms: int = 0, **kw: Any) -> Any:
+    import pulsartx
+
+    return pulsartx.Client(url, storage_options, coordinator_config=config(recovery_grace_ms), **kw)
+
+
+def _partitions(c: Any, topic: str) -> list[Any]:
+    return list(c.admin.partitions_of(topic))
+
+
+def visible(c: Any, topic: str) -> list[tuple[int, int, str]]:
+    """READ_COMMITTED through the public Reader, from the earliest message."""
+    from pulsartx import MessageId
+
+    out = []
+    with c.create_reader(topic, MessageId.earliest) as r:
+        for m in r:
+            mid = m.message_id()
+            out.append((mid.partition(), mid.offset(), m.data().decode()))
+    return sorted(out)
+
+
+def stored(c: Any, topic: str) -> list[tuple[int, int, str, tuple[int, int] | None]]:
+    """Every DATA row as written (READ_UNCOMMITTED, with its TxnID)."""
+    from pulsartx.log.partition import PartitionLog
+
+    out = []
+    for part in _partitions(c, topic):
+        plog = PartitionLog(c.root, part)
+        for r in plog.read(0, plog.end_offset(), columns=DATA_COLUMNS).to_pylist():
+            if r["type"] != "DATA":
+                continue
+            t = None if r["txn_most_bits"] is None else (r["txn_most_bits"], r["txn_least_bits"])
+            out.append((part.partition, r["offset"], r["value"].decode(), t))
+    return out
+
+
+def txn_status(c: Any) -> dict[tuple[int, int], str]:
+    out = {}
+    for tc in c._coordinators().all():
+        for m in tc.transactions(refresh=True):
+            out[(m.txn_id.most_bits, m.txn_id.least_bits)] = m.status.value
+    return out
+
+
+def ongoing(c: Any, topic: str) -> dict[tuple[str, int], list[int]]:
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.log.partition import PartitionLog
+
+    out = {}
+    for part in _partitions(c, topic):
+        s = TransactionBuffer(PartitionLog(c.root, part)).state()
+        out[(topic, part.partition)] = sorted(s.ongoing.values())
+    return out
+
+
+def blocked_at(c: Any, topic: str) -> dict[int, int | None]:
+    """Per partition: first offset of the oldest transaction holding maxReadPosition back (None: free)."""
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.log.partition import PartitionLog
+
+    out = {}
+    for part in _partitions(c, topic):
+        s = TransactionBuffer(PartitionLog(c.root, part)).state()
+        out[part.partition] = min(s.ongoing.values()) if s.ongoing else None
+    return out
+
+
+def drain(c: Any, topic: str, sub: str, idle_ms: int = 1500) -> list[str]:
+    """Everything the subscription still delivers (nothing acknowledged), until idle."""
+    from pulsartx.client.consumer import ConsumerType
+
+    out: list[str] = []
+    cons = c.subscribe(topic, sub, consumer_type=ConsumerType.Exclusive)
+    try:
+        while True:
+            got = cons.batch_receive(1000, timeout_millis=idle_ms)
+            if not got:
+                return out
+            out.extend(m.data().decode() for m in got)
+    finally:
+        cons.close()
+
+
+def batch_read(c: Any, topics: Iterable[str]) -> list[tuple[str, int, int, str]]:
+    """A batch read of every partition of ``topics`` at one moment: the consistent cut the Spark
+    batch planner takes (``consistent_cut``), then each partition's rows below its read limit
+    through the cut's filter. Must never return part of a transaction."""
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.buffer.reads import consistent_cut
+    from pulsartx.coordinator.registry import Coordinators
+    from pulsartx.log.partition import PartitionLog
+
+    plogs = {str(p): (t, p, PartitionLog(c.root, p)) for t in topics for p in _partitions(c, t)}
+    filters = consistent_cut(Coordinators(c.root, recover_on_open=False),
+                             {name: TransactionBuffer(pl) for name, (_t, _p, pl) in plogs.items()})
+    out = []
+    for name, (topic, part, plog) in plogs.items():
+        f = filters[name]
+        end = f.read_limit
+        if end <= 0:
+            continue
+        rows = f.apply(plog.read(0, end, columns=DATA_COLUMNS))
+        out.extend((topic, part.partition, o, v.decode()) for o, v in
+                   zip(rows.column("offset").to_pylist(), rows.column("value").to_pylist(), strict=True))
+    return out
+
+
+def collect_final(url: str, storage_options: dict[str, str] | None, topics: Iterable[str],
+                  subscriptions: Iterable[tuple[str, str]] = ()) -> FinalState:
+    c = client(url, storage_options)
+    try:
+        topics = list(topics)
+        fs = FinalState(visible={t: visible(c, t) for t in topics}, stored={t: stored(c, t) for t in topics},
+                        txn_status=txn_status(c))
+        for t in topics:
+            fs.ongoing.update(ongoing(c, t))
+        for topic, sub in subscriptions:
+            fs.drained[(topic, sub)] = drain(c, topic, sub)
+        return fs
+    finally:
+        c.close()
