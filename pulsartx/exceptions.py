@@ -4,6 +4,17 @@ Every error message names the offending value or option and says how to fix it.
 """
 from __future__ import annotations
 
+import re
+
+# delta-rs appends a native stack trace to its messages when RUST_BACKTRACE is set: dozens of
+# "   0: <unknown>" lines that bury the one line saying what is wrong.
+_RUST_BACKTRACE = re.compile(r"\n\s*(?:Stack backtrace:\s*)?\n?\s+0: .*", re.DOTALL)
+
+
+def short_cause(exc: BaseException) -> str:
+    """The message of ``exc`` without a native backtrace: what error wrapping should quote."""
+    return _RUST_BACKTRACE.sub("", str(exc)).strip()
+
 
 class PulsarException(Exception):
     """Base of every pulsartx error."""

@@ -37,6 +37,7 @@ class CoordinatorService:
         self.grace_ms = grace_ms
         self.stats = ServiceStats()
         self._stop = threading.Event()
+        self._reported: dict[str, str] = {}  # partition -> last error logged at WARNING
 
     def stop(self, *_: Any) -> None:
         if not self._stop.is_set():
@@ -59,12 +60,26 @@ class CoordinatorService:
             for p in self.client.admin.partitions_of(topic):
                 if self._stop.is_set():
                     return
-                TransactionBuffer(PartitionLog(self.client.root, p)).state()  # folds; snapshots when due
-                if compact:
-                    from pulsartx.maintenance.compaction import compact_partition
+                try:
+                    TransactionBuffer(PartitionLog(self.client.root, p)).state()  # folds; snapshots when due
+                    if compact:
+                        from pulsartx.maintenance.compaction import compact_partition
 
-                    res = compact_partition(self.client.root, p)
-                    self.stats.compacted_files += max(0, res.files_before - res.files_after)
+                        res = compact_partition(self.client.root, p)
+                        self.stats.compacted_files += max(0, res.files_before - res.files_after)
+                except Exception as e:  # one broken partition (e.g. a corrupt log) must not stall the others
+                    self._partition_failed(p, e)
+
+    def _partition_failed(self, partition: Any, e: Exception) -> None:
+        """Log a partition's failure once at WARNING (then at DEBUG while it repeats) and move on."""
+        msg = f"partition {partition}: {e}"
+        self.stats.errors.append(msg)
+        del self.stats.errors[:-100]  # bounded: a partition broken for days is one line per pass
+        if self._reported.get(str(partition)) != str(e):
+            self._reported[str(partition)] = str(e)
+            log.warning("coordinator pass skipped %s (will retry next pass)", msg)
+        else:
+            log.debug("coordinator pass skipped %s again", msg)
 
     def run(self, install_signals: bool = True) -> ServiceStats:
         if install_signals:

@@ -14,9 +14,10 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
-from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException, short_cause
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import build_records, shared_log
 from pulsartx.naming import TopicName
@@ -159,8 +160,7 @@ class Producer:
             raise AlreadyClosed(f"producer {self._name} on {self._topic} is closed")
         if not isinstance(content, bytes | bytearray | memoryview):
             raise InvalidConfiguration(f"content must be bytes, got {type(content).__name__}: encode strings first")
-        if properties is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
-            raise InvalidConfiguration("properties must map str to str")
+        check_message_fields(partition_key, properties)  # before queueing: a bad field must not fail its batch
         if txn is not None:
             txn._check_usable()
             txn._attach_producer(self)
@@ -256,7 +256,7 @@ class Producer:
             self._fail(batch, e)
             return
         except Exception as e:  # storage errors surface as PulsarException to callers
-            self._fail(batch, PulsarException(f"send to {plog.topic} failed: {e}"))
+            self._fail(batch, PulsarException(f"send to {plog.topic} failed: {short_cause(e)}"))
             return
         for p, off in zip(batch, res.offsets, strict=True):
             # A deduplicated message was persisted earlier; Pulsar reports it without a new position.

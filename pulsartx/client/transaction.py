@@ -153,7 +153,8 @@ class Transaction:
     def _end(self, action: TxnAction) -> None:
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         try:
-            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner)
+            # "" when the client has no owner: it may then end only owner-less transactions.
+            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "")
         except ExpiredTransactionError as e:
             self._note_expired(e)
             raise

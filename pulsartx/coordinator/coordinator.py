@@ -196,9 +196,14 @@ class TransactionCoordinator:
         they are durable exactly when the outcome is."""
 
         def decide(meta: TxnMeta):
-            if not admin and owner is not None and meta.owner is not None and owner != meta.owner:
+            # As Pulsar's TC: a transaction with an owner ends only by that owner's hand, or by an
+            # admin; an owner-less client (owner "") is not a wildcard. Owner-less transactions are
+            # anyone's. owner=None is an in-process protocol step (recovery, Spark commit protocols)
+            # acting on a transaction it created itself.
+            if not admin and owner is not None and meta.owner and owner != meta.owner:
                 raise NotAllowedError(f"transaction {txn_id} belongs to owner {meta.owner!r}, not {owner!r}: "
-                                      "only its owner (or an admin abort) may end it")
+                                      "only its owner may end it (an admin may abort it: "
+                                      "`pulsartx transactions abort` or admin.transactions.abort_transaction)")
             if meta.status is TxnStatus.OPEN and action is TxnAction.COMMIT and meta.expired(now_ms()):
                 raise _expired(meta, "it passed its timeout")
             try:

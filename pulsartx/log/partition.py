@@ -28,6 +28,7 @@ from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
+from pulsartx.storage.diagnose import naming_partition
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ class PartitionLog:
     # ---- table handles -------------------------------------------------------------------------
     def _writer_table(self) -> Any:
         if self._table is None:
-            t = delta.open_table(self.root, *self.segments)
+            with naming_partition(self.root, self.segments, self.topic):
+                t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: "
                                     "create it with client.admin.create_topic() or `pulsartx topics create`")
@@ -231,6 +233,10 @@ class PartitionLog:
 
     def refresh(self) -> FileIndex:
         """Bring the file index up to date: a snapshot load the first time, then only new commits."""
+        with naming_partition(self.root, self.segments, self.topic):  # a corrupt log names this partition
+            return self._refresh()
+
+    def _refresh(self) -> FileIndex:
         if self._index is None:
             t = delta.open_table(self.root, *self.segments)
             if t is None:

@@ -17,12 +17,16 @@ from pulsartx.exceptions import InvalidConfiguration
 
 ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
 DEFAULT_SERVICE_URL = "./pulsartx-data"
-_SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "SESSION", "KEY_ID", "CREDENTIAL", "SAS", "ACCESS_KEY")
+# Any key containing one of these is a credential. "KEY" alone is deliberately broad: object_store
+# spells secrets AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY...
+_SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "SESSION", "KEY", "CREDENTIAL", "SAS", "AUTH", "SIGNATURE",
+                 "PRIVATE", "CERT")
+REDACTED = "***"
 
 
 def redact_options(options: dict[str, str]) -> dict[str, str]:
     """Storage options with every credential-looking value hidden, for logs, errors and reprs."""
-    return {k: ("***" if any(h in k.upper() for h in _SECRET_HINTS) else v) for k, v in options.items()}
+    return {k: (REDACTED if any(h in str(k).upper() for h in _SECRET_HINTS) else v) for k, v in options.items()}
 
 
 def _upper(options: dict[str, str]) -> dict[str, str]:
