@@ -130,7 +130,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
         elif f == "abort" and kind == "ok":
             aborted_hist.add(_txn(e["txn"]))
     stored_values = {r[2] for rows in final.stored.values() for r in rows}
-    for topic, rows in final.stored.items():
+    for rows in final.stored.values():
         for _p, _o, v, t in rows:
             if t is not None:
                 value_txn.setdefault(v, t)
@@ -223,7 +223,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
         if e["type"] != "ok" or e["f"] != "poll":
             continue
         stats["polled"] += len(e["msgs"])
-        for p, o, v in e["msgs"]:
+        for p, o, _v in e["msgs"]:
             key = (e["p"], e.get("consumer"), e.get("epoch", 0), e["topic"], p)
             prev = last.get(key)
             if prev is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -40,11 +41,13 @@ class History:
         self.process = process
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._seq = 0
+        self._lock = threading.Lock()  # workers may record from several threads
 
     def _write(self, kind: str, f: str, fields: dict[str, Any]) -> dict[str, Any]:
-        self._seq += 1
-        ev = {"p": self.process, "i": self._seq, "t": time.time(), "type": kind, "f": f, **fields}
-        os.write(self._fd, (json.dumps(ev, separators=(",", ":")) + "\n").encode())
+        with self._lock:
+            self._seq += 1
+            ev = {"p": self.process, "i": self._seq, "t": time.time(), "type": kind, "f": f, **fields}
+            os.write(self._fd, (json.dumps(ev, separators=(",", ":")) + "\n").encode())
         return ev
 
     def invoke(self, f: str, **fields: Any) -> dict[str, Any]:
