@@ -46,6 +46,19 @@ def txn_key_column(table: pa.Table) -> pa.Array:
 FOLD_COLUMNS = ["offset", "type", "txn_most_bits", "txn_least_bits", "marker_entries"]
 
 
+def _int64s(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A null-free int64 column as numpy (zero-copy when it is one chunk)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _bools(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
 @dataclass
 class BufferState:
     end_offset: int = 0  # next offset to fold
@@ -76,39 +89,68 @@ class BufferState:
 
     def fold(self, records: pa.Table) -> BufferState:
         """Advance over ``records`` (offsets ``end_offset`` onwards, in order). Only rows that carry
-        a transaction matter; plain rows just move the end."""
+        a transaction matter; plain rows just move the end.
+
+        Vectorised, yet equal to folding row by row (the definition, kept in tests/test_buffer_vectorised.py): per
+        transaction, what a batch changes depends only on its rows before its first marker in the
+        batch, so data rows are reduced per transaction with numpy and only markers, which are
+        few, are walked in Python (in offset order, which the bounded ``plain_ended`` needs)."""
         if records.num_rows == 0:
             return self
         offsets = records.column("offset")
         has_txn = pc.is_valid(records.column("txn_most_bits"))
-        txn_rows = records.filter(has_txn)
-        if txn_rows.num_rows:
-            keys = txn_key_column(txn_rows).to_pylist()
-            types = txn_rows.column("type").to_pylist()
-            offs = txn_rows.column("offset").to_pylist()
-            entries = txn_rows.column("marker_entries").to_pylist()
-            for k, t, o, e in zip(keys, types, offs, entries, strict=True):
-                if t == MessageType.DATA.value:
-                    if k in self.ended:
-                        continue  # a straggler after its transaction's marker: never visible
-                    if k not in self.ongoing:
-                        self.ongoing[k] = o
-                    self.last_data[k] = o
-                else:
-                    self.ongoing.pop(k, None)
-                    if k in self.ended:
-                        continue  # a repeated marker can never change an outcome
-                    self.ended[k] = o
-                    self.markers_since_snapshot += 1
-                    if t == MessageType.TXN_ABORT.value:
-                        self.aborted[k] = o
-                    elif e is not None:
-                        self.ranges[k] = [(r["first_offset"], r["last_offset"]) for r in e]
-                    else:
-                        self.plain_ended.append(k)
+        if pc.any(has_txn).as_py():
+            txn_rows = records.filter(has_txn)
+            keys = _int64s(txn_key_column(txn_rows))
+            offs = _int64s(txn_rows.column("offset"))
+            is_data = _bools(pc.equal(txn_rows.column("type"), MessageType.DATA.value))
+            marker_idx = np.flatnonzero(~is_data)
+            first_marker: dict[int, int] = {}
+            for k, o in zip(keys[marker_idx].tolist(), offs[marker_idx].tolist(), strict=True):
+                first_marker.setdefault(k, o)
+            data_keys, data_offs = keys[is_data], offs[is_data]
+            if len(data_keys):
+                uniq, inv = np.unique(data_keys, return_inverse=True)
+                ukeys = uniq.tolist()
+                big = np.iinfo(np.int64).max
+                # Data counts only before the transaction's first marker here, and not at all once
+                # it ended earlier (stragglers).
+                cutoff = np.array([-1 if k in self.ended else first_marker.get(k, big) for k in ukeys], np.int64)
+                live = data_offs < cutoff[inv]
+                if live.any():
+                    lk, lo = inv[live], data_offs[live]
+                    first = np.full(len(ukeys), big, np.int64)
+                    last = np.full(len(ukeys), -1, np.int64)
+                    np.minimum.at(first, lk, lo)
+                    np.maximum.at(last, lk, lo)
+                    for j in np.unique(lk).tolist():
+                        k = ukeys[j]
+                        if k not in self.ongoing:
+                            self.ongoing[k] = int(first[j])
+                        self.last_data[k] = int(last[j])
+            if len(marker_idx):
+                types = txn_rows.column("type").take(pa.array(marker_idx)).to_pylist()
+                entries = txn_rows.column("marker_entries").take(pa.array(marker_idx)).to_pylist()
+                for k, t, o, e in zip(keys[marker_idx].tolist(), types, offs[marker_idx].tolist(), entries,
+                                      strict=True):
+                    self._end_txn(k, t, o, e)
             self._trim()
         self.end_offset = int(pc.max(offsets).as_py()) + 1
         return self
+
+    def _end_txn(self, k: int, t: str, o: int, e: list[dict] | None) -> None:
+        """One marker: the first one of a transaction decides it, later ones change nothing."""
+        self.ongoing.pop(k, None)
+        if k in self.ended:
+            return  # a repeated marker can never change an outcome
+        self.ended[k] = o
+        self.markers_since_snapshot += 1
+        if t == MessageType.TXN_ABORT.value:
+            self.aborted[k] = o
+        elif e is not None:
+            self.ranges[k] = [(r["first_offset"], r["last_offset"]) for r in e]
+        else:
+            self.plain_ended.append(k)
 
     def _trim(self) -> None:
         """Keep only the MAX_ENDED most recent plain committed transactions (aborted and
@@ -232,18 +274,46 @@ class VisibilityFilter:
             mask = self._straggler_and_range_mask(data, keys, mask)
         return data.filter(pc.fill_null(mask, True))
 
-    def _straggler_and_range_mask(self, data: pa.Table, keys: pa.Array, mask: pa.Array) -> pa.Array:
-        offs = data.column("offset").to_pylist()
-        ks = keys.to_pylist()
-        m = mask.to_pylist()
-        for i, (k, o) in enumerate(zip(ks, offs, strict=True)):
-            if k is None or not m[i]:
-                continue
-            end = self.ended.get(k)
-            if end is not None and o > end:
-                m[i] = False
-                continue
-            rs = self.ranges.get(k)
-            if rs is not None and not any(a <= o <= b for a, b in rs):
-                m[i] = False
-        return pa.array(m, pa.bool_())
+    def _straggler_and_range_mask(self, data: pa.Table, keys: pa.Array | pa.ChunkedArray,
+                                  mask: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """``mask`` minus stragglers (data after its transaction's marker) and data outside the
+        entry lists of commit markers that have them. Per distinct transaction, not per row: the
+        executors run this over every row they read."""
+        offs = _int64s(data.column("offset"))
+        valid = _bools(pc.is_valid(keys))
+        rows = np.flatnonzero(valid)
+        drop = np.zeros(len(offs), dtype=bool)
+        if len(rows):
+            uniq, inv = np.unique(_int64s(pc.fill_null(keys, 0))[rows], return_inverse=True)
+            ukeys = uniq.tolist()
+            o = offs[rows]
+            big = np.iinfo(np.int64).max
+            d = o > np.array([self.ended.get(k, big) for k in ukeys], np.int64)[inv]
+            ranged = [j for j, k in enumerate(ukeys) if k in self.ranges]
+            if ranged:
+                order = np.argsort(inv, kind="stable")
+                bounds = np.searchsorted(inv[order], np.arange(len(ukeys) + 1))
+                for j in ranged:
+                    sel = order[bounds[j]:bounds[j + 1]]
+                    d[sel] |= ~_in_ranges(o[sel], self.ranges[ukeys[j]])
+            drop[rows] = d
+        m = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+        # Only rows still shown can be dropped; a null stays null (shown by the caller's fill).
+        return pc.if_else(pc.and_(pa.array(drop), pc.fill_null(m, False)), False, m)
+
+
+def _in_ranges(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """``any(a <= o <= b for a, b in ranges)`` for each offset: the ranges merged into disjoint
+    sorted ones, then one binary search per offset."""
+    merged: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[0] <= r[1]):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    if not merged:
+        return np.zeros(len(offsets), dtype=bool)
+    starts = np.array([a for a, _ in merged], np.int64)
+    ends = np.array([b for _, b in merged], np.int64)
+    i = np.searchsorted(starts, offsets, side="right") - 1
+    return (i >= 0) & (offsets <= ends[np.maximum(i, 0)])

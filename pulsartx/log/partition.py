@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
-from pulsartx.log.dedup import OFFSET_APP_ID, new_message_mask, producer_app_id
+from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
 from pulsartx.naming import TopicName
@@ -67,7 +67,7 @@ def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, proper
     def const(v: Any, t: pa.DataType) -> pa.Array:
         if v is None:
             return pa.nulls(n, t)
-        return pa.array(np.full(n, v, dtype=np.int64), t) if isinstance(v, int) else pa.array([v] * n, t)
+        return pa.array(np.full(n, v, dtype=np.int64), t) if isinstance(v, int) else pa.repeat(pa.scalar(v, t), n)
 
     if sequence_ids is None and first_sequence_id is not None:
         sequence_ids = pa.array(np.arange(first_sequence_id, first_sequence_id + n, dtype=np.int64))
@@ -93,19 +93,31 @@ def build_records(values: Sequence[bytes], *, keys: Sequence[str | None] | None 
                   msg_type: MessageType = MessageType.DATA, marker_entries: Any = None) -> pa.Table:
     """The same rows from Python values (the client producer's path)."""
     def given(col: Sequence | None) -> bool:
-        return col is not None and any(v is not None for v in col)
+        if col is None:
+            return False
+        if isinstance(col, list):
+            return col.count(None) != len(col)  # C speed: most batches carry no keys or event times
+        return any(v is not None for v in col)
 
     return records_from_arrow(
         pa.array(values, pa.binary()),
         keys=pa.array(keys, pa.string()) if given(keys) else None,
-        # A message sent without properties has an empty map, as in Pulsar.
-        properties=pa.array([list((p or {}).items()) for p in properties], PROPERTIES)
-        if properties is not None else None,
+        properties=_properties(properties) if properties is not None else None,
         event_times=pa.array([None if t is None else t * 1000 for t in event_times_ms], pa.int64()).cast(TIMESTAMP)
         if given(event_times_ms) else None,
         producer_name=producer_name,
         sequence_ids=pa.array(sequence_ids, pa.int64()) if sequence_ids is not None else None,
         txn=txn, msg_type=msg_type, marker_entries=marker_entries)
+
+
+def _properties(properties: Sequence[dict[str, str] | None]) -> pa.Array:
+    """A message sent without properties has an empty map, as in Pulsar. A batch without any
+    (the common case) is built from offsets alone rather than from a list per message."""
+    if not any(properties):
+        offsets = pa.array(np.zeros(len(properties) + 1, dtype=np.int32))
+        empty = pa.array([], pa.string())
+        return pa.MapArray.from_arrays(offsets, empty, empty, type=PROPERTIES)
+    return pa.array([list((p or {}).items()) for p in properties], PROPERTIES)
 
 
 def _finish(records: pa.Table, first_offset: int, publish_us: int) -> pa.Table:
@@ -172,7 +184,7 @@ class PartitionLog:
 
     def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None) -> AppendResult:
         table = self._writer_table()
-        seqs = records.column("sequence_id").to_pylist() if producer_name else None
+        seqs = records.column("sequence_id").to_numpy() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
         for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
             next_offset = self._app_version(table, OFFSET_APP_ID) or 0
@@ -180,14 +192,16 @@ class PartitionLog:
                 return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             keep = None
             if app_id is not None:
-                keep = new_message_mask(seqs, self._app_version(table, app_id))
-                if not any(keep):
+                keep = new_message_keep(seqs, self._app_version(table, app_id))
+                if not keep.any():
                     return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
-            rows = records if keep is None or all(keep) else records.filter(pa.array(keep))
+                if keep.all():
+                    keep = None
+            rows = records if keep is None else records.filter(pa.array(keep))
             data = _finish(rows, next_offset, int(time.time() * 1_000_000))
             apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
             if app_id is not None:
-                apps[app_id] = max(s for s, k in zip(seqs, keep, strict=True) if k)
+                apps[app_id] = int(seqs.max() if keep is None else seqs[keep].max())
             if guard_app_id is not None:
                 apps[guard_app_id] = next_offset
             try:
@@ -200,12 +214,11 @@ class PartitionLog:
             # Every append sets the offset app id, so no other append can have slipped in between:
             # the versions we just wrote are the handle's current ones.
             self._known_apps = {k: v for k, v in apps.items() if k != guard_app_id}
-            offsets: list[int | None] = []
-            o = next_offset
-            for k in keep if keep is not None else [True] * records.num_rows:
-                offsets.append(o if k else None)
-                o += int(k)
             last = next_offset + rows.num_rows - 1
+            offsets: list[int | None] = list(range(next_offset, last + 1))
+            if keep is not None:
+                given = iter(offsets)
+                offsets = [next(given) if k else None for k in keep.tolist()]
             return AppendResult(offsets, version, next_offset, last, attempt, records.num_rows - rows.num_rows,
                                 [(next_offset, last)])
         raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "

@@ -1,0 +1,198 @@
+"""The vectorised fold, READ_COMMITTED filter and producer dedup equal their per-row definitions.
+
+``BufferState.fold``, ``VisibilityFilter._straggler_and_range_mask`` and ``new_message_keep`` work on
+whole columns (numpy / pyarrow.compute) because they run over every record a reader or an append
+touches. The per-row versions below are the definitions they replaced, kept as the reference: on
+random logs (many transactions of several TCs, repeated and contradicting markers, stragglers,
+entry lists that overlap, are empty or inverted, folds in random chunks on top of a random prior
+state) both must agree on every field, including the order of ``plain_ended``, which decides what
+the bounded ended set forgets.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pulsartx.buffer.state import BufferState, VisibilityFilter, txn_key, txn_key_column
+from pulsartx.log.dedup import new_message_keep, new_message_mask
+from pulsartx.log.schema import MARKER_ENTRIES, MessageType
+
+# ---- the per-row definitions -------------------------------------------------------------------------
+
+
+def fold_rows(s: BufferState, records: pa.Table) -> BufferState:
+    """BufferState.fold as first written: one Python step per transactional row."""
+    if records.num_rows == 0:
+        return s
+    txn_rows = records.filter(pc.is_valid(records.column("txn_most_bits")))
+    if txn_rows.num_rows:
+        keys = txn_key_column(txn_rows).to_pylist()
+        types = txn_rows.column("type").to_pylist()
+        offs = txn_rows.column("offset").to_pylist()
+        entries = txn_rows.column("marker_entries").to_pylist()
+        for k, t, o, e in zip(keys, types, offs, entries, strict=True):
+            if t == MessageType.DATA.value:
+                if k in s.ended:
+                    continue
+                if k not in s.ongoing:
+                    s.ongoing[k] = o
+                s.last_data[k] = o
+            else:
+                s.ongoing.pop(k, None)
+                if k in s.ended:
+                    continue
+                s.ended[k] = o
+                s.markers_since_snapshot += 1
+                if t == MessageType.TXN_ABORT.value:
+                    s.aborted[k] = o
+                elif e is not None:
+                    s.ranges[k] = [(r["first_offset"], r["last_offset"]) for r in e]
+                else:
+                    s.plain_ended.append(k)
+        s._trim()
+    s.end_offset = int(pc.max(records.column("offset")).as_py()) + 1
+    return s
+
+
+def straggler_and_range_mask_rows(f: VisibilityFilter, data: pa.Table, keys: pa.Array, mask: pa.Array) -> list:
+    offs = data.column("offset").to_pylist()
+    ks = keys.to_pylist()
+    m = mask.to_pylist()
+    for i, (k, o) in enumerate(zip(ks, offs, strict=True)):
+        if k is None or not m[i]:
+            continue
+        end = f.ended.get(k)
+        if end is not None and o > end:
+            m[i] = False
+            continue
+        rs = f.ranges.get(k)
+        if rs is not None and not any(a <= o <= b for a, b in rs):
+            m[i] = False
+    return m
+
+
+def new_message_mask_rows(seqs: list[int], last: int | None) -> list[bool]:
+    high = -1 if last is None else last
+    keep = []
+    for seq in seqs:
+        keep.append(seq > high)
+        high = max(high, seq)
+    return keep
+
+
+# ---- random logs ---------------------------------------------------------------------------------------
+
+TXNS = [(tc, 100 + i) for tc in (0, 1, 3) for i in range(4)]
+
+
+@st.composite
+def logs(draw) -> list[tuple]:
+    """(type, txn or None, entries) rows; offsets are the row indexes."""
+    rows: list[tuple] = []
+    for _ in range(draw(st.integers(0, 80))):
+        op = draw(st.sampled_from(["p", "d", "d", "d", "c", "a", "ce"]))
+        txn = draw(st.sampled_from(TXNS))
+        if op == "p":
+            rows.append(("DATA", None, None))
+        elif op == "d":
+            rows.append(("DATA", txn, None))
+        elif op == "a":
+            rows.append(("TXN_ABORT", txn, None))
+        elif op == "c":
+            rows.append(("TXN_COMMIT", txn, None))
+        else:
+            n = len(rows) + 1
+            entries = draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=4))
+            rows.append(("TXN_COMMIT", txn, entries))
+    return rows
+
+
+def table(rows: list[tuple], start: int = 0, chunks: int = 1) -> pa.Table:
+    n = len(rows)
+    t = pa.table({
+        "offset": pa.array(range(start, start + n), pa.int64()),
+        "type": pa.array([r[0] for r in rows], pa.string()),
+        "value": pa.array([f"v{start + i}".encode() for i in range(n)], pa.binary()),
+        "txn_most_bits": pa.array([r[1][0] if r[1] else None for r in rows], pa.int64()),
+        "txn_least_bits": pa.array([r[1][1] if r[1] else None for r in rows], pa.int64()),
+        "marker_entries": pa.array([None if r[2] is None else [{"first_offset": a, "last_offset": b} for a, b in r[2]]
+                                    for r in rows], MARKER_ENTRIES),
+    })
+    if chunks > 1 and n > 1:  # several chunks, as a dataset read of several files returns
+        step = max(1, n // chunks)
+        t = pa.concat_tables([t.slice(i, step) for i in range(0, n, step)])
+    return t
+
+
+def fields(s: BufferState) -> dict:
+    return {"end_offset": s.end_offset, "ongoing": s.ongoing, "aborted": s.aborted, "ended": s.ended,
+            "ranges": s.ranges, "last_data": s.last_data, "markers": s.markers_since_snapshot,
+            "plain_ended": list(s.plain_ended)}
+
+
+@settings(max_examples=120, deadline=None)
+@given(logs(), st.lists(st.integers(0, 80), max_size=5), st.integers(1, 3), st.integers(1, 6))
+def test_vectorised_fold_equals_per_row_fold(rows, cuts, chunks, max_ended):
+    import pulsartx.buffer.state as state_mod
+
+    saved = state_mod.MAX_ENDED
+    state_mod.MAX_ENDED = max_ended  # small, so trimming the ended set happens too
+    try:
+        fast, ref = BufferState(), BufferState()
+        bounds = sorted({0, len(rows), *(c for c in cuts if c <= len(rows))})
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            t = table(rows[lo:hi], start=lo, chunks=chunks)
+            fast.fold(t)
+            fold_rows(ref, t)
+            assert fields(fast) == fields(ref)
+    finally:
+        state_mod.MAX_ENDED = saved
+
+
+@settings(max_examples=120, deadline=None)
+@given(logs(), st.integers(0, 80), st.integers(1, 3), st.data())
+def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
+    cut = min(cut, len(rows))
+    s = BufferState().fold(table(rows[:cut]))
+    # Data read below some limit, possibly with rows already hidden (aborted or cut), possibly null.
+    t = table(rows, chunks=chunks)
+    data_rows = t.filter(pc.equal(t.column("type"), "DATA"))
+    keys = txn_key_column(data_rows)
+    mask = pa.array(data.draw(st.lists(st.sampled_from([True, True, False, None]), min_size=data_rows.num_rows,
+                                       max_size=data_rows.num_rows)), pa.bool_())
+    f = s.filter()
+    expected = straggler_and_range_mask_rows(f, data_rows, keys, mask)
+    assert f._straggler_and_range_mask(data_rows, keys, mask).to_pylist() == expected
+    # And the whole filter, with the reference mask swapped in.
+    bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
+    fast = f.apply(bounded).column("offset").to_pylist()
+    ref = copy.copy(f)
+    object.__setattr__(ref, "_straggler_and_range_mask",
+                       lambda d, k, m: pa.array(straggler_and_range_mask_rows(f, d, k, m), pa.bool_()))
+    assert fast == ref.apply(bounded).column("offset").to_pylist()
+
+
+def test_filter_drops_stragglers_and_out_of_range_rows_of_a_large_read():
+    """A concrete large case: 100k rows of three transactions (one ranged, one with stragglers)."""
+    k1, k2, k3 = txn_key(1, 1), txn_key(1, 2), txn_key(2, 1)
+    n = 100_000
+    offs = np.arange(n, dtype=np.int64)
+    keys = pa.array(np.where(offs % 3 == 0, k1, np.where(offs % 3 == 1, k2, k3)))
+    data = pa.table({"offset": offs})
+    f = VisibilityFilter(n, {}, {k1: 50_000, k2: n, k3: n}, {k2: [(10, 19), (15, 30), (90_000, 90_009)]})
+    got = np.array(f._straggler_and_range_mask(data, keys, pa.array(np.ones(n, bool))).to_pylist())
+    want = np.where(offs % 3 == 0, offs <= 50_000,
+                    np.where(offs % 3 == 1, ((offs >= 10) & (offs <= 30)) | ((offs >= 90_000) & (offs <= 90_009)), True))
+    assert (got == want).all()
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.integers(-5, 40), max_size=50), st.one_of(st.none(), st.integers(-5, 40)))
+def test_vectorised_dedup_equals_per_row_dedup(seqs, last):
+    assert new_message_mask(seqs, last) == new_message_mask_rows(seqs, last)
+    assert new_message_keep(np.array(seqs, np.int64), last).tolist() == new_message_mask_rows(seqs, last)
