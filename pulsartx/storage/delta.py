@@ -8,14 +8,26 @@ handle is advanced in place by each successful write.
 The compare-and-set: a commit carrying ``Transaction(app_id, v)`` fails if any commit after the
 writer's snapshot set the same app_id. delta-rs does not check ``v`` itself, so callers compare the
 snapshot's ``transaction_version`` before committing (see notes/deltalake.md).
+
+Transient storage faults (connection refused or reset, timeouts, 5xx, throttling) are retried here,
+with jittered exponential backoff, for a bounded time (:data:`RETRY_ENV`, default 30 s), then raised
+as :class:`StorageUnavailable` naming the table URI (never a credential). A lost compare-and-set is
+*not* a fault: it is :class:`ConcurrentCommit`, raised at once for the caller's own CAS loop.
+Retrying a commit whose response was lost is safe: the repeated put of the same version fails its
+``If-None-Match``, delta-rs reports a conflict with our own app ids, and every caller's CAS loop then
+finds its write already applied (producer dedup, keyed-log seq, marker idempotence).
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
+import random
+import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -27,6 +39,141 @@ log = logging.getLogger(__name__)
 
 class ConcurrentCommit(StorageError):
     """Another writer committed a conflicting version first; reload and retry."""
+
+
+class StorageUnavailable(StorageError):
+    """The object store kept failing with transient errors (connection refused, timeouts, 5xx) for
+    longer than the retry budget; the message names the operation and the table or file URI."""
+
+
+# ---- transient-fault retries -------------------------------------------------------------------
+RETRY_ENV = "PULSARTX_STORAGE_RETRY_SECONDS"
+DEFAULT_RETRY_SECONDS = 30.0
+T = TypeVar("T")
+
+# Messages of transient faults, as delta-rs (object_store), s3fs/botocore and pyarrow (AWS SDK) word
+# them. Matched case-insensitively on the whole exception chain's text.
+_TRANSIENT = re.compile(
+    r"connection refused|connection reset|connection aborted|broken pipe|tcp connect error|"
+    r"error sending request|could not connect|failed to connect|network_connection|connect timeout|"
+    r"timed out|timeout|temporarily unavailable|service ?unavailable|slow ?down|throttl|"
+    r"internal ?error|bad gateway|gateway timeout|\b50[0234]\b|incomplete ?message|"
+    r"unexpected eof|end of file before message|server disconnected|connection closed|"
+    r"request_timeout|curlcode: (?:7|28|52|55|56)", re.IGNORECASE)
+# Answers that no retry can change, even when the text also mentions a timeout or a 5xx.
+_PERMANENT = re.compile(r"accessdenied|access denied|forbidden|\b403\b|nosuchbucket|invalidaccesskeyid|"
+                        r"signaturedoesnotmatch|precondition|\b412\b", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long transient storage faults are retried: jittered exponential backoff from ``base_s``
+    up to ``cap_s`` per pause, for at most ``deadline_s`` in total (0 disables retries)."""
+
+    deadline_s: float = DEFAULT_RETRY_SECONDS
+    base_s: float = 0.1
+    cap_s: float = 2.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        raw = os.environ.get(RETRY_ENV)
+        if not raw:
+            return cls()
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise StorageError(f"{RETRY_ENV}={raw!r} is not a number of seconds") from None
+        return cls(deadline_s=max(0.0, seconds))
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def is_transient(e: BaseException) -> bool:
+    """True for faults worth retrying (network, timeouts, 5xx, throttling); never for a lost CAS,
+    a missing table, a permission error or a missing bucket."""
+    if isinstance(e, ConcurrentCommit) or isinstance(e, FileNotFoundError | PermissionError):
+        return False
+    for c in _chain(e):
+        if isinstance(c, ConnectionError | TimeoutError):
+            return True
+        name = type(c).__name__
+        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+                    "ServerDisconnectedError", "ClientConnectorError", "ClientOSError"):
+            return True
+    text = " ".join(str(c) for c in _chain(e))
+    return bool(_TRANSIENT.search(text)) and not _PERMANENT.search(text)
+
+
+def describe(e: BaseException, secrets: Iterable[str] = ()) -> str:
+    """An exception's text fit for an error message: one line per cause level, no ANSI colours,
+    and no credential values (``secrets``) even if a library echoed them."""
+    text = _ANSI.sub("", str(e)).replace("\u21b3", "").strip()
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text or type(e).__name__
+
+
+def secrets_of(root: StorageRoot | None) -> list[str]:
+    """The credential values of ``root``'s options, to scrub from error messages."""
+    if root is None:
+        return []
+    from pulsartx.storage.root import redact_options
+
+    hidden = redact_options(root.storage_options)
+    return [v for k, v in root.storage_options.items() if hidden.get(k) != v]
+
+
+def retrying(what: str, uri: str, fn: Callable[[], T], *, root: StorageRoot | None = None,
+             policy: RetryPolicy | None = None) -> T:
+    """Run ``fn``, retrying transient faults with jittered exponential backoff until the policy's
+    deadline, then raise :class:`StorageUnavailable` naming ``what`` and ``uri``. Other exceptions
+    (including :class:`ConcurrentCommit`) propagate unchanged on the first occurrence."""
+    policy = policy or RetryPolicy.from_env()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            elapsed = time.monotonic() - start
+            if elapsed >= policy.deadline_s:
+                raise StorageUnavailable(
+                    f"{what} {uri} failed: storage unreachable for {elapsed:.1f} s ({attempt + 1} attempts, "
+                    f"retry budget {policy.deadline_s:g} s, set {RETRY_ENV} to change): "
+                    f"{describe(e, secrets_of(root))}") from e
+            pause = random.uniform(policy.base_s / 2, min(policy.cap_s, policy.base_s * 2 ** min(attempt, 16)))
+            pause = min(pause, max(0.0, policy.deadline_s - elapsed))
+            if attempt == 0:
+                log.warning("%s %s: transient storage error, retrying for up to %g s: %s", what, uri,
+                            policy.deadline_s, describe(e, secrets_of(root)))
+            attempt += 1
+            time.sleep(pause)
+
+
+def _delta_options(root: StorageRoot) -> dict[str, str] | None:
+    """The root's options for delta-rs, with object_store's own retries bounded: its defaults retry a
+    failing request for up to 180 s, which would hide a dead store far past our own budget."""
+    options = dict(root.delta_options)
+    if root.is_local:
+        return options or None
+    keys = {k.lower() for k in options}
+    if "retry_timeout" not in keys:
+        options["retry_timeout"] = "10s"
+    if "max_retries" not in keys:
+        options["max_retries"] = "4"
+    return options
 
 
 def _deltalake():
@@ -41,16 +188,24 @@ def open_table(root: StorageRoot, *segments: str, version: int | None = None) ->
     """The DeltaTable at ``segments``, or None when no table exists there."""
     dl = _deltalake()
     uri = root.uri(*segments)
+    options = _delta_options(root)
+
+    def attempt() -> Any | None:
+        try:
+            return dl.DeltaTable(uri, version=version, storage_options=options)
+        except dl.exceptions.TableNotFoundError:
+            return None
+
     try:
-        return dl.DeltaTable(uri, version=version, storage_options=root.delta_options or None)
-    except dl.exceptions.TableNotFoundError:
-        return None
+        return retrying("open Delta table", uri, attempt, root=root)
+    except StorageError:
+        raise
     except OSError as e:
-        raise StorageError(f"cannot open Delta table {uri}: {e}") from e
+        raise StorageError(f"cannot open Delta table {uri}: {describe(e, secrets_of(root))}") from e
     except Exception as e:  # delta-rs raises generic errors for corrupt logs
         if "not a Delta table" in str(e) or "No such file" in str(e):
             return None
-        raise CorruptedLog(f"Delta table {uri} is unreadable: {e}") from e
+        raise CorruptedLog(f"Delta table {uri} is unreadable: {describe(e, secrets_of(root))}") from e
 
 
 def create_table(root: StorageRoot, schema: pa.Schema, *segments: str,
@@ -63,14 +218,18 @@ def create_table(root: StorageRoot, schema: pa.Schema, *segments: str,
         import os
 
         os.makedirs(uri, exist_ok=True)
+    options = _delta_options(root)
     try:
-        dl.DeltaTable.create(uri, schema, mode="error", name=name, configuration=dict(configuration or {}),
-                             storage_options=root.delta_options or None)
+        retrying("create Delta table", uri, lambda: dl.DeltaTable.create(
+            uri, schema, mode="error", name=name, configuration=dict(configuration or {}), storage_options=options),
+            root=root)
         return True
+    except StorageError:
+        raise
     except Exception as e:
         if "already exists" in str(e).lower() or isinstance(e, FileExistsError):
             return False
-        raise StorageError(f"cannot create Delta table {uri}: {e}") from e
+        raise StorageError(f"cannot create Delta table {uri}: {describe(e, secrets_of(root))}") from e
 
 
 _WRITER_PROPERTIES: Any = None
@@ -107,13 +266,26 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
                           for k, v in (app_transactions or {}).items()] or None,
         max_commit_retries=32,
     )
+
+    def attempt() -> None:
+        try:
+            dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(),
+                               commit_properties=props)
+        except dl.exceptions.CommitFailedError as e:
+            raise ConcurrentCommit(str(e)) from e
+
     try:
-        dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(), commit_properties=props)
-    except dl.exceptions.CommitFailedError as e:
-        raise ConcurrentCommit(str(e)) from e
+        retrying("write to Delta table", table.table_uri, attempt)
+    except StorageError:
+        raise
     except OSError as e:
-        raise StorageError(f"cannot write to Delta table {table.table_uri}: {e}") from e
+        raise StorageError(f"cannot write to Delta table {table.table_uri}: {describe(e)}") from e
     return table.version()
+
+
+def update(table: Any) -> None:
+    """``update_incremental`` with transient faults retried (see :func:`retrying`)."""
+    retrying("refresh Delta table", table.table_uri, table.update_incremental)
 
 
 def txn_version(table: Any, app_id: str) -> int | None:
@@ -124,8 +296,6 @@ def txn_version(table: Any, app_id: str) -> int | None:
 
 def backoff(attempt: int, base: float = 0.002, cap: float = 0.2) -> None:
     """Jittered exponential backoff between CAS retries, so contending writers spread out."""
-    import random
-
     time.sleep(random.uniform(0, min(cap, base * (2 ** min(attempt, 10)))))
 
 
@@ -142,9 +312,15 @@ class LogTail:
 
     def read_commit(self, version: int) -> list[dict[str, Any]] | None:
         path = self.root.fs_path(*self.segments, "_delta_log", f"{version:020d}.json")
-        try:
-            raw = self.root.fs.cat_file(path)
-        except FileNotFoundError:
+
+        def attempt() -> bytes | None:
+            try:
+                return self.root.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+
+        raw = retrying(f"read commit {version} of", self.root.uri(*self.segments), attempt, root=self.root)
+        if raw is None:
             return None
         try:
             return [json.loads(line) for line in raw.splitlines() if line.strip()]
@@ -209,14 +385,23 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
     dl = _deltalake()
     now = int(time.time() * 1000)
     actions: list[Any] = [dl.transaction.RemoveAction(p, data_change, now, size=s) for p, s in removes]
+    uri = root.uri(*segments)
     if data is not None and data.num_rows:
         name = f"compacted-{uuid.uuid4().hex}.parquet"
         path = root.fs_path(*segments, name)
-        pq.write_table(data, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1)
-        size = root.arrow_fs.get_file_info(path).size
+
+        def put_file() -> int:
+            pq.write_table(data, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1)
+            return root.arrow_fs.get_file_info(path).size
+
+        size = retrying("write a data file of", uri, put_file, root=root)
         actions.append(dl.transaction.AddAction(name, size, {}, now, data_change, file_stats(data, stats_columns)))
-    try:
-        table.create_write_transaction(actions, mode="append", schema=data.schema if data is not None else
-                                       table.schema())
-    except dl.exceptions.CommitFailedError as e:
-        raise ConcurrentCommit(str(e)) from e
+
+    def commit() -> None:
+        try:
+            table.create_write_transaction(actions, mode="append", schema=data.schema if data is not None else
+                                           table.schema())
+        except dl.exceptions.CommitFailedError as e:
+            raise ConcurrentCommit(str(e)) from e
+
+    retrying("commit to Delta table", uri, commit, root=root)

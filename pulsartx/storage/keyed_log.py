@@ -76,10 +76,20 @@ class KeyedLog:
         paths = [self.root.fs_path(*self.segments, f) for f in files]
         if not paths:
             return []
+        uri = self.root.uri(*self.segments)
+
+        def read() -> list[dict[str, Any]]:
+            return ds.dataset(paths, schema=self.schema, format="parquet",
+                              filesystem=self.root.arrow_fs).to_table().to_pylist()
+
         try:
-            return ds.dataset(paths, schema=self.schema, format="parquet", filesystem=self.root.arrow_fs).to_table().to_pylist()
+            # A network fault is retried, then StorageUnavailable; only what remains is corruption.
+            return delta.retrying(f"read {self.name} data files of", uri, read, root=self.root)
+        except StorageError:
+            raise
         except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptedLog(f"{self.name} table {self.root.uri(*self.segments)}: cannot read data files: {e}") from e
+            raise CorruptedLog(f"{self.name} table {uri}: cannot read data files: "
+                               f"{delta.describe(e, delta.secrets_of(self.root))}") from e
 
     def _apply(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         changed = []
@@ -97,7 +107,7 @@ class KeyedLog:
         if self._table is None:
             self.open()
             return list(self.rows.values())
-        self._table.update_incremental()
+        delta.update(self._table)
         return self._catch_up(self._table.version() + 1, skip=own_file)
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -152,8 +162,8 @@ class KeyedLog:
         try:
             version = delta.write(self._table, pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
         except Exception as e:
-            log.info("%s compaction skipped (concurrent writer): %s", self.name, e)
-            self._table.update_incremental()
+            log.info("%s compaction skipped (concurrent writer or storage fault): %s", self.name, e)
+            delta.update(self._table)
             return False
         self._catch_up(version)
         self.version = version

@@ -30,10 +30,10 @@ clean Debian machine; root required). Without root or apt it raises :class:`RGWU
 the reason, which the test fixtures turn into a skip. Start-up takes about 10 s, memory about
 250 MB; data lives in memory (memstore) only.
 
-Every daemon gets ``PR_SET_PDEATHSIG=SIGKILL``: if the process that started the cluster dies
-(even by SIGKILL), the kernel kills the daemons too, so a crashed test run leaves nothing behind.
-Start the cluster from a long-lived thread (the main thread in pytest): the signal fires when the
-*starting thread* exits.
+Daemons started from the main thread get ``PR_SET_PDEATHSIG=SIGKILL``: if the process that started
+the cluster dies (even by SIGKILL), the kernel kills the daemons too, so a crashed test run leaves
+nothing behind. The signal fires when the *starting thread* exits, so a daemon (re)started from any
+other thread (e.g. a timer restarting the gateway) goes without it and relies on :meth:`RGW.stop`.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -132,6 +133,11 @@ osd pool default pg autoscale mode = off
 mon allow pool size one = true
 mon warn on pool no redundancy = false
 osd crush chooseleaf type = 0
+debug ms = 0/0
+debug rgw = 0/0
+debug osd = 0/0
+debug mon = 0/0
+osd client watch timeout = 5
 run dir = {d}/run
 log file = {d}/log/$name.log
 admin socket = {d}/run/$name.asok
@@ -195,6 +201,12 @@ class RGW:
         """A fresh storage root ``s3://<new bucket>/<prefix>`` and its storage options."""
         return f"s3://{self.new_bucket(hint)}/{prefix}", self.storage_options
 
+    def create_user(self, uid: str, access_key: str, secret_key: str) -> dict[str, str]:
+        """Another S3 user (e.g. one a bucket policy restricts); returns its storage options."""
+        self._run("radosgw-admin", "user", "create", f"--uid={uid}", f"--display-name={uid}",
+                  f"--access-key={access_key}", f"--secret={secret_key}")
+        return dict(self.storage_options, AWS_ACCESS_KEY_ID=access_key, AWS_SECRET_ACCESS_KEY=secret_key)
+
     # ---- fault injection ---------------------------------------------------------------------
     def stop_gateway(self, sig: int = signal.SIGKILL) -> None:
         """Kill the radosgw process (connections are then refused). Data stays in the OSD."""
@@ -252,9 +264,11 @@ class RGW:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         out = open(self.workdir / "log" / f"{name}.out", "ab")
+        main = threading.current_thread() is threading.main_thread()
         try:
             return subprocess.Popen([*argv, "-c", str(self.conf)], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=self._env(), preexec_fn=_die_with_parent)
+                                    stdin=subprocess.DEVNULL, env=self._env(),
+                                    preexec_fn=_die_with_parent if main else None)
         finally:
             out.close()
 

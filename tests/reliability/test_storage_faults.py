@@ -1,0 +1,314 @@
+"""Suite 3, storage faults (issue 8): the object store goes away in the middle of a transactional
+commit, storage is read-only, the bucket is missing.
+
+The outage is a real one: the Ceph RGW *gateway* process is SIGKILLed after the commit markers of
+some partitions were written and restarted on the same port 10 s later. The data lives in the OSD,
+so it survives, as S3 data survives an S3 front-end outage (moto would lose everything on a restart;
+it is used below only where losing the bucket is the point).
+
+What must hold, checked on every partition with a fresh client after recovery:
+  * operations retry with backoff through the outage and complete, or fail with a clear error
+    (StorageUnavailable naming the table URI, never a credential);
+  * no transaction is torn: all of a transaction's messages are visible, or none;
+  * nothing is duplicated by the retries: exactly one marker per transaction and partition, and
+    exactly the acknowledged values, once each.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _procs import BIG_RETENTION_MS  # tests/ is on sys.path (conftest)
+
+import pulsartx
+from pulsartx import MessageId
+from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.exceptions import PulsarException, StorageError
+from pulsartx.storage import delta
+
+PARTITIONS = 4
+OUTAGE_S = 10.0
+CFG = CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_ms=0)
+
+
+class GatewayOutage:
+    """Kills the RGW gateway right after the ``after``-th commit marker is written (by wrapping
+    :func:`pulsartx.storage.delta.write`, the one place every Delta write goes through) and restarts it
+    ``down_for`` seconds later from a timer thread. Records when it happened."""
+
+    def __init__(self, server, monkeypatch, after: int = 2, down_for: float = OUTAGE_S):
+        self.server, self.after, self.down_for = server, after, down_for
+        self.markers = 0
+        self.killed_at: float | None = None
+        self.restarted_at: float | None = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        original = delta.write
+
+        def write(table, data, **kw):
+            version = original(table, data, **kw)
+            if "type" in data.column_names and "TXN_COMMIT" in data.column("type").to_pylist():
+                with self._lock:
+                    self.markers += 1
+                    if self.markers == self.after and self.killed_at is None:
+                        self.server.stop_gateway()
+                        self.killed_at = time.monotonic()
+                        self._timer = threading.Timer(self.down_for, self._restart)
+                        self._timer.start()
+            return version
+
+        monkeypatch.setattr(delta, "write", write)
+
+    def _restart(self) -> None:
+        self.server.start_gateway()
+        self.restarted_at = time.monotonic()
+
+    def wait_restarted(self) -> None:
+        if self._timer is not None:
+            self._timer.join()
+        assert self.restarted_at is not None, "the gateway was never restarted"
+
+
+def visible(url: str, options: dict, topic: str) -> Counter:
+    """Every READ_COMMITTED value of every partition, read by a fresh client: Counter(value)."""
+    with pulsartx.Client(url, storage_options=options, coordinator_config=CFG) as c:
+        return Counter(m.data() for m in c.create_reader(topic, MessageId.earliest))
+
+
+def assert_untorn(seen: Counter, txns: dict[str, list[bytes]]) -> dict[str, str]:
+    """Each transaction all-or-nothing (and each value at most once); returns txn -> all|none."""
+    out = {}
+    for name, values in txns.items():
+        present = [v for v in values if seen[v]]
+        assert all(seen[v] == 1 for v in present), f"{name}: duplicated values {[v for v in present if seen[v] > 1]}"
+        assert len(present) in (0, len(values)), f"{name} is torn: {len(present)} of {len(values)} visible"
+        out[name] = "all" if present else "none"
+    return out
+
+
+def one_marker_each(url: str, options: dict, topic: str, txn, kind: str = "TXN_COMMIT") -> None:
+    """Exactly one ``kind`` marker of ``txn`` in every partition: retried commits wrote nothing twice."""
+    from pulsartx.log.partition import PartitionLog
+    from pulsartx.naming import TopicName
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve(url, options)
+    found: Counter = Counter()
+    for i in range(PARTITIONS):
+        plog = PartitionLog(root, TopicName.parse(f"{topic}-partition-{i}"))
+        for r in plog.read(0, plog.end_offset(), columns=["type", "txn_most_bits", "txn_least_bits"]).to_pylist():
+            if r["type"] != "DATA" and (r["txn_most_bits"], r["txn_least_bits"]) == txn.id.as_tuple():
+                found[(i, r["type"])] += 1
+    assert found == Counter({(i, kind): 1 for i in range(PARTITIONS)})
+
+
+def produce_txn(client, producer, name: str, n: int = 2 * PARTITIONS):
+    txn = client.new_transaction()
+    values = [f"{name}-{i}".encode() for i in range(n)]
+    for i, v in enumerate(values):
+        producer.send(v, txn=txn, partition_key=f"k{i}")
+    return txn, values
+
+
+@pytest.fixture
+def s3(rgw_server, request):
+    url, options = rgw_server.new_root(request.node.name)
+    return rgw_server, url, options
+
+
+def test_gateway_outage_mid_commit_retries_and_completes(s3, monkeypatch, caplog):
+    """10 s outage inside the default 30 s retry budget: the commit completes, once."""
+    server, url, options = s3
+    client = pulsartx.Client(url, storage_options=options, coordinator_config=CFG, num_coordinators=1)
+    client.admin.create_topic("t", partitions=PARTITIONS)
+    producer = client.create_producer("t")
+    before, before_values = produce_txn(client, producer, "before")
+    before.commit()
+    aborted, aborted_values = produce_txn(client, producer, "aborted")
+    aborted.abort()
+    txn, values = produce_txn(client, producer, "during")
+    outage = GatewayOutage(server, monkeypatch)
+    t0 = time.monotonic()
+    txn.commit()
+    took = time.monotonic() - t0
+    outage.wait_restarted()
+    assert outage.killed_at is not None, "no outage was injected"
+    assert txn.state.name == "COMMITTED"
+    assert took >= OUTAGE_S * 0.9, f"commit returned after {took:.1f} s, inside a {OUTAGE_S:.0f} s outage"
+    assert any("transient storage error" in r.getMessage() for r in caplog.records)
+    producer.send(b"after")  # the client works normally afterwards
+    client.close()
+
+    seen = visible(url, options, "t")
+    txns = {"before": before_values, "aborted": aborted_values, "during": values}
+    assert assert_untorn(seen, txns) == {"before": "all", "aborted": "none", "during": "all"}
+    assert seen == Counter(before_values + values + [b"after"])
+    one_marker_each(url, options, "t", txn)
+
+
+def test_outage_beyond_the_retry_budget_fails_clearly_and_recovery_finishes(s3, monkeypatch):
+    """Budget 2 s, outage 10 s: operations fail with StorageUnavailable naming the table, never a
+    secret; the decided commit is rolled forward by a sweep once the store is back; an undecided
+    transaction is aborted. Neither is torn."""
+    server, url, options = s3
+    monkeypatch.setenv(delta.RETRY_ENV, "2")
+    client = pulsartx.Client(url, storage_options=options, coordinator_config=CFG, num_coordinators=1)
+    client.admin.create_topic("t", partitions=PARTITIONS)
+    producer = client.create_producer("t")
+    open_txn, open_values = produce_txn(client, producer, "open")
+    producer.flush()
+    txn, values = produce_txn(client, producer, "decided")
+    outage = GatewayOutage(server, monkeypatch)
+    error: BaseException | None = None
+    try:
+        txn.commit()
+    except PulsarException as e:
+        error = e
+    # The decision (COMMITTING) was logged before the markers: it is durable whatever commit() says.
+    assert txn.state.name in ("COMMITTING", "ERROR"), txn.state
+    if error is not None:
+        assert isinstance(error, StorageError) and url.split("//")[1].split("/")[0] in str(error), error
+    # A new operation while the store is still down fails within the budget, with a clear error.
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as failed:
+        producer.send(b"lost", txn=open_txn)
+        producer.flush()
+    assert time.monotonic() - t0 < 2 + 15, "the retry budget was not honoured"
+    message = str(failed.value)
+    assert url.split("//")[1].split("/")[0] in message, message  # names the bucket/table
+    assert options["AWS_SECRET_ACCESS_KEY"] not in message and options["AWS_SECRET_ACCESS_KEY"] not in repr(failed.value)
+    outage.wait_restarted()
+    client.close()
+
+    monkeypatch.undo()  # default budget again, and delta.write unwrapped
+    with pulsartx.Client(url, storage_options=options, coordinator_config=CFG) as admin:
+        admin.admin.transactions.sweep(grace_ms=0)
+        admin.admin.transactions.abort_transaction(str(open_txn.id))
+        statuses = {str(t): admin.admin.transactions.get_transaction_metadata(t.id)["status"] for t in (txn, open_txn)}
+    assert statuses == {str(txn): "COMMITTED", str(open_txn): "ABORTED"}
+    seen = visible(url, options, "t")
+    assert assert_untorn(seen, {"decided": values, "open": open_values}) == {"decided": "all", "open": "none"}
+    assert seen == Counter(values)
+    one_marker_each(url, options, "t", txn)
+
+
+def test_read_only_s3_user_gets_a_clear_error_at_once(s3):
+    """A user whose bucket policy allows only reads: reads work, writes fail fast (no retries)
+    with an error naming the table and the denial."""
+    import json
+
+    server, url, options = s3
+    bucket = url.split("//")[1].split("/")[0]
+    with pulsartx.Client(url, storage_options=options) as c:
+        c.admin.create_topic("t", partitions=1)
+        c.create_producer("t").send(b"written")
+    ro = server.create_user("reader", "reader-key", "reader-secret-xyz")
+    policy = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"AWS": ["arn:aws:iam:::user/reader"]},
+        "Action": ["s3:GetObject", "s3:ListBucket"],
+        "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
+    server.s3_client().put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    with pulsartx.Client(url, storage_options=ro) as c:
+        assert [m.data() for m in c.create_reader("t", MessageId.earliest)] == [b"written"]
+        t0 = time.monotonic()
+        with pytest.raises(PulsarException) as denied:
+            c.create_producer("t").send(b"denied")
+        assert time.monotonic() - t0 < 10, "a permission error must not be retried as a transient fault"
+    message = str(denied.value)
+    assert bucket in message and ("denied" in message.lower() or "403" in message), message
+    assert "reader-secret-xyz" not in message
+
+
+def test_missing_bucket_is_a_clear_error(rgw_server):
+    url = "s3://ptx-no-such-bucket-8f3a/root"
+    with pulsartx.Client(url, storage_options=rgw_server.storage_options) as c:
+        t0 = time.monotonic()
+        with pytest.raises(PulsarException) as missing:
+            c.admin.create_topic("t", partitions=1)
+        assert time.monotonic() - t0 < 10, "a missing bucket must not be retried as a transient fault"
+    message = str(missing.value)
+    assert "ptx-no-such-bucket-8f3a" in message, message
+    assert rgw_server.secret_key not in message
+
+
+def _moto(port: int) -> subprocess.Popen:
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1)
+            return server
+        except OSError:
+            if time.monotonic() > deadline:
+                server.kill()
+                raise
+            time.sleep(0.1)
+
+
+def test_bucket_lost_under_a_live_client_is_a_clear_error():
+    """moto keeps data in memory: restarting it is a store that lost the bucket. A live client then
+    gets a clear error naming the bucket, not a hang, a retry storm or a silent empty topic."""
+    import boto3
+
+    from reliability.rgw import _free_port
+
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    options = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "moto-secret-xyz",
+               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    server = _moto(port)
+    try:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="x",
+                     region_name="us-east-1").create_bucket(Bucket="vanishing")
+        client = pulsartx.Client("s3://vanishing/root", storage_options=options)
+        client.admin.create_topic("t", partitions=1)
+        producer = client.create_producer("t")
+        producer.send(b"one")
+        server.terminate()
+        server.wait(10)
+        server = _moto(port)
+        t0 = time.monotonic()
+        with pytest.raises(PulsarException) as lost:
+            producer.send(b"two")
+        assert time.monotonic() - t0 < 20
+        assert "vanishing" in str(lost.value) and "moto-secret-xyz" not in str(lost.value), lost.value
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_read_only_local_root_gives_a_clear_error(tmp_path):
+    """As root, chmod does not stop writes; a read-only bind mount does (the real shape of a
+    read-only volume). Skipped where mounting is not allowed (unprivileged containers)."""
+    src, ro = tmp_path / "rw", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    with pulsartx.Client(str(src)) as c:
+        c.admin.create_topic("t", partitions=1)
+        c.create_producer("t").send(b"written")
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("mount --bind is not allowed here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("remount read-only is not allowed here")
+        with pulsartx.Client(str(ro)) as c:
+            assert [m.data() for m in c.create_reader("t", MessageId.earliest)] == [b"written"]
+            t0 = time.monotonic()
+            with pytest.raises(PulsarException) as denied:
+                c.create_producer("t").send(b"denied")
+            assert time.monotonic() - t0 < 10
+        message = str(denied.value)
+        assert str(ro) in message and "read-only" in message.lower(), message
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
