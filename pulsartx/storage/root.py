@@ -6,8 +6,10 @@ had its own options, a credential or endpoint fixed in one place would silently 
 """
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -27,6 +29,43 @@ REDACTED = "***"
 def redact_options(options: dict[str, str]) -> dict[str, str]:
     """Storage options with every credential-looking value hidden, for logs, errors and reprs."""
     return {k: (REDACTED if any(h in str(k).upper() for h in _SECRET_HINTS) else v) for k, v in options.items()}
+
+
+_LOG_SECRETS: set[str] = set()
+_LOG_SECRETS_LOCK = threading.Lock()
+_MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
+
+
+def scrub_logs_of(options: dict[str, str]) -> None:
+    """Hide these options' credential values from every log record made in this process.
+
+    Our own messages never include options, but the libraries we hand them to do at DEBUG:
+    botocore logs each canonical request, ``x-amz-security-token`` header included. A log record
+    factory (records are only built for enabled levels) replaces the values wherever they appear.
+    """
+    secrets = {str(v) for k, v in options.items()
+               if redact_options({k: v})[k] == REDACTED and len(str(v)) >= _MIN_SCRUBBED_LENGTH}
+    if not secrets or secrets <= _LOG_SECRETS:
+        return
+    with _LOG_SECRETS_LOCK:
+        first = not _LOG_SECRETS
+        _LOG_SECRETS.update(secrets)
+        if first:
+            base = logging.getLogRecordFactory()
+
+            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                record = base(*args, **kwargs)
+                try:
+                    msg = record.getMessage()
+                except Exception:  # a malformed record is logging's to report, not ours
+                    return record
+                if any(s in msg for s in _LOG_SECRETS):
+                    for s in _LOG_SECRETS:
+                        msg = msg.replace(s, REDACTED)
+                    record.msg, record.args = msg, ()
+                return record
+
+            logging.setLogRecordFactory(factory)
 
 
 def _upper(options: dict[str, str]) -> dict[str, str]:
@@ -62,6 +101,14 @@ class StorageRoot:
             return cls(f"{scheme}://{parsed.netloc}{parsed.path.rstrip('/')}", options)
         raise InvalidConfiguration(
             f"service_url {url!r} has unsupported scheme {parsed.scheme!r}: use a local path, file:// or s3://")
+
+    def __post_init__(self) -> None:
+        scrub_logs_of(self.storage_options)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled on a Spark executor: __post_init__ does not run there, but logging must be scrubbed too.
+        self.__dict__.update(state)
+        scrub_logs_of(self.storage_options)
 
     def __repr__(self) -> str:
         return f"StorageRoot(url={self.url!r}, storage_options={redact_options(self.storage_options)!r})"
@@ -103,7 +150,9 @@ class StorageRoot:
 
     def s3fs_kwargs(self) -> dict[str, Any]:
         o = _upper(self.storage_options)
-        kw: dict[str, Any] = {}
+        # Other processes (and delta-rs, which bypasses s3fs) change the store all the time: a
+        # cached directory listing would hide new topics, subscriptions and snapshots.
+        kw: dict[str, Any] = {"use_listings_cache": False}
         if "AWS_ACCESS_KEY_ID" in o:
             kw["key"] = o["AWS_ACCESS_KEY_ID"]
         if "AWS_SECRET_ACCESS_KEY" in o:

@@ -159,18 +159,34 @@ class SubscriptionStore:
         return self._update_cursor(change)
 
     def _update_cursor(self, change, create: bool = False):
+        """CAS loop. The first attempt of an open store works from its cached snapshot without
+        reading the log (a refresh costs as much as the write): if another writer changed the row
+        since, the per-key CAS refuses the write, and a no-op or a refusal computed from the cached
+        state is re-checked against fresh state before it is returned or raised."""
         with self._lock:
-            self._ensure()
+            optimistic = self._opened
+            self._ensure(refresh=not optimistic)
             for attempt in range(MAX_ATTEMPTS):
                 row = self.log.get(CURSOR)
                 cur = None if row is None else row_to_cursor(row)
-                new, out = change(cur)
+                try:
+                    new, out = change(cur)
+                except Exception:
+                    if not optimistic:
+                        raise
+                    new, out = cur, None
+                if new is cur and optimistic:
+                    optimistic = False
+                    self.log.refresh()
+                    continue
                 if new is cur:
                     return out
                 try:
                     self.log.put([cursor_to_row((row["seq"] + 1) if row else 0, new)])
                 except delta.ConcurrentCommit:
-                    delta.backoff(attempt)
+                    if not optimistic:
+                        delta.backoff(attempt)
+                    optimistic = False
                     self.log.refresh()
                     continue
                 self._maybe_compact()
