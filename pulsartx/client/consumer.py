@@ -131,6 +131,9 @@ class Consumer:
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._closed = False
+        # Before any lease: a missing topic must fail as TopicNotFound, not leave an Exclusive lease
+        # behind that makes the retry fail with ConsumerBusy until the lease expires.
+        partitions = client.admin.partitions_of(topic)
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type is ConsumerType.Shared
@@ -141,7 +144,7 @@ class Consumer:
             self._active = True
         elif consumer_type is ConsumerType.Failover:
             self._active = self._leases.try_acquire(self._id, lease_ms)
-        self._parts = [self._open_partition(p, initial_position) for p in client.admin.partitions_of(topic)]
+        self._parts = [self._open_partition(p, initial_position) for p in partitions]
         self._rr = 0
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._background, name=f"pulsartx-{self._name}", daemon=True)
