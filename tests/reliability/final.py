@@ -106,7 +106,7 @@ def drain(c: Any, topic: str, sub: str, idle_ms: int = 1500) -> list[str]:
         cons.close()
 
 
-def unacknowledged(c: Any, topic: str, sub: str) -> list[str]:
+def unacknowledged(c: Any, topic: str, sub: str, rows: list[tuple[int, int, str]] | None = None) -> list[str]:
     """What the subscription would still deliver, from its durable cursor (admin view, no consumer,
     so no lease to wait for): visible values neither acknowledged nor pending in a transaction."""
     from pulsartx.admin.subscriptions import live_cursor
@@ -114,7 +114,7 @@ def unacknowledged(c: Any, topic: str, sub: str) -> list[str]:
 
     out = []
     cursors = {p.partition: live_cursor(SubscriptionStore(c.root, p, sub)) for p in _partitions(c, topic)}
-    for p, o, v in visible(c, topic):
+    for p, o, v in visible(c, topic) if rows is None else rows:
         cur = cursors.get(p)
         if cur is None or not (cur.is_acked(o) or cur.is_pending(o)):
             out.append(v)
@@ -172,8 +172,8 @@ def collect_final(url: str, storage_options: dict[str, str] | None, topics: Iter
         for r in per_topic:
             fs.ongoing.update(r[2])
         subscriptions = list(subscriptions)
-        drained = pmap(lambda ts: drain(c, *ts) if drain_with_consumer else unacknowledged(c, *ts),
-                       subscriptions, workers)
+        drained = pmap(lambda ts: drain(c, *ts) if drain_with_consumer else
+                       unacknowledged(c, *ts, rows=fs.visible.get(ts[0])), subscriptions, workers)
         fs.drained = dict(zip(subscriptions, drained, strict=True))
         return fs
     finally:
