@@ -62,10 +62,8 @@ class JobTransaction:
 
         tcs = Coordinators(root)
         tc = tcs.tc(tcs.pick())
-        meta = tc.new_transaction(timeout_ms, owner=None, properties=properties)
         parts = sorted(set(partitions))
-        if parts:
-            tc.add_partitions(meta.txn_id, parts)
+        meta = tc.new_transaction(timeout_ms, owner=None, properties=properties, partitions=parts)
         log.info("write job began transaction %s on TC %d (%d partition(s) registered, timeout %d ms)",
                  meta.txn_id, tc.tc_id, len(parts), timeout_ms)
         return cls(root, meta.txn_id, prefix, timeout_ms)

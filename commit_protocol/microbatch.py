@@ -125,7 +125,7 @@ class MicroBatchTransaction:
         if previous:
             _fence(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
         tc = tcs.tc(tc_id)
-        meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch)
+        meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch, partitions=partitions)
         try:
             earlier = keys.attach(OWNER, key, epoch, meta.txn_id)
         except NotAllowedError:
@@ -133,8 +133,6 @@ class MicroBatchTransaction:
             raise
         # One open transaction per key: an earlier batch left open (never committed nor aborted) goes.
         _fence(tcs, [t for t in earlier if t != meta.txn_id], f"fenced: superseded by {meta.txn_id}")
-        if partitions:
-            tc.add_partitions(meta.txn_id, sorted(partitions))
         prefix = producer_name or f"stream-{key}"
         return cls(JobTransaction(root, meta.txn_id, prefix, timeout_ms), key, epoch, checkpoint)
 

@@ -130,12 +130,16 @@ class TransactionCoordinator:
 
     # ---- requests (PIP-31 "TC Request Processing") -----------------------------------------------
     def new_transaction(self, timeout_ms: int, owner: str | None = None, transaction_key: str | None = None,
-                        epoch: int | None = None, properties: dict[str, str] | None = None) -> TxnMeta:
+                        epoch: int | None = None, properties: dict[str, str] | None = None,
+                        partitions: Iterable[str] = ()) -> TxnMeta:
+        """NEW. ``partitions`` already known to the caller (a Spark job's targets) are recorded in the
+        same entry, as if ADD_PARTITION had followed at once: one TC-log write instead of two."""
         with self._lock:
             for attempt in range(MAX_CAS_ATTEMPTS):
                 t = now_ms()
                 meta = TxnMeta(TxnID(self.tc_id, self.txlog.counter + 1), TxnStatus.OPEN, int(timeout_ms), t, t,
-                               owner=owner, transaction_key=transaction_key, epoch=epoch, properties=dict(properties or {}))
+                               partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
+                               epoch=epoch, properties=dict(properties or {}))
                 try:
                     self.txlog.write_new(meta)
                 except delta.ConcurrentCommit:
