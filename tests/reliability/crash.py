@@ -253,6 +253,8 @@ class MatrixResult:
     seconds: dict[str, float] = field(default_factory=dict)
     swept: dict[str, int] = field(default_factory=dict)
     status_after_kills: Counter = field(default_factory=Counter)
+    final: Any = None
+    events: list = field(default_factory=list)
 
 
 def run_one(url: str, options: dict | None, point: str, seed: int, hist_dir: str, timeout: float = 120) -> None:
@@ -331,6 +333,7 @@ def run_matrix(url: str, options: dict | None, points: list[str], seeds: int, hi
     final = collect_final(url, options, all_topics, subs, drain_with_consumer=False, workers=parallel)
     events = read_events(sorted(os.path.join(hist_dir, f) for f in os.listdir(hist_dir) if f.endswith(".jsonl")))
     res.report = check(events, final)
+    res.final, res.events = final, events
     crashed: set[str] = set()
     for e in events:
         if e["f"] == "crash" and e["p"] not in crashed:

@@ -8,11 +8,13 @@ checker must find no anomaly; every transaction ends COMMITTED or ABORTED as the
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
 
 from . import crash
+from .checker import check
 from .final import rgw_root
 
 SEEDS = int(os.environ.get("PULSARTX_CRASH_SEEDS", "6"))
@@ -46,3 +48,12 @@ def test_crash_matrix(storage, tmp_path, request):
     if SEEDS >= 4:
         assert rep.stats["txn_committed"] > 0
     assert rep.stats["batch_reads"] == res.runs and rep.stats["acks"] > 0
+
+    # The same histories against what READ_UNCOMMITTED shows: the checker must see the aborted data
+    # the killed transactions left in storage (so a leak in the real read path could not go unseen).
+    uncommitted = copy.copy(res.final)
+    uncommitted.visible = {t: sorted((p, o, v) for p, o, v, _t in rows) for t, rows in res.final.stored.items()}
+    leaked = check(res.events, uncommitted).anomalies
+    assert leaked.aborted_read > 0 and leaked.aborted_read == sum(
+        1 for rows in res.final.stored.values() for *_x, t in rows
+        if t is not None and res.final.txn_status.get(t) == "ABORTED"), leaked
