@@ -211,9 +211,16 @@ def report(times: dict[str, list[tuple[float, float]]], rows: int, reference: st
     print(f"per-round wall ratios {reference}/side:", per_round)
 
 
-def read_breakdown(root: str, topic: str) -> None:
+def read_breakdown(root: str, topic: str, repeat: int = 1) -> None:
     """Where a pulsartx read spends its time, outside Spark: planning (Delta logs, visibility), then
-    per input partition the parquet read, the visibility filter and the conversion to Spark rows."""
+    per input partition the parquet read, the visibility filter and the conversion to Spark rows.
+    With ``repeat``, the whole read is timed that many times (the first plan may fold and snapshot
+    the partitions; later ones start from the snapshot, as repeated queries do)."""
+    for _ in range(repeat):
+        _read_breakdown(root, topic)
+
+
+def _read_breakdown(root: str, topic: str) -> None:
     from datasource.batch_reader import file_groups, plan_partitions
     from datasource.options import parse_options
     from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table

@@ -82,14 +82,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--breakdown", action="store_true", help="time the read path's steps outside Spark")
+    ap.add_argument("--dir", default=None, help="keep the written data here and reuse it when it exists "
+                    "(default: a fresh temp dir, removed afterwards)")
+    ap.add_argument("--breakdown-only", action="store_true", help="write (or reuse) the data, print the breakdown")
     args = ap.parse_args()
 
-    base = Path(tempfile.mkdtemp(prefix="bench-spark-read-"))
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-spark-read-"))
     root = str(base / "root")
+    if args.breakdown_only and (base / "root").exists():
+        read_breakdown(root, TOPIC, repeat=2)
+        return
     spark = session(args.master, "pulsartx-bench-spark-read")
     try:
         t0 = time.perf_counter()
-        write_jobs(spark, root, args.rows, args.value_size, args.jobs)
+        if not (base / "root").exists():
+            write_jobs(spark, root, args.rows, args.value_size, args.jobs)
         groups = data_files(root, TOPIC, PARTITIONS)
         listing = base / "files.json"
         listing.write_text(json.dumps(groups))
@@ -110,6 +117,9 @@ def main() -> None:
             "arrow reader": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing)).load(),
             "spark parquet": lambda: spark.read.parquet(*flat).select(*STORED),
         }
+        if args.breakdown_only:
+            read_breakdown(root, TOPIC, repeat=2)
+            return
         print(f"{args.rounds} interleaved round(s) on {args.master}; load average {os.getloadavg()[0]:.1f}", flush=True)
         times = interleave(sides, args.rounds)
         report(times, rc, "pulsartx RC", {"arrow reader": 0.8})
@@ -117,7 +127,8 @@ def main() -> None:
             read_breakdown(root, TOPIC)
     finally:
         spark.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

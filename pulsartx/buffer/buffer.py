@@ -2,7 +2,10 @@
 
 Opening loads the latest snapshot and folds only the records after it (projected to the few
 columns the fold needs); later calls fold only what was appended since. A snapshot is written
-every ``snapshot_every_txns`` markers or ``snapshot_interval_s`` seconds, whichever first.
+every ``snapshot_every_txns`` markers or ``snapshot_interval_s`` seconds, whichever first, and
+every ``snapshot_every_records`` records folded: a partition holding a few large transactions (a
+Spark job's) or none at all has few markers, and without it every new reader (each Spark query
+plans with fresh buffers) would re-fold the whole partition.
 """
 from __future__ import annotations
 
@@ -16,16 +19,19 @@ from pulsartx.log.partition import PartitionLog
 log = logging.getLogger(__name__)
 SNAPSHOT_EVERY_TXNS = 100
 SNAPSHOT_INTERVAL_S = 60.0
+SNAPSHOT_EVERY_RECORDS = 200_000
 FOLD_CHUNK = 200_000
 
 
 class TransactionBuffer:
     def __init__(self, plog: PartitionLog, snapshot_every_txns: int = SNAPSHOT_EVERY_TXNS,
-                 snapshot_interval_s: float = SNAPSHOT_INTERVAL_S):
+                 snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+                 snapshot_every_records: int = SNAPSHOT_EVERY_RECORDS):
         self.log = plog
         self.snapshots = SnapshotStore(plog.root, plog.topic)
         self.snapshot_every_txns = snapshot_every_txns
         self.snapshot_interval_s = snapshot_interval_s
+        self.snapshot_every_records = snapshot_every_records
         self._state: BufferState | None = None
         self._last_snapshot_time = time.monotonic()
 
@@ -49,7 +55,8 @@ class TransactionBuffer:
         if s is None or s.end_offset == s.snapshot_offset:
             return
         due = s.markers_since_snapshot >= self.snapshot_every_txns or (
-            s.markers_since_snapshot and time.monotonic() - self._last_snapshot_time >= self.snapshot_interval_s)
+            s.markers_since_snapshot and time.monotonic() - self._last_snapshot_time >= self.snapshot_interval_s) or (
+            s.end_offset - max(s.snapshot_offset, 0) >= self.snapshot_every_records)
         if due:
             self.take_snapshot()
 

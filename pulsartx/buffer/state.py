@@ -104,34 +104,44 @@ class BufferState:
             keys = _int64s(txn_key_column(txn_rows))
             offs = _int64s(txn_rows.column("offset"))
             is_data = _bools(pc.equal(txn_rows.column("type"), MessageType.DATA.value))
-            marker_idx = np.flatnonzero(~is_data)
+            # Runs of consecutive rows of one transaction and kind: a transaction's data mostly comes
+            # in long runs, so everything below is per run. A run of markers acts as its first one
+            # (the others repeat it), and no data run spans a marker of its own transaction.
+            n = len(keys)
+            brk = np.flatnonzero((keys[1:] != keys[:-1]) | (is_data[1:] != is_data[:-1])) + 1
+            starts = np.concatenate(([0], brk))
+            run_keys, run_data = keys[starts], is_data[starts]
+            run_first, run_last = offs[starts], offs[np.concatenate((brk, [n])) - 1]
+            marker_runs = np.flatnonzero(~run_data)
             first_marker: dict[int, int] = {}
-            for k, o in zip(keys[marker_idx].tolist(), offs[marker_idx].tolist(), strict=True):
+            for k, o in zip(run_keys[marker_runs].tolist(), run_first[marker_runs].tolist(), strict=True):
                 first_marker.setdefault(k, o)
-            data_keys, data_offs = keys[is_data], offs[is_data]
-            if len(data_keys):
-                uniq, inv = np.unique(data_keys, return_inverse=True)
+            data_runs = np.flatnonzero(run_data)
+            if len(data_runs):
+                uniq, inv = np.unique(run_keys[data_runs], return_inverse=True)
                 ukeys = uniq.tolist()
                 big = np.iinfo(np.int64).max
                 # Data counts only before the transaction's first marker here, and not at all once
                 # it ended earlier (stragglers).
                 cutoff = np.array([-1 if k in self.ended else first_marker.get(k, big) for k in ukeys], np.int64)
-                live = data_offs < cutoff[inv]
+                live = run_first[data_runs] < cutoff[inv]
                 if live.any():
-                    lk, lo = inv[live], data_offs[live]
+                    lk = inv[live]
                     first = np.full(len(ukeys), big, np.int64)
                     last = np.full(len(ukeys), -1, np.int64)
-                    np.minimum.at(first, lk, lo)
-                    np.maximum.at(last, lk, lo)
+                    np.minimum.at(first, lk, run_first[data_runs][live])
+                    np.maximum.at(last, lk, run_last[data_runs][live])
                     for j in np.unique(lk).tolist():
                         k = ukeys[j]
                         if k not in self.ongoing:
                             self.ongoing[k] = int(first[j])
                         self.last_data[k] = int(last[j])
-            if len(marker_idx):
-                types = txn_rows.column("type").take(pa.array(marker_idx)).to_pylist()
-                entries = txn_rows.column("marker_entries").take(pa.array(marker_idx)).to_pylist()
-                for k, t, o, e in zip(keys[marker_idx].tolist(), types, offs[marker_idx].tolist(), entries,
+            if len(marker_runs):
+                at = np.zeros(n, dtype=bool)
+                at[starts[marker_runs]] = True
+                markers = txn_rows.select(["type", "marker_entries"]).filter(pa.array(at))
+                for k, t, o, e in zip(run_keys[marker_runs].tolist(), markers.column("type").to_pylist(),
+                                      run_first[marker_runs].tolist(), markers.column("marker_entries").to_pylist(),
                                       strict=True):
                     self._end_txn(k, t, o, e)
             self._trim()
@@ -225,9 +235,8 @@ class Cut:
     def mask(self, keys: pa.Array) -> pa.Array:
         if not len(keys):
             return pa.array([], pa.bool_())
-        k = keys.to_numpy(zero_copy_only=False)
-        valid = ~np.isnan(k) if k.dtype.kind == "f" else np.ones(len(k), dtype=bool)
-        k = np.nan_to_num(k.astype(np.float64), nan=0).astype(np.int64)
+        valid = _bools(pc.is_valid(keys))
+        k = _int64s(pc.fill_null(keys, 0))
         tc = k >> TC_SHIFT
         least = k & ((1 << TC_SHIFT) - 1)
         size = max([*self.counters.keys(), int(tc.max()) if len(tc) else 0]) + 1
@@ -257,22 +266,27 @@ class VisibilityFilter:
     min_offset: int = 0
 
     def apply(self, table: pa.Table) -> pa.Table:
-        """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``)."""
-        data = table.filter(pc.equal(table.column("type"), MessageType.DATA.value))
+        """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``).
+
+        One mask, one filter at the end (a read's table holds the payloads: every filter copies
+        them), and none at all when every row is visible, as in a partition without transactions."""
+        keep = pc.equal(table.column("type"), MessageType.DATA.value)
         if self.min_offset > 0:
-            data = data.filter(pc.greater_equal(data.column("offset"), self.min_offset))
-        if data.num_rows == 0 or data.column("txn_most_bits").null_count == data.num_rows:
-            return data
-        keys = txn_key_column(data)
-        plain = pc.is_null(keys)
-        visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
-        if self.cut is not None:
-            visible = pc.and_kleene(visible, self.cut.mask(keys))
-        mask = pc.or_kleene(plain, visible)
-        special = (self.ended.keys() - self.aborted.keys()) | self.ranges.keys()
-        if special and not special.isdisjoint(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist()):
-            mask = self._straggler_and_range_mask(data, keys, mask)
-        return data.filter(pc.fill_null(mask, True))
+            keep = pc.and_(keep, pc.greater_equal(table.column("offset"), self.min_offset))
+        if table.num_rows and table.column("txn_most_bits").null_count != table.num_rows:
+            keys = txn_key_column(table)
+            plain = pc.is_null(keys)
+            visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
+            if self.cut is not None:
+                visible = pc.and_kleene(visible, self.cut.mask(keys))
+            mask = pc.or_kleene(plain, visible)
+            special = (self.ended.keys() - self.aborted.keys()) | self.ranges.keys()
+            if special and not special.isdisjoint(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist()):
+                mask = self._straggler_and_range_mask(table, keys, mask)
+            keep = pc.and_(keep, pc.fill_null(mask, True))
+        if pc.all(keep).as_py() is not False:  # True, or null for an empty table
+            return table
+        return table.filter(keep)
 
     def _straggler_and_range_mask(self, data: pa.Table, keys: pa.Array | pa.ChunkedArray,
                                   mask: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -281,39 +295,55 @@ class VisibilityFilter:
         executors run this over every row they read."""
         offs = _int64s(data.column("offset"))
         valid = _bools(pc.is_valid(keys))
-        rows = np.flatnonzero(valid)
+        kf = _int64s(pc.fill_null(keys, 0))
         drop = np.zeros(len(offs), dtype=bool)
-        if len(rows):
-            uniq, inv = np.unique(_int64s(pc.fill_null(keys, 0))[rows], return_inverse=True)
+        if valid.any():
+            # Per run of equal keys (rows come in offset order, a transaction's data in long runs):
+            # a dense id per distinct transaction, spread back to the rows.
+            brk = np.flatnonzero((kf[1:] != kf[:-1]) | (valid[1:] != valid[:-1])) + 1
+            starts = np.concatenate(([0], brk))
+            lengths = np.diff(np.concatenate((starts, [len(kf)])))
+            run_valid = valid[starts]
+            uniq, inv = np.unique(kf[starts][run_valid], return_inverse=True)
             ukeys = uniq.tolist()
-            o = offs[rows]
+            run_ids = np.full(len(starts), -1, np.int64)
+            run_ids[run_valid] = inv
+            rid = np.repeat(run_ids, lengths)
             big = np.iinfo(np.int64).max
-            d = o > np.array([self.ended.get(k, big) for k in ukeys], np.int64)[inv]
+            end = np.array([self.ended.get(k, big) for k in ukeys], np.int64)
+            drop = valid & (offs > end[np.maximum(rid, 0)])
             ranged = [j for j, k in enumerate(ukeys) if k in self.ranges]
             if ranged:
-                order = np.argsort(inv, kind="stable")
-                bounds = np.searchsorted(inv[order], np.arange(len(ukeys) + 1))
-                for j in ranged:
-                    sel = order[bounds[j]:bounds[j + 1]]
-                    d[sel] |= ~_in_ranges(o[sel], self.ranges[ukeys[j]])
-            drop[rows] = d
+                drop |= valid & ~_in_ranges(offs, rid, {j: self.ranges[ukeys[j]] for j in ranged})
         m = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
         # Only rows still shown can be dropped; a null stays null (shown by the caller's fill).
         return pc.if_else(pc.and_(pa.array(drop), pc.fill_null(m, False)), False, m)
 
 
-def _in_ranges(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
-    """``any(a <= o <= b for a, b in ranges)`` for each offset: the ranges merged into disjoint
-    sorted ones, then one binary search per offset."""
-    merged: list[list[int]] = []
-    for a, b in sorted(r for r in ranges if r[0] <= r[1]):
-        if merged and a <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    if not merged:
-        return np.zeros(len(offsets), dtype=bool)
-    starts = np.array([a for a, _ in merged], np.int64)
-    ends = np.array([b for _, b in merged], np.int64)
-    i = np.searchsorted(starts, offsets, side="right") - 1
-    return (i >= 0) & (offsets <= ends[np.maximum(i, 0)])
+def _in_ranges(offsets: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> np.ndarray:
+    """For each row: ``any(a <= o <= b for a, b in ranges[id])``, True where ``id`` has no ranges.
+
+    Each id's ranges are merged into disjoint sorted ones and placed in a band of their own
+    (``id * span + offset``), so one binary search over all bands answers every row at once."""
+    lo, hi = int(offsets.min()), int(offsets.max())
+    span = hi - lo + 3  # offsets map to 1..span-2; 0 and span-1 stand for "below" and "above"
+    starts: list[int] = []
+    ends: list[int] = []
+    for j in sorted(ranges):
+        merged: list[list[int]] = []
+        for a, b in sorted(r for r in ranges[j] if r[0] <= r[1]):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for a, b in merged:
+            starts.append(j * span + min(max(a - lo + 1, 0), span - 1))
+            ends.append(j * span + min(max(b - lo + 1, 0), span - 1))
+    limited = np.isin(ids, np.fromiter(ranges, np.int64, len(ranges)))
+    if not starts:
+        return ~limited
+    s, e = np.array(starts, np.int64), np.array(ends, np.int64)
+    pos = ids * span + (offsets - lo + 1)
+    i = np.searchsorted(s, pos, side="right") - 1
+    inside = (i >= 0) & (pos <= e[np.maximum(i, 0)])
+    return ~limited | inside
