@@ -42,12 +42,114 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.stop()
 
 
+# ---- storage backends ---------------------------------------------------------------------------
+# The core modules run on local disk and on a real S3 server (a throw-away Ceph RGW, see
+# tests/reliability/rgw.py), through one parametrised ``storage`` fixture that ``root`` depends on.
+# PULSARTX_TEST_STORAGE=local|rgw|all (default all) selects the backends; a test that inspects local
+# files directly is marked ``local_only``. Modules not listed here (Spark, spark-submit, process
+# crash tests) keep a local root and unchanged test ids.
+#
+# Time budget: RGW may add ~4 minutes to `make test`. Measured on the shared (busy) 2-core machine
+# (2026-11-22), eight core modules took 118 s on local disk and 667 s on RGW, two tests alone 289 s
+# (RGW_SLOW). Without those two, RGW_MODULES take ~190 s + ~105 s for test_consumer there (about
+# half that on an idle machine). PULSARTX_TEST_RGW_FULL=1 (`make reliability`) adds
+# RGW_EXTRA_MODULES and RGW_SLOW.
+STORAGE_ENV = "PULSARTX_TEST_STORAGE"
+RGW_FULL_ENV = "PULSARTX_TEST_RGW_FULL"
+RGW_MODULES = frozenset({
+    "test_transactions", "test_coordinator", "test_pending_ack", "test_partition_log", "test_fencing",
+    "test_client", "test_consumer",
+})
+RGW_EXTRA_MODULES = frozenset({"test_admin_subscriptions"})
+RGW_SLOW = frozenset({
+    "test_transactions.py::test_large_aborted_then_committed_over_20_partitions",  # 237 s on RGW, 3 s local
+    "test_pending_ack.py::test_consume_transform_produce_500_commit_abort_alternating",  # 52 s on RGW, 6 s local
+})
+
+
+def rgw_full() -> bool:
+    return os.environ.get(RGW_FULL_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def storage_backends() -> list[str]:
+    value = os.environ.get(STORAGE_ENV, "all").strip().lower() or "all"
+    choices = {"local": ["local"], "rgw": ["rgw"], "all": ["local", "rgw"]}
+    if value not in choices:
+        raise pytest.UsageError(f"{STORAGE_ENV}={value!r}: use local, rgw or all")
+    return choices[value]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "local_only: inspects or damages local files; never runs on RGW")
+
+
+def pytest_generate_tests(metafunc):
+    if "storage" not in metafunc.fixturenames:
+        return
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module not in RGW_MODULES | (RGW_EXTRA_MODULES if rgw_full() else frozenset()):
+        return
+    backends = storage_backends()
+    slow = f"{module}.py::{metafunc.function.__name__}" in RGW_SLOW and not rgw_full()
+    if metafunc.definition.get_closest_marker("local_only") or slow:
+        backends = ["local"]
+    if backends != ["local"]:
+        metafunc.parametrize("storage", backends, indirect=True)
+
+
 @pytest.fixture
-def root(tmp_path: Path) -> str:
-    """A fresh, empty storage root (as the service URL string users pass)."""
+def storage(request) -> str:
+    """The backend of this test's root: "local" unless parametrised (see RGW_MODULES)."""
+    return getattr(request, "param", "local")
+
+
+@pytest.fixture(scope="session")
+def rgw_server() -> Iterator[object]:
+    """One Ceph RGW for the session; every rgw test gets a fresh bucket on it.
+
+    While it runs, ``StorageRoot.resolve`` fills in its storage options for any ``s3://`` URL of one
+    of its buckets given without options, so tests that build ``Client(root)`` or
+    ``StorageRoot.resolve(url)`` from the root string work unchanged (options given explicitly win).
+    Skips every rgw test, with the reason, when Ceph cannot be installed or started."""
+    from reliability import rgw  # tests/ is on sys.path, as for _procs
+
+    from pulsartx.storage.root import StorageRoot
+
+    try:
+        server = rgw.start()
+    except rgw.RGWUnavailable as e:
+        pytest.skip(f"Ceph RGW unavailable: {e}")
+    original = StorageRoot.__dict__["resolve"]
+    prefix = "s3://ptx-"
+
+    def resolve(cls, service_url=None, storage_options=None):
+        if not storage_options and isinstance(service_url, str) and service_url.startswith(prefix):
+            storage_options = server.storage_options
+        return original.__func__(cls, service_url, storage_options)
+
+    StorageRoot.resolve = classmethod(resolve)
+    try:
+        yield server
+    finally:
+        StorageRoot.resolve = original
+        server.stop()
+
+
+@pytest.fixture
+def root(request: pytest.FixtureRequest, tmp_path: Path, storage: str) -> str:
+    """A fresh, empty storage root (as the service URL string users pass): a local directory, or
+    ``s3://<fresh bucket>/root`` on the session's RGW."""
+    if storage == "rgw":
+        return request.getfixturevalue("rgw_server").new_root(request.node.name)[0]
     path = tmp_path / "pulsartx-root"
     path.mkdir()
     return str(path)
+
+
+@pytest.fixture
+def storage_options(storage: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The storage options that go with ``root`` (empty for a local root)."""
+    return dict(request.getfixturevalue("rgw_server").storage_options) if storage == "rgw" else {}
 
 
 @pytest.fixture

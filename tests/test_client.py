@@ -14,8 +14,8 @@ from pulsartx.exceptions import AlreadyClosed, InvalidTopicName, TopicAlreadyExi
 
 
 @pytest.fixture
-def cl(tmp_path):
-    c = Client(str(tmp_path / "root"))
+def cl(root):
+    c = Client(root)  # local directory or RGW bucket (conftest's storage fixture)
     yield c
     c.close()
 

@@ -33,10 +33,8 @@ COMMIT, ABORT = TxnAction.COMMIT, TxnAction.ABORT
 
 
 @pytest.fixture
-def root_url(tmp_path) -> str:
-    path = tmp_path / "tc-root"
-    path.mkdir()
-    return str(path)
+def root_url(root) -> str:
+    return root  # local directory or RGW bucket (conftest's storage fixture)
 
 
 @pytest.fixture
@@ -50,7 +48,8 @@ def history(client, tc_id: int, txn_id: TxnID) -> list[tuple[str, str | None, st
     """Every TC-log entry of one transaction still in the table, in order: (op, expected, new)."""
     import deltalake
 
-    rows = deltalake.DeltaTable(client.root.uri(*tc_segments(tc_id))).to_pyarrow_table().to_pylist()
+    rows = deltalake.DeltaTable(client.root.uri(*tc_segments(tc_id)),
+                                storage_options=client.root.delta_options or None).to_pyarrow_table().to_pylist()
     mine = sorted((r for r in rows if r["txnid_least_bits"] == txn_id.least_bits), key=lambda r: r["seq"])
     assert [r["seq"] for r in mine] == list(range(len(mine))), "one entry per seq, no gaps"
     return [(r["metadata_op"], r["expected_status"], r["new_status"]) for r in mine]

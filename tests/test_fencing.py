@@ -29,10 +29,8 @@ KEEP = CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_
 
 
 @pytest.fixture
-def root_url(tmp_path) -> str:
-    path = tmp_path / "fence-root"
-    path.mkdir()
-    return str(path)
+def root_url(root) -> str:
+    return root  # local directory or RGW bucket (conftest's storage fixture)
 
 
 def connect(root_url: str, key: str | None = "etl-7", owner: str | None = "alice", **kw) -> pulsartx.Client:

@@ -100,8 +100,8 @@ def test_app_ids():
 
 
 @pytest.fixture
-def sroot(tmp_path):
-    return StorageRoot.resolve(str(tmp_path / "root"))
+def sroot(root):
+    return StorageRoot.resolve(root)  # local directory or RGW bucket (conftest's storage fixture)
 
 
 @pytest.fixture
