@@ -15,9 +15,11 @@ Children come from a ``forkserver`` whose server process imported pulsartx (and 
 never opened a table: forking it costs milliseconds where a fresh interpreter costs about a second,
 and delta-rs only refuses forks once its runtime ran (measured: forked children work).
 
-After all runs of a storage: batch reads and READ_COMMITTED reads *before* recovery (recorded as
-history: they must not be fractured nor show aborted data even with half-written markers), wait
-for every transaction's timeout, one sweep of every TC (``admin.transactions.sweep``), then the
+Right after each kill, before anything may recover it: the transaction's TC status (read-only) and
+a batch read and a READ_COMMITTED read of its topics (recorded as history: they must not be
+fractured nor show aborted data, with markers half written). Later children's clients recover
+older runs as they open TCs (after ``recovery_grace_ms``), as any new client would. After all runs
+of a storage: wait for every transaction's timeout, one sweep of every TC (``admin.transactions.sweep``), then the
 checker over everything, plus the expected outcome per point.
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ POINTS: dict[str, str | None] = {
     "pending_ack_mid": None,         # the subscription's pending-ack commit/abort not applied
     "pending_ack_done": None,        # pending-ack commit/abort applied, markers racing
 }
-TXN_TIMEOUT_MS = 4000
+TXN_TIMEOUT_MS = 6000
 LEASE_MS = 1500
 IN_PARTS, OUT_PARTS = 1, 2
 SUB = "s"
@@ -252,13 +254,21 @@ class MatrixResult:
     report: Any = None
     seconds: dict[str, float] = field(default_factory=dict)
     swept: dict[str, int] = field(default_factory=dict)
-    status_after_kills: Counter = field(default_factory=Counter)
+    status_at_kill: Counter = field(default_factory=Counter)  # (point, TC status right after the kill)
     final: Any = None
     events: list = field(default_factory=list)
 
 
-def run_one(url: str, options: dict | None, point: str, seed: int, hist_dir: str, timeout: float = 120) -> None:
-    """Start the child, wait until it parks at ``point``, SIGKILL it."""
+def run_one(url: str, options: dict | None, point: str, seed: int, hist_dir: str, parent: History,
+            timeout: float = 120) -> tuple[str, str | None]:
+    """Start the child, wait until it parks at ``point``, SIGKILL it; then, before anything can
+    recover the transaction, note its TC status (read-only) and read its topics as a batch read
+    and a READ_COMMITTED reader (recorded in ``parent`` for the checker). Returns (point, status)."""
+    from pulsartx.coordinator.registry import Coordinators
+    from pulsartx.coordinator.txnid import TxnID
+
+    from .final import batch_read, client, visible
+
     ctx = context()
     stopped = ctx.Event()
     path = os.path.join(hist_dir, f"{point}.{seed}.jsonl")
@@ -275,6 +285,18 @@ def run_one(url: str, options: dict | None, point: str, seed: int, hist_dir: str
             os.kill(proc.pid, signal.SIGKILL)
         proc.join(30)
     assert proc.exitcode == -signal.SIGKILL, (point, seed, proc.exitcode)
+    crash_ev = next(e for e in read_events([path]) if e["f"] == "crash")
+    c = client(url, options, recovery_grace_ms=10**9)  # reads must not roll anything forward themselves
+    try:
+        t = TxnID(*crash_ev["txn"])
+        status = Coordinators(c.root, recover_on_open=False).for_txn(t).get(t, refresh=True).status.value
+        in_t, out_t = topics_for(point, seed)
+        parent.ok("read", topics=[in_t, out_t], msgs=[list(r) for r in batch_read(c, [in_t, out_t])])
+        parent.ok("poll", consumer=f"reader-{point}.{seed}", epoch=0, topic=out_t,
+                  msgs=[list(r) for r in visible(c, out_t)])
+    finally:
+        c.close()
+    return point, status
 
 
 def run_matrix(url: str, options: dict | None, points: list[str], seeds: int, hist_dir: str,
@@ -282,49 +304,36 @@ def run_matrix(url: str, options: dict | None, points: list[str], seeds: int, hi
     from concurrent.futures import ThreadPoolExecutor
 
     from .checker import check
-    from .final import batch_read, client, collect_final, pmap, visible
+    from .final import client, collect_final
 
     os.makedirs(hist_dir, exist_ok=True)
     res = MatrixResult()
     t0 = time.monotonic()
     jobs = [(p, s) for s in range(seeds) for p in points]
+    parent = History(os.path.join(hist_dir, "parent.jsonl"), "parent")
     with ThreadPoolExecutor(parallel) as pool:
-        for f in [pool.submit(run_one, url, options, p, s, hist_dir) for p, s in jobs]:
-            f.result()
+        for f in [pool.submit(run_one, url, options, p, s, hist_dir, parent) for p, s in jobs]:
+            res.status_at_kill[f.result()] += 1
     killed_at = time.time()
     res.runs = len(jobs)
-    res.seconds["kills"] = time.monotonic() - t0
-
-    # Where the kills left the transactions (read-only replay of the TC logs: nothing recovers).
-    from pulsartx.coordinator.registry import Coordinators
-
-    c = client(url, options)
-    tcs = Coordinators(c.root, recover_on_open=False)
-    res.status_after_kills = Counter(m.status.value for tc in tcs.all() for m in tc.transactions(refresh=True))
-    c.close()
-
-    # Reads before recovery: half-finished transactions must be invisible or whole already.
-    t1 = time.monotonic()
-    h = History(os.path.join(hist_dir, "parent.jsonl"), "parent")
-    c = client(url, options, recovery_grace_ms=10**9)  # must not roll anything forward itself
+    res.seconds["kills_and_reads"] = time.monotonic() - t0
     all_topics = [t for p, s in jobs for t in topics_for(p, s)]
-
-    def reads(job: tuple[str, int]) -> None:
-        in_t, out_t = topics_for(*job)
-        h.ok("read", topics=[in_t, out_t], msgs=[list(r) for r in batch_read(c, [in_t, out_t])])
-        h.ok("poll", consumer=f"reader-{job[0]}.{job[1]}", epoch=0, topic=out_t,
-             msgs=[list(r) for r in visible(c, out_t)])
-    pmap(reads, jobs, parallel)
-    c.close()
-    res.seconds["reads_before_recovery"] = time.monotonic() - t1
 
     # Recovery: every timeout passed, then a sweep of every TC (real code, grace 0: the children
     # are dead). (The soak runs the whole coordinator service; here its buffer folding would only
     # add time.)
     time.sleep(max(0.0, killed_at + TXN_TIMEOUT_MS / 1000 + 0.2 - time.time()))
     t2 = time.monotonic()
+    from pulsartx.coordinator.registry import Coordinators
+
+    from .final import config
+
     c = client(url, options)
-    res.swept = c.admin.transactions.sweep(grace_ms=0)
+    swept: Counter = Counter()
+    for tc in Coordinators(c.root, config=config(0), recover_on_open=False).all():  # count what sweeps do
+        r = tc.sweep(grace_ms=0)
+        swept.update(timed_out=r.timed_out, completed=r.completed, failed=r.failed)
+    res.swept = dict(swept)
     c.close()
     res.seconds["recovery"] = time.monotonic() - t2
 

@@ -158,9 +158,10 @@ def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed
             cons.acknowledge(msgs, txn=txn)
             h.ok("ack", txn=txn_list(txn), topic=ORDERS, sub=sub,
                  msgs=[[m.message_id().partition(), m.message_id().offset(), m.data().decode()] for m in msgs])
+            action = "commit" if rng.random() < 0.9 else "abort"
         except Exception:
-            pass
-        if _end(h, txn, "commit" if rng.random() < 0.9 else "abort"):
+            action = "abort"  # (committing outputs without their acks would process the inputs twice)
+        if _end(h, txn, action):
             committed += 1
         else:
             aborted += 1

@@ -37,11 +37,14 @@ def test_crash_matrix(storage, tmp_path, request):
     rep = res.report
     print(f"\ncrash matrix on {storage}: {res.runs} runs ({len(crash.POINTS)} points x {SEEDS} seeds), "
           f"outcomes {dict(res.outcomes)}, checker {dict(rep.anomalies.counts())}, stats {dict(rep.stats)}, "
-          f"TC statuses after the kills {dict(res.status_after_kills)}, recovery sweep {res.swept}, seconds { {k: round(v, 1) for k, v in res.seconds.items()} }")
+          f"TC status at each kill {dict(res.status_at_kill)}, recovery sweep {res.swept}, seconds { {k: round(v, 1) for k, v in res.seconds.items()} }")
     assert res.runs == len(crash.POINTS) * SEEDS
     assert res.per_point == {p: SEEDS for p in crash.POINTS}  # every child stopped where it was told
     assert rep.anomalies.total == 0, str(rep)
     assert res.wrong_outcome == []
+    # each child was killed in the state its point names: undecided, or decided and unfinished
+    for (point, status), _n in res.status_at_kill.items():
+        assert status in (("OPEN",) if crash.POINTS[point] else ("COMMITTING", "ABORTING")), (point, status)
     # one transaction per run, each decided, and both outcomes of a decision really happened
     assert rep.stats["txns"] == res.runs
     assert rep.stats["txn_committed"] + rep.stats["txn_aborted"] == res.runs
