@@ -278,7 +278,8 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
         retrying("write to Delta table", table.table_uri, attempt)
     except StorageError:
         raise
-    except OSError as e:
+    except (OSError, dl.exceptions.DeltaError) as e:
+        # Permanent store answers (access denied, no such bucket) arrive as DeltaError too.
         raise StorageError(f"cannot write to Delta table {table.table_uri}: {describe(e)}") from e
     return table.version()
 
@@ -404,4 +405,9 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
         except dl.exceptions.CommitFailedError as e:
             raise ConcurrentCommit(str(e)) from e
 
-    retrying("commit to Delta table", uri, commit, root=root)
+    try:
+        retrying("commit to Delta table", uri, commit, root=root)
+    except StorageError:
+        raise
+    except (OSError, dl.exceptions.DeltaError) as e:
+        raise StorageError(f"cannot commit to Delta table {uri}: {describe(e, secrets_of(root))}") from e

@@ -37,15 +37,21 @@ from pulsartx.storage import delta
 PARTITIONS = 4
 OUTAGE_S = 10.0
 CFG = CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_ms=0)
+# `make test` injects one outage of each kind; PULSARTX_TEST_RGW_FULL=1 (`make reliability`) injects it
+# after each possible number of written markers, and also as a hang (SIGSTOP) instead of a crash.
+FULL = os.environ.get("PULSARTX_TEST_RGW_FULL", "").strip().lower() in ("1", "true", "yes")
+OUTAGES = ([(mode, after) for mode in ("kill", "pause") for after in range(1, PARTITIONS + 1)] if FULL
+           else [("kill", 2)])
 
 
 class GatewayOutage:
-    """Kills the RGW gateway right after the ``after``-th commit marker is written (by wrapping
-    :func:`pulsartx.storage.delta.write`, the one place every Delta write goes through) and restarts it
-    ``down_for`` seconds later from a timer thread. Records when it happened."""
+    """Kills (``mode="kill"``: connections refused) or freezes (``"pause"``, SIGSTOP: requests hang)
+    the RGW gateway right after the ``after``-th commit marker is written (by wrapping
+    :func:`pulsartx.storage.delta.write`, the one place every Delta write goes through) and brings it
+    back ``down_for`` seconds later from a timer thread. Records when it happened."""
 
-    def __init__(self, server, monkeypatch, after: int = 2, down_for: float = OUTAGE_S):
-        self.server, self.after, self.down_for = server, after, down_for
+    def __init__(self, server, monkeypatch, after: int = 2, down_for: float = OUTAGE_S, mode: str = "kill"):
+        self.server, self.after, self.down_for, self.mode = server, after, down_for, mode
         self.markers = 0
         self.killed_at: float | None = None
         self.restarted_at: float | None = None
@@ -59,7 +65,10 @@ class GatewayOutage:
                 with self._lock:
                     self.markers += 1
                     if self.markers == self.after and self.killed_at is None:
-                        self.server.stop_gateway()
+                        if self.mode == "kill":
+                            self.server.stop_gateway()
+                        else:
+                            self.server.pause_gateway()
                         self.killed_at = time.monotonic()
                         self._timer = threading.Timer(self.down_for, self._restart)
                         self._timer.start()
@@ -68,7 +77,10 @@ class GatewayOutage:
         monkeypatch.setattr(delta, "write", write)
 
     def _restart(self) -> None:
-        self.server.start_gateway()
+        if self.mode == "kill":
+            self.server.start_gateway()
+        else:
+            self.server.resume_gateway()
         self.restarted_at = time.monotonic()
 
     def wait_restarted(self) -> None:
@@ -124,7 +136,8 @@ def s3(rgw_server, request):
     return rgw_server, url, options
 
 
-def test_gateway_outage_mid_commit_retries_and_completes(s3, monkeypatch, caplog):
+@pytest.mark.parametrize(("mode", "after"), OUTAGES)
+def test_gateway_outage_mid_commit_retries_and_completes(s3, monkeypatch, caplog, mode, after):
     """10 s outage inside the default 30 s retry budget: the commit completes, once."""
     server, url, options = s3
     client = pulsartx.Client(url, storage_options=options, coordinator_config=CFG, num_coordinators=1)
@@ -135,15 +148,18 @@ def test_gateway_outage_mid_commit_retries_and_completes(s3, monkeypatch, caplog
     aborted, aborted_values = produce_txn(client, producer, "aborted")
     aborted.abort()
     txn, values = produce_txn(client, producer, "during")
-    outage = GatewayOutage(server, monkeypatch)
+    outage = GatewayOutage(server, monkeypatch, after=after, mode=mode)
     t0 = time.monotonic()
     txn.commit()
     took = time.monotonic() - t0
     outage.wait_restarted()
     assert outage.killed_at is not None, "no outage was injected"
     assert txn.state.name == "COMMITTED"
+    # Markers (or, after the last one, the COMMITTED entry) were still to be written: the commit
+    # waited the outage out.
     assert took >= OUTAGE_S * 0.9, f"commit returned after {took:.1f} s, inside a {OUTAGE_S:.0f} s outage"
-    assert any("transient storage error" in r.getMessage() for r in caplog.records)
+    if mode == "kill":
+        assert any("transient storage error" in r.getMessage() for r in caplog.records)
     producer.send(b"after")  # the client works normally afterwards
     client.close()
 
@@ -222,6 +238,7 @@ def test_read_only_s3_user_gets_a_clear_error_at_once(s3):
         with pytest.raises(PulsarException) as denied:
             c.create_producer("t").send(b"denied")
         assert time.monotonic() - t0 < 10, "a permission error must not be retried as a transient fault"
+    assert isinstance(denied.value, StorageError), repr(denied.value)
     message = str(denied.value)
     assert bucket in message and ("denied" in message.lower() or "403" in message), message
     assert "reader-secret-xyz" not in message
@@ -234,6 +251,7 @@ def test_missing_bucket_is_a_clear_error(rgw_server):
         with pytest.raises(PulsarException) as missing:
             c.admin.create_topic("t", partitions=1)
         assert time.monotonic() - t0 < 10, "a missing bucket must not be retried as a transient fault"
+    assert isinstance(missing.value, StorageError), repr(missing.value)
     message = str(missing.value)
     assert "ptx-no-such-bucket-8f3a" in message, message
     assert rgw_server.secret_key not in message
@@ -273,13 +291,14 @@ def test_bucket_lost_under_a_live_client_is_a_clear_error():
         client.admin.create_topic("t", partitions=1)
         producer = client.create_producer("t")
         producer.send(b"one")
-        server.terminate()
+        server.kill()  # the store crashes and comes back empty
         server.wait(10)
         server = _moto(port)
         t0 = time.monotonic()
         with pytest.raises(PulsarException) as lost:
             producer.send(b"two")
         assert time.monotonic() - t0 < 20
+        assert isinstance(lost.value, StorageError), repr(lost.value)
         assert "vanishing" in str(lost.value) and "moto-secret-xyz" not in str(lost.value), lost.value
     finally:
         server.terminate()
@@ -308,6 +327,7 @@ def test_read_only_local_root_gives_a_clear_error(tmp_path):
             with pytest.raises(PulsarException) as denied:
                 c.create_producer("t").send(b"denied")
             assert time.monotonic() - t0 < 10
+        assert isinstance(denied.value, StorageError), repr(denied.value)
         message = str(denied.value)
         assert str(ro) in message and "read-only" in message.lower(), message
     finally:
