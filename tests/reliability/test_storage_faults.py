@@ -332,3 +332,66 @@ def test_read_only_local_root_gives_a_clear_error(tmp_path):
         assert str(ro) in message and "read-only" in message.lower(), message
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+# ---- the retry helper itself (fast; the texts are the ones the libraries produced above) ----------
+REFUSED_DELTA = OSError("Kernel error -> Generic S3 error\n \x1b[31m\u21b3\x1b[0m Error performing GET http://127.0.0.1:1/b/"
+                        "t/_delta_log/_last_checkpoint in 2s, after 10 retries - HTTP error\n \u21b3 error sending request\n"
+                        " \u21b3 tcp connect error\n \u21b3 Connection refused (os error 111)")
+REFUSED_ARROW = OSError("When reading information for key 't/x.parquet' in bucket 'b': AWS Error NETWORK_CONNECTION "
+                        "during HeadObject operation: curlCode: 7, Could not connect to server")
+
+
+@pytest.mark.parametrize(("error", "transient"), [
+    (REFUSED_DELTA, True),
+    (REFUSED_ARROW, True),
+    (ConnectionResetError("reset by peer"), True),
+    (OSError("Generic S3 error: 503 Service Unavailable: SlowDown"), True),
+    (OSError("Generic S3 error: Client error with status 403 Forbidden: AccessDenied"), False),
+    (OSError("<Error><Code>NoSuchBucket</Code></Error>"), False),
+    (OSError("Generic S3 error: 412 Precondition Failed (timeout while waiting)"), False),
+    (delta.ConcurrentCommit("Concurrent transaction failed"), False),
+    (FileNotFoundError("no such file"), False),
+    (ValueError("schema mismatch"), False),
+])
+def test_transient_classification(error, transient):
+    assert delta.is_transient(error) is transient
+
+
+def test_retrying_is_bounded_and_names_the_uri_not_the_secret():
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve("s3://bkt/p", {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value", "AWS_REGION": "us-east-1"})
+    calls = []
+
+    def fail():
+        calls.append(time.monotonic())
+        raise OSError("error sending request: Connection refused, key s3cr3t-value")
+
+    t0 = time.monotonic()
+    with pytest.raises(delta.StorageUnavailable) as e:
+        delta.retrying("write to Delta table", "s3://bkt/p/t", fail, root=root,
+                       policy=delta.RetryPolicy(deadline_s=0.5, base_s=0.01, cap_s=0.05))
+    assert 0.5 <= time.monotonic() - t0 < 2.0 and len(calls) >= 3
+    assert "s3://bkt/p/t" in str(e.value) and "s3cr3t-value" not in str(e.value) and "\x1b" not in str(e.value)
+
+
+def test_retrying_recovers_and_never_retries_a_lost_cas():
+    outcomes = [OSError("Connection refused"), OSError("timed out"), "done"]
+
+    def flaky():
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert delta.retrying("op", "uri", flaky, policy=delta.RetryPolicy(5, 0.01, 0.02)) == "done"
+    calls = []
+
+    def cas():
+        calls.append(1)
+        raise delta.ConcurrentCommit("conflict")
+
+    with pytest.raises(delta.ConcurrentCommit):
+        delta.retrying("op", "uri", cas, policy=delta.RetryPolicy(5, 0.01, 0.02))
+    assert calls == [1]
