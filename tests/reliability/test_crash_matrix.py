@@ -24,6 +24,8 @@ def test_points_cover_the_issue():
     assert len(crash.POINTS) >= 8
 
 
+# (pytest-timeout's default 600 s is too short for the full matrix on a loaded machine)
+@pytest.mark.timeout(300 + 15 * SEEDS * len(crash.POINTS))
 @pytest.mark.parametrize("storage", ["local", "rgw"])
 def test_crash_matrix(storage, tmp_path, request):
     if storage == "local":

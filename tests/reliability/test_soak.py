@@ -17,6 +17,7 @@ STORAGES = {"local": ["local"], "rgw": ["rgw"], "all": ["local", "rgw"]}[
     os.environ.get("PULSARTX_SOAK_STORAGE", "local")]
 
 
+@pytest.mark.timeout(int(SECONDS) + 900)
 @pytest.mark.parametrize("storage", STORAGES)
 def test_concurrency_soak(storage, tmp_path, request):
     if storage == "local":
