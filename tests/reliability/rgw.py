@@ -20,6 +20,11 @@ API (everything R2's crash matrix and the storage fixture need)::
 
     with rgw.running() as server: ...     # the same, as a context manager
 
+Inside pytest, use the session fixture ``rgw_server`` (tests/conftest.py) rather than starting
+another cluster; import this module as ``from reliability import rgw`` (tests/ is on sys.path).
+The conftest fills in the RGW options for ``s3://ptx-...`` URLs given without options, but only in
+the pytest process: child processes (crash tests) must be handed ``storage_options`` explicitly.
+
 Command line (a thin wrapper for shells and ``make``)::
 
     python -m tests.reliability.rgw start   # prints endpoint/options as JSON, stays in foreground
