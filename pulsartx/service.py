@@ -47,6 +47,7 @@ class CoordinatorService:
     def run_pass(self) -> None:
         from pulsartx.buffer.buffer import TransactionBuffer
         from pulsartx.log.partition import PartitionLog
+        from pulsartx.storage.delta import StorageUnavailable
 
         for tc in self.client._coordinators().all():
             if self._stop.is_set():
@@ -67,6 +68,8 @@ class CoordinatorService:
 
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)
+                except StorageUnavailable:
+                    raise  # the store itself is down: end this pass (retried next pass), not one wait per partition
                 except Exception as e:  # one broken partition (e.g. a corrupt log) must not stall the others
                     self._partition_failed(p, e)
 
