@@ -52,11 +52,12 @@ DEFAULT_RETRY_SECONDS = 30.0
 T = TypeVar("T")
 
 # Messages of transient faults, as delta-rs (object_store), s3fs/botocore and pyarrow (AWS SDK) word
-# them. Matched case-insensitively on the whole exception chain's text.
+# them. Matched case-insensitively on the whole exception chain's text. object_store quotes its own
+# settings ("max_retries: 4, retry_timeout: 10s") in every error, hence the lookbehind.
 _TRANSIENT = re.compile(
     r"connection refused|connection reset|connection aborted|broken pipe|tcp connect error|"
     r"error sending request|could not connect|failed to connect|network_connection|connect timeout|"
-    r"timed out|timeout|temporarily unavailable|service ?unavailable|slow ?down|throttl|"
+    r"timed out|(?<!retry_)timeout|temporarily unavailable|service ?unavailable|slow ?down|throttl|"
     r"internal ?error|bad gateway|gateway timeout|\b50[0234]\b|incomplete ?message|"
     r"unexpected eof|end of file before message|server disconnected|connection closed|"
     r"request_timeout|curlcode: (?:7|28|52|55|56)", re.IGNORECASE)

@@ -349,6 +349,8 @@ REFUSED_ARROW = OSError("When reading information for key 't/x.parquet' in bucke
     (OSError("Generic S3 error: 503 Service Unavailable: SlowDown"), True),
     (OSError("Generic S3 error: Client error with status 403 Forbidden: AccessDenied"), False),
     (OSError("<Error><Code>NoSuchBucket</Code></Error>"), False),
+    (OSError("Error performing PUT http://h/b/k in 3ms, after 0 retries, max_retries: 4, retry_timeout: 10s - "
+             "Client error with status 400 Bad Request: InvalidArgument"), False),
     (OSError("Generic S3 error: 412 Precondition Failed (timeout while waiting)"), False),
     (delta.ConcurrentCommit("Concurrent transaction failed"), False),
     (FileNotFoundError("no such file"), False),
