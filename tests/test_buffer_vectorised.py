@@ -1,6 +1,6 @@
 """The vectorised fold, READ_COMMITTED filter and producer dedup equal their per-row definitions.
 
-``BufferState.fold``, ``VisibilityFilter._straggler_and_range_mask`` and ``new_message_keep`` work on
+``BufferState.fold``, ``VisibilityFilter.apply`` and ``new_message_keep`` work on
 whole columns (numpy / pyarrow.compute) because they run over every record a reader or an append
 touches. The per-row versions below are the definitions they replaced, kept as the reference: on
 random logs (many transactions of several TCs, repeated and contradicting markers, stragglers,
@@ -60,6 +60,7 @@ def fold_rows(s: BufferState, records: pa.Table) -> BufferState:
 
 
 def straggler_and_range_mask_rows(f: VisibilityFilter, data: pa.Table, keys: pa.Array, mask: pa.Array) -> list:
+    """The per-row straggler and entry-list check apply() used."""
     offs = data.column("offset").to_pylist()
     ks = keys.to_pylist()
     m = mask.to_pylist()
@@ -174,18 +175,13 @@ def test_vectorised_fold_equals_per_row_fold(rows, cuts, chunks, max_ended):
 def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
     cut = min(cut, len(rows))
     s = BufferState().fold(table(rows[:cut]))
-    # Data read below some limit, possibly with rows already hidden (aborted or cut), possibly null.
     t = table(rows, chunks=chunks)
-    data_rows = t.filter(pc.equal(t.column("type"), "DATA"))
-    keys = txn_key_column(data_rows)
-    mask = pa.array(data.draw(st.lists(st.sampled_from([True, True, False, None]), min_size=data_rows.num_rows,
-                                       max_size=data_rows.num_rows)), pa.bool_())
     f = s.filter()
-    expected = straggler_and_range_mask_rows(f, data_rows, keys, mask)
-    assert f._straggler_and_range_mask(data_rows, keys, mask).to_pylist() == expected
-    # And the whole filter, also with a retention horizon and a cut across partitions.
+    # Below the read limit (what readers pass), and the whole log (stragglers, unfolded markers).
     bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
     assert f.apply(bounded).column("offset").to_pylist() == apply_rows(f, bounded).column("offset").to_pylist()
+    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
+    # With a retention horizon and a cut across partitions.
     visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
     cut = Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100})
     g = dataclasses.replace(f, cut=cut, min_offset=data.draw(st.integers(0, 10)))
@@ -193,17 +189,23 @@ def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
 
 
 def test_filter_drops_stragglers_and_out_of_range_rows_of_a_large_read():
-    """A concrete large case: 100k rows of three transactions (one ranged, one with stragglers)."""
-    k1, k2, k3 = txn_key(1, 1), txn_key(1, 2), txn_key(2, 1)
+    """A concrete large case: 100k rows of three transactions (one ranged, one with stragglers)
+    in runs of 7, one aborted, plus plain rows."""
+    k1, k2, k3, k4 = txn_key(1, 1), txn_key(1, 2), txn_key(2, 1), txn_key(2, 2)
     n = 100_000
     offs = np.arange(n, dtype=np.int64)
-    keys = pa.array(np.where(offs % 3 == 0, k1, np.where(offs % 3 == 1, k2, k3)))
-    data = pa.table({"offset": offs})
-    f = VisibilityFilter(n, {}, {k1: 50_000, k2: n, k3: n}, {k2: [(10, 19), (15, 30), (90_000, 90_009)]})
-    got = np.array(f._straggler_and_range_mask(data, keys, pa.array(np.ones(n, bool))).to_pylist())
-    want = np.where(offs % 3 == 0, offs <= 50_000,
-                    np.where(offs % 3 == 1, ((offs >= 10) & (offs <= 30)) | ((offs >= 90_000) & (offs <= 90_009)), True))
-    assert (got == want).all()
+    which = (offs // 7) % 5
+    most = np.select([which == 0, which == 1, which == 2, which == 3], [1, 1, 2, 2], 0)
+    least = np.select([which == 0, which == 1, which == 2, which == 3], [1, 2, 1, 2], 0)
+    t = pa.table({"offset": offs, "type": pa.array(["DATA"] * n),
+                  "txn_most_bits": pa.array(most, mask=which == 4), "txn_least_bits": pa.array(least, mask=which == 4)})
+    f = VisibilityFilter(n, {k4: n}, {k1: 50_000, k2: n, k3: n, k4: n}, {k2: [(10, 19), (15, 30), (90_000, 90_009)]})
+    got = np.array(f.apply(t).column("offset").to_pylist())
+    want = offs[np.select([which == 0, which == 1, which == 2, which == 3],
+                          [offs <= 50_000, ((offs >= 10) & (offs <= 30)) | ((offs >= 90_000) & (offs <= 90_009)),
+                           True, False], True)]
+    assert got.tolist() == want.tolist()
+    assert len(got) and got.tolist() == apply_rows(f, t).column("offset").to_pylist()
 
 
 @settings(max_examples=120, deadline=None)

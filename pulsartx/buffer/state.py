@@ -268,56 +268,46 @@ class VisibilityFilter:
     def apply(self, table: pa.Table) -> pa.Table:
         """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``).
 
-        One mask, one filter at the end (a read's table holds the payloads: every filter copies
-        them), and none at all when every row is visible, as in a partition without transactions."""
-        keep = pc.equal(table.column("type"), MessageType.DATA.value)
-        if self.min_offset > 0:
-            keep = pc.and_(keep, pc.greater_equal(table.column("offset"), self.min_offset))
-        if table.num_rows and table.column("txn_most_bits").null_count != table.num_rows:
+        Executors run this over every record they read, so it works per run of rows of one
+        transaction (a transaction's data comes in long runs): each distinct transaction is decided
+        once, in Python, and the decisions are spread back over the rows with numpy. One filter at
+        the end (every filter copies the payloads), and none when every row is visible."""
+        keep = _bools(pc.equal(table.column("type"), MessageType.DATA.value))
+        if table.num_rows and (self.min_offset > 0 or table.column("txn_most_bits").null_count != table.num_rows):
+            offs = _int64s(table.column("offset"))
+            if self.min_offset > 0:
+                keep &= offs >= self.min_offset
             keys = txn_key_column(table)
-            plain = pc.is_null(keys)
-            visible = pc.invert(pc.is_in(keys, value_set=pa.array(list(self.aborted), pa.int64())))
-            if self.cut is not None:
-                visible = pc.and_kleene(visible, self.cut.mask(keys))
-            mask = pc.or_kleene(plain, visible)
-            special = (self.ended.keys() - self.aborted.keys()) | self.ranges.keys()
-            if special and not special.isdisjoint(pc.unique(keys.filter(pc.is_valid(keys))).to_pylist()):
-                mask = self._straggler_and_range_mask(table, keys, mask)
-            keep = pc.and_(keep, pc.fill_null(mask, True))
-        if pc.all(keep).as_py() is not False:  # True, or null for an empty table
+            if keys.null_count != len(keys):
+                keep &= self._txn_rows_visible(offs, keys)
+        if keep.all():
             return table
-        return table.filter(keep)
+        return table.filter(pa.array(keep))
 
-    def _straggler_and_range_mask(self, data: pa.Table, keys: pa.Array | pa.ChunkedArray,
-                                  mask: pa.Array | pa.ChunkedArray) -> pa.Array:
-        """``mask`` minus stragglers (data after its transaction's marker) and data outside the
-        entry lists of commit markers that have them. Per distinct transaction, not per row: the
-        executors run this over every row they read."""
-        offs = _int64s(data.column("offset"))
+    def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Per row: a plain row, or a row of a transaction that is not aborted, passes the cut,
+        is not a straggler (past its own marker) and lies in its commit's entries, if listed."""
         valid = _bools(pc.is_valid(keys))
         kf = _int64s(pc.fill_null(keys, 0))
-        drop = np.zeros(len(offs), dtype=bool)
-        if valid.any():
-            # Per run of equal keys (rows come in offset order, a transaction's data in long runs):
-            # a dense id per distinct transaction, spread back to the rows.
-            brk = np.flatnonzero((kf[1:] != kf[:-1]) | (valid[1:] != valid[:-1])) + 1
-            starts = np.concatenate(([0], brk))
-            lengths = np.diff(np.concatenate((starts, [len(kf)])))
-            run_valid = valid[starts]
-            uniq, inv = np.unique(kf[starts][run_valid], return_inverse=True)
-            ukeys = uniq.tolist()
-            run_ids = np.full(len(starts), -1, np.int64)
-            run_ids[run_valid] = inv
-            rid = np.repeat(run_ids, lengths)
-            big = np.iinfo(np.int64).max
-            end = np.array([self.ended.get(k, big) for k in ukeys], np.int64)
-            drop = valid & (offs > end[np.maximum(rid, 0)])
-            ranged = [j for j, k in enumerate(ukeys) if k in self.ranges]
-            if ranged:
-                drop |= valid & ~_in_ranges(offs, rid, {j: self.ranges[ukeys[j]] for j in ranged})
-        m = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
-        # Only rows still shown can be dropped; a null stays null (shown by the caller's fill).
-        return pc.if_else(pc.and_(pa.array(drop), pc.fill_null(m, False)), False, m)
+        brk = np.flatnonzero((kf[1:] != kf[:-1]) | (valid[1:] != valid[:-1])) + 1
+        starts = np.concatenate(([0], brk))
+        lengths = np.diff(np.concatenate((starts, [len(kf)])))
+        run_valid = valid[starts]
+        uniq, inv = np.unique(kf[starts][run_valid], return_inverse=True)
+        ukeys = uniq.tolist()
+        run_ids = np.full(len(starts), -1, np.int64)
+        run_ids[run_valid] = inv
+        rid = np.maximum(np.repeat(run_ids, lengths), 0)
+        shown = np.array([k not in self.aborted for k in ukeys], dtype=bool)
+        if self.cut is not None:
+            shown &= _bools(self.cut.mask(pa.array(uniq)))
+        big = np.iinfo(np.int64).max
+        end = np.array([self.ended.get(k, big) for k in ukeys], np.int64)
+        ok = shown[rid] & (offs <= end[rid])
+        ranged = {j: self.ranges[k] for j, k in enumerate(ukeys) if k in self.ranges}
+        if ranged:
+            ok &= _in_ranges(offs, rid, ranged)
+        return ~valid | ok
 
 
 def _in_ranges(offsets: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> np.ndarray:
