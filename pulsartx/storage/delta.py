@@ -237,9 +237,20 @@ _WRITER_PROPERTIES: Any = None
 
 
 def _writer_properties() -> Any:
+    """zstd level 1; and for the partition logs' per-row columns no dictionary attempt where values
+    are unique (payloads, offsets, sequence ids: the writer would hash each value before falling
+    back to plain) and no parquet statistics on payload columns nobody prunes on. Measured on
+    125k-row appends: about a third less write CPU and slightly smaller files. Columns a table does
+    not have are ignored."""
     global _WRITER_PROPERTIES
     if _WRITER_PROPERTIES is None:
-        _WRITER_PROPERTIES = _deltalake().WriterProperties(compression="ZSTD", compression_level=1)
+        dl = _deltalake()
+        unique = dl.ColumnProperties(dictionary_enabled=False, encoding="DELTA_BINARY_PACKED")
+        _WRITER_PROPERTIES = dl.WriterProperties(compression="ZSTD", compression_level=1, column_properties={
+            "value": dl.ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE"),
+            "key": dl.ColumnProperties(statistics_enabled="NONE"),
+            "properties": dl.ColumnProperties(statistics_enabled="NONE"),
+            "offset": unique, "sequence_id": unique})
     return _WRITER_PROPERTIES
 
 
