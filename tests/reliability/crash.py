@@ -50,7 +50,7 @@ POINTS: dict[str, str | None] = {
     "pending_ack_mid": None,         # the subscription's pending-ack commit/abort not applied
     "pending_ack_done": None,        # pending-ack commit/abort applied, markers racing
 }
-TXN_TIMEOUT_MS = 6000
+TXN_TIMEOUT_MS = 15000  # long enough for a child on a very busy machine to reach its point
 LEASE_MS = 1500
 IN_PARTS, OUT_PARTS = 1, 2
 SUB = "s"
