@@ -501,14 +501,24 @@ class Consumer:
 
     def _resolve_pending(self, part: _Partition, cursor: CursorState) -> None:
         """Consumer-side resolution: a pending ack of a transaction past its timeout would hold its
-        messages forever if no sweeper ran, so ask the TC (which aborts it) now and then."""
+        messages forever if no sweeper ran, so ask the TC (which aborts it) now and then.
+
+        A pending ack can also land *after* its transaction was aborted elsewhere (a timeout or a
+        fence racing ``acknowledge(txn=...)``): the abort's pass over the subscription came too
+        early to return it, and nobody would again. Apply the decided abort here (idempotent, as
+        the TC's participant call)."""
         keys = set(cursor.pending)
         if cursor.pending_cumulative is not None:
             keys.add(cursor.pending_cumulative[0])
         if not keys or time.monotonic() - part.last_resolve < RESOLVE_EVERY_S:
             return
         part.last_resolve = time.monotonic()
-        _lookup(self._client._coordinators(), keys)
+        from pulsartx.coordinator.state import TxnAction, TxnStatus
+        from pulsartx.subscription.store import end_transaction
+
+        for meta in _lookup(self._client._coordinators(), keys).values():
+            if meta is not None and meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
+                end_transaction(self._client.root, str(part.topic), self._subscription, meta.txn_id, TxnAction.ABORT)
 
     def _claim(self, part: _Partition, candidates: list[int], mark_delete: int) -> list[int]:
         """Shared: atomically claim the candidates no other live consumer holds. Claims expire
