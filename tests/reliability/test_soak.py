@@ -31,6 +31,7 @@ def test_concurrency_soak(storage, tmp_path, request):
           f"({res.txns_per_second:.1f}/s), checker {rep.anomalies.counts()}, stats {dict(rep.stats)}, "
           f"stuck limit {res.stuck_limit_s:.1f} s, processes {res.results}")
     assert rep.anomalies.total == 0, str(rep)
+    assert res.results["maint"]["errors"] == 0, res.results["maint"]["first_errors"]
     r = res.results
     # every role did its share, and the interesting races happened
     assert r["txn-0"]["committed"] > 0 and r["txn-1"]["committed"] > 0 and r["plain"]["values"] > 0
