@@ -213,3 +213,28 @@ def test_filter_drops_stragglers_and_out_of_range_rows_of_a_large_read():
 def test_vectorised_dedup_equals_per_row_dedup(seqs, last):
     assert new_message_mask(seqs, last) == new_message_mask_rows(seqs, last)
     assert new_message_keep(np.array(seqs, np.int64), last).tolist() == new_message_mask_rows(seqs, last)
+
+
+def test_buffer_snapshots_every_n_folded_records_without_markers(client):
+    """A partition without markers (plain, or one large Spark transaction) still gets snapshots, so
+    a new reader folds only the tail: every Spark query plans with fresh buffers."""
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.buffer.snapshot import SnapshotStore
+    from pulsartx.log.partition import PartitionLog, build_records
+    from pulsartx.naming import TopicName
+
+    client.admin.create_topic("plain")
+    part = TopicName.parse("plain-partition-0")
+    plog = PartitionLog(client.root, part)
+    for i in range(3):
+        plog.append(build_records([b"x"] * 40, producer_name="p", sequence_ids=list(range(40 * i, 40 * i + 40))),
+                    producer_name="p")
+        TransactionBuffer(PartitionLog(client.root, part), snapshot_every_records=100).state()
+    assert SnapshotStore(client.root, part).load().end_offset == 120  # not at 40 or 80: below 100 records
+    reads = []
+    fresh = PartitionLog(client.root, part)
+    orig = fresh.read
+    fresh.read = lambda start, stop, columns=None: reads.append((start, stop)) or orig(start, stop, columns)
+    plog.append(build_records([b"y"] * 5, producer_name="p", sequence_ids=list(range(120, 125))), producer_name="p")
+    s = TransactionBuffer(fresh, snapshot_every_records=100).state()
+    assert (reads, s.end_offset, s.snapshot_offset) == ([(120, 125)], 125, 120)
