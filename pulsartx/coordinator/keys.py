@@ -16,13 +16,11 @@ from typing import Any
 import pyarrow as pa
 
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, StorageError
-from pulsartx.storage import delta
+from pulsartx.exceptions import InvalidConfiguration, NotAllowedError
 from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 
 MAX_TXNS_PER_KEY = 32
-MAX_ATTEMPTS = 500
 
 KEY_SCHEMA = pa.schema([
     pa.field("seq", pa.int64(), False),
@@ -85,17 +83,13 @@ class TransactionKeyStore:
             self.log.refresh()
 
     def _update(self, k: str, change) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        self._ensure()
-        for attempt in range(MAX_ATTEMPTS):
-            old = self.log.get(k)
+        """One compare-and-set of key ``k``: ``change(old row)`` returns the new row; (old, new)."""
+        def step(old):
             new = change(old)
-            try:
-                self.log.put([new])
-                return old, new
-            except delta.ConcurrentCommit:
-                delta.backoff(attempt)
-                self.log.refresh()
-        raise StorageError(f"transaction key {k!r}: too many concurrent updates")
+            return new, (old, new)
+
+        self._opened = True
+        return self.log.cas(k, step, what=f"transaction key {k!r}")
 
     def claim(self, owner: str | None, key: str) -> tuple[int, list[TxnID]]:
         """Bump the epoch; returns the new epoch and the previous epoch's transactions to abort."""

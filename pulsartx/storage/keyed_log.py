@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -28,6 +28,8 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger(__name__)
 BUCKETS = 256
 SEQ = "seq"
+MAX_CAS_ATTEMPTS = 500
+T = TypeVar("T")
 
 
 def bucket_app_id(name: str, key: str) -> str:
@@ -127,6 +129,51 @@ class KeyedLog:
         self._apply(rows)
         self.files_since_compaction += 1
         self.appended += 1
+
+    def cas(self, key: str, change: Callable[[dict[str, Any] | None], tuple[dict[str, Any] | None, T]], *,
+            what: str, optimistic: bool = False, keep: Callable[[dict[str, Any]], bool] | None = None) -> T:
+        """Read-modify-write one key: ``change(current row or None)`` returns ``(new row, result)``,
+        and a new row of None writes nothing. The new row gets the key's next ``seq``; a lost race
+        refreshes and runs ``change`` again on the winner's state, so ``change`` must be pure.
+
+        ``optimistic``: the first attempt uses the cached snapshot without refreshing (a refresh
+        costs as much as the write). The per-key CAS refuses the write if the key changed since;
+        a no-op or an exception computed from the cached state is re-checked on fresh state
+        before it is returned or raised. ``keep``: when the log is due, compact it after the
+        write, keeping the rows ``keep`` accepts."""
+        if not optimistic or self._table is None:
+            self.refresh()
+            optimistic = False
+        for attempt in range(MAX_CAS_ATTEMPTS):
+            row = self.rows.get(key)
+            try:
+                new, out = change(row)
+            except Exception:
+                if not optimistic:
+                    raise
+                new, out = None, None
+            if new is None:
+                if optimistic:
+                    optimistic = False
+                    self.refresh()
+                    continue
+                return out
+            new[SEQ] = (row[SEQ] + 1) if row is not None else 0
+            try:
+                self.put([new])
+            except delta.ConcurrentCommit:
+                if not optimistic:
+                    delta.backoff(attempt)
+                optimistic = False
+                self.refresh()
+                continue
+            if keep is not None and self.needs_compaction():
+                try:
+                    self.compact(keep)
+                except Exception as e:  # an optimisation: the write above is durable either way
+                    log.info("%s compaction skipped: %s", self.name, e)
+            return out
+        raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
     def _catch_up(self, upto: int, skip: str | None = None) -> list[dict[str, Any]]:
         """Apply the commits in ``(self.version, upto)`` that other writers made, reading all their

@@ -15,14 +15,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from pulsartx.exceptions import ConsumerBusy, InvalidConfiguration, StorageError
+from pulsartx.exceptions import ConsumerBusy, InvalidConfiguration
 from pulsartx.naming import TopicName
-from pulsartx.storage import delta
 from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import subscription_dir
 
-MAX_ATTEMPTS = 200
 SHARED = "shared:"  # key prefix of Shared consumers' presence rows
 LEASE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64(), False),
@@ -54,24 +52,18 @@ class LeaseStore:
             self.log.refresh()
 
     def _cas(self, key: str, change) -> Any:
-        self._ensure()
-        for attempt in range(MAX_ATTEMPTS):
-            row = self.log.get(key)
+        """``change(row)`` returns (the fields to store, result); unnamed fields take their defaults."""
+        def step(row):
             new, out = change(row)
             if new is None:
-                return out
-            new = {"seq": (row["seq"] + 1) if row else 0, "key": key, "consumer": None, "consumer_type": None,
-                   "expires_ms": None, "updated_ms": now_ms(), **new}
-            try:
-                self.log.put([new])
-            except delta.ConcurrentCommit:
-                delta.backoff(attempt)
-                self.log.refresh()
-                continue
-            if self.log.needs_compaction():  # gone Shared consumers' rows are dropped
-                self.log.compact(lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
-            return out
-        raise StorageError(f"subscription {self.subscription!r}: too many concurrent lease updates")
+                return None, out
+            return {"key": key, "consumer": None, "consumer_type": None, "expires_ms": None,
+                    "updated_ms": now_ms(), **new}, out
+
+        self._opened = True
+        # On compaction, gone Shared consumers' rows are dropped.
+        return self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
+                            keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
 
     def register_type(self, consumer_type: str) -> None:
         """The first consumer fixes the subscription's type; a different type is refused while a

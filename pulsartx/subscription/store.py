@@ -25,7 +25,6 @@ from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import StorageError
 from pulsartx.naming import TopicName, check_subscription_name
-from pulsartx.storage import delta
 from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
@@ -33,7 +32,6 @@ from pulsartx.subscription.ranges import RangeSet
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_ATTEMPTS = 500
 CURSOR, CLAIMS = "cursor", "claims"
 
 _RANGE = pa.struct([("first", pa.int64()), ("last", pa.int64())])
@@ -159,46 +157,17 @@ class SubscriptionStore:
         return self._update_cursor(change)
 
     def _update_cursor(self, change, create: bool = False):
-        """CAS loop. The first attempt of an open store works from its cached snapshot without
-        reading the log (a refresh costs as much as the write): if another writer changed the row
-        since, the per-key CAS refuses the write, and a no-op or a refusal computed from the cached
-        state is re-checked against fresh state before it is returned or raised."""
-        with self._lock:
-            optimistic = self._opened
-            self._ensure(refresh=not optimistic)
-            for attempt in range(MAX_ATTEMPTS):
-                row = self.log.get(CURSOR)
-                cur = None if row is None else row_to_cursor(row)
-                try:
-                    new, out = change(cur)
-                except Exception:
-                    if not optimistic:
-                        raise
-                    new, out = cur, None
-                if new is cur and optimistic:
-                    optimistic = False
-                    self.log.refresh()
-                    continue
-                if new is cur:
-                    return out
-                try:
-                    self.log.put([cursor_to_row((row["seq"] + 1) if row else 0, new)])
-                except delta.ConcurrentCommit:
-                    if not optimistic:
-                        delta.backoff(attempt)
-                    optimistic = False
-                    self.log.refresh()
-                    continue
-                self._maybe_compact()
-                return out
-        raise StorageError(f"subscription {self.subscription!r} on {self.partition}: too many concurrent updates")
+        """``change(cursor or None)`` returns (new cursor, or the same object for "no change"; result).
+        Optimistic for an open store (KeyedLog.cas): cursor updates are the hot path of acks."""
+        def step(row):
+            cur = None if row is None else row_to_cursor(row)
+            new, out = change(cur)
+            return (None if new is cur else cursor_to_row(0, new)), out
 
-    def _maybe_compact(self) -> None:
-        if self.log.needs_compaction():
-            try:
-                self.log.compact(lambda r: True)
-            except Exception as e:  # an optimisation only
-                log.debug("compaction of %s skipped: %s", self.segments, e)
+        with self._lock:
+            optimistic, self._opened = self._opened, True
+            return self.log.cas(CURSOR, step, what=f"subscription {self.subscription!r} on {self.partition}",
+                                optimistic=optimistic, keep=lambda r: True)
 
     # ---- Shared consumers' claims -------------------------------------------------------------------
     def claims(self, refresh: bool = True) -> list[Claim]:
@@ -208,28 +177,21 @@ class SubscriptionStore:
             return [] if r is None else [Claim(**c) for c in r["claims"] or ()]
 
     def update_claims(self, fn: Callable[[list[Claim]], tuple[list[Claim], T]]) -> T:
+        def step(row):
+            current = [] if row is None else [Claim(**c) for c in row["claims"] or ()]
+            new, out = fn(current)
+            if new == current:
+                return None, out
+            r = {f.name: None for f in STATE_SCHEMA}
+            r.update(key=CLAIMS, deleted=False, updated_ms=int(time.time() * 1000),
+                     claims=[{"consumer": c.consumer, "first": c.first, "last": c.last, "expires_ms": c.expires_ms}
+                             for c in new])
+            return r, out
+
         with self._lock:
-            self._ensure()
-            for attempt in range(MAX_ATTEMPTS):
-                row = self.log.get(CLAIMS)
-                current = [] if row is None else [Claim(**c) for c in row["claims"] or ()]
-                new, out = fn(current)
-                if new == current:
-                    return out
-                r = {f.name: None for f in STATE_SCHEMA}
-                r.update(seq=(row["seq"] + 1) if row else 0, key=CLAIMS, deleted=False,
-                         updated_ms=int(time.time() * 1000),
-                         claims=[{"consumer": c.consumer, "first": c.first, "last": c.last, "expires_ms": c.expires_ms}
-                                 for c in new])
-                try:
-                    self.log.put([r])
-                except delta.ConcurrentCommit:
-                    delta.backoff(attempt)
-                    self.log.refresh()
-                    continue
-                self._maybe_compact()
-                return out
-        raise StorageError(f"subscription {self.subscription!r} on {self.partition}: too many concurrent claim updates")
+            self._opened = True
+            return self.log.cas(CLAIMS, step, what=f"subscription {self.subscription!r} on {self.partition} claims",
+                                keep=lambda r: True)
 
 
 _SHARED: dict[tuple[str, str, str], SubscriptionStore] = {}
