@@ -73,14 +73,9 @@ class TransactionKeyStore:
         self.tc_id = tc_id
         self.log = KeyedLog(root, ("coordinator", f"tc-{tc_id}", "transaction-keys"), KEY_SCHEMA,
                             key_of=lambda r: f"{r['owner']}&{r['transaction_key']}", name=f"tc-{tc_id}-keys")
-        self._opened = False
 
     def _ensure(self) -> None:
-        if not self._opened:
-            self.log.open()
-            self._opened = True
-        else:
-            self.log.refresh()
+        self.log.refresh()  # opens the log on first use
 
     def _update(self, k: str, change) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """One compare-and-set of key ``k``: ``change(old row)`` returns the new row; (old, new)."""
@@ -88,7 +83,6 @@ class TransactionKeyStore:
             new = change(old)
             return new, (old, new)
 
-        self._opened = True
         return self.log.cas(k, step, what=f"transaction key {k!r}")
 
     def claim(self, owner: str | None, key: str) -> tuple[int, list[TxnID]]:

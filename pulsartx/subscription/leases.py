@@ -42,14 +42,9 @@ class LeaseStore:
         self.topic = topic.base
         self.log = KeyedLog(root, (*subscription_dir(topic.base, subscription), "consumers"), LEASE_SCHEMA,
                             key_of=lambda r: r["key"], name=f"sub-{subscription}-consumers", compact_every=100)
-        self._opened = False
 
     def _ensure(self) -> None:
-        if not self._opened:
-            self.log.open()
-            self._opened = True
-        else:
-            self.log.refresh()
+        self.log.refresh()  # opens the log on first use
 
     def _cas(self, key: str, change) -> Any:
         """``change(row)`` returns (the fields to store, result); unnamed fields take their defaults."""
@@ -60,7 +55,6 @@ class LeaseStore:
             return {"key": key, "consumer": None, "consumer_type": None, "expires_ms": None,
                     "updated_ms": now_ms(), **new}, out
 
-        self._opened = True
         # On compaction, gone Shared consumers' rows are dropped.
         return self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
                             keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
