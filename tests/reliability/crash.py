@@ -127,7 +127,7 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
         m = cons.receive(timeout_millis=30_000)
         got.append(m)
         mid = m.message_id()
-        h.ok("poll", consumer=name, epoch=0, topic=in_topic, msgs=[[mid.partition(), mid.offset(), m.data().decode()]])
+        h.ok("poll", consumer=name, epoch=0, topic=in_topic, sub=SUB, msgs=[[mid.partition(), mid.offset(), m.data().decode()]])
 
     # 2. the transaction, with the injection point's patch in place
     out_keys = _keys(OUT_PARTS)

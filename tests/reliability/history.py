@@ -13,7 +13,7 @@ Operations (``f``) and the fields the checker reads:
 * ``send``   invoke: ``topic``, ``value``, ``txn`` (None for a plain send); ok: ``partition``, ``offset``
 * ``commit`` / ``abort``  invoke and ok/fail/info: ``txn``
 * ``ack``    ok: ``txn``, ``topic``, ``sub``, ``msgs`` (``[[partition, offset, value], ...]``)
-* ``poll``   ok: ``consumer``, ``epoch``, ``topic``, ``msgs``; a consumer bumps ``epoch`` whenever
+* ``poll``   ok: ``consumer``, ``epoch``, ``topic``, ``msgs``, ``sub`` (None for a reader); a consumer bumps ``epoch`` whenever
   redelivery may legitimately go back (a new consumer, an aborted transaction's acks)
 * ``read``   ok: a batch read of several partitions at one moment: ``topics``, ``msgs``
   (``[[topic, partition, offset, value], ...]``)

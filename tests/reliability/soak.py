@@ -147,7 +147,7 @@ def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed
             continue
         for m in msgs:
             mid = m.message_id()
-            h.ok("poll", consumer=role, epoch=epoch, topic=ORDERS,
+            h.ok("poll", consumer=role, epoch=epoch, topic=ORDERS, sub=sub,
                  msgs=[[mid.partition(), mid.offset(), m.data().decode()]])
         txn = c.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
         h.ok("begin", txn=txn_list(txn))

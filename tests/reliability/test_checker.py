@@ -153,6 +153,38 @@ def test_non_monotonic_and_skipping_polls():
     assert counts(events, final) == {"skipped": 1}
 
 
+def test_passing_over_what_the_subscription_already_acknowledged_is_no_skip():
+    """Epoch 1 redelivers 0 (its transaction aborted) after 1 and 2 were acknowledged in committed
+    transactions: going from 0 to 3 passes over 1 and 2 legitimately, but not over 2.5's twin x."""
+    events, final = base()
+    final.visible["in"] += [(0, 1, "y"), (0, 2, "x")]
+    final.stored["in"] += [(0, 1, "y", None), (0, 2, "x", None)]
+    final.stored["in"] = [r for r in final.stored["in"] if r[2] != "c"]  # (c's offset 1 now holds y)
+    final.visible["in"].remove((0, 3, "e"))
+    final.stored["in"] = [r for r in final.stored["in"] if r[2] != "e"]
+    final.drained[("in", "s")].remove("e")
+    c = H("c2")
+    c.ev("ok", "begin", txn=[7, 7]).ev("ok", "ack", txn=[7, 7], topic="in", sub="s", msgs=[[0, 1, "y"]])
+    c.end("commit", (7, 7))
+    c.ev("ok", "poll", consumer="k", epoch=1, topic="in", sub="s", msgs=[[0, 0, "a"]])
+    c.ev("ok", "poll", consumer="k", epoch=1, topic="in", sub="s", msgs=[[0, 3, "z"]])
+    final.visible["in"].append((0, 3, "z"))
+    final.stored["in"].append((0, 3, "z", None))
+    final.txn_status[(7, 7)] = "COMMITTED"
+    final.drained[("in", "s")] += ["x", "z"]
+    events = [e for e in events if not (e["f"] == "poll" and e.get("consumer") == "c0")]
+    events = [e for e in events if not (e["p"] == "w" and e.get("value") == "c")]
+    assert counts(events + c.events, final) == {"skipped": 1}  # x at 2 was never acknowledged
+    final.drained[("in", "s")].remove("x")
+    c.ev("ok", "begin", txn=[8, 8]).ev("ok", "ack", txn=[8, 8], topic="in", sub="s", msgs=[[0, 2, "x"]])
+    c.end("commit", (8, 8))
+    for e in c.events:  # acknowledged before the polls
+        if e["f"] != "poll":
+            e["t"] = -1.0
+    final.txn_status[(8, 8)] = "COMMITTED"
+    assert counts(events + c.events, final) == {}
+
+
 def test_fractured_batch_read():
     events, final = base()
     for e in events:
