@@ -315,6 +315,11 @@ class Consumer:
         finally:
             self._closed = True
             self._wake.set()
+            # A lease renewal still running in the background thread would otherwise re-take the
+            # lease right after the release below, blocking the next consumer for lease_ms.
+            worker = getattr(self, "_thread", None)
+            if worker is not None and worker.is_alive() and worker is not threading.current_thread():
+                worker.join(timeout=60)
             try:
                 if self._type is ConsumerType.Shared:
                     self._leases.leave_shared(self._id)

@@ -10,6 +10,7 @@ expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a ne
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -42,9 +43,11 @@ class LeaseStore:
         self.topic = topic.base
         self.log = KeyedLog(root, (*subscription_dir(topic.base, subscription), "consumers"), LEASE_SCHEMA,
                             key_of=lambda r: r["key"], name=f"sub-{subscription}-consumers", compact_every=100)
+        self._lock = threading.RLock()
 
     def _ensure(self) -> None:
-        self.log.refresh()  # opens the log on first use
+        with self._lock:
+            self.log.refresh()  # opens the log on first use
 
     def _cas(self, key: str, change) -> Any:
         """``change(row)`` returns (the fields to store, result); unnamed fields take their defaults."""
@@ -56,8 +59,9 @@ class LeaseStore:
                     "updated_ms": now_ms(), **new}, out
 
         # On compaction, gone Shared consumers' rows are dropped.
-        return self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
-                            keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
+        with self._lock:  # a consumer's own threads (renewal, close) share this store
+            return self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
+                                keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
 
     def register_type(self, consumer_type: str) -> None:
         """The first consumer fixes the subscription's type; a different type is refused while a
