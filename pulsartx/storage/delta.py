@@ -404,8 +404,16 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
         path = root.fs_path(*segments, name)
 
         def put_file() -> int:
-            pq.write_table(data, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1)
-            return root.arrow_fs.get_file_info(path).size
+            if root.is_local:
+                pq.write_table(data, path, filesystem=root.arrow_fs, compression="zstd", compression_level=1)
+                return root.arrow_fs.get_file_info(path).size
+            # One PUT with a known length through s3fs: pyarrow's S3 stream uploads parts without a
+            # Content-Length, which Ceph RGW refuses (411 MissingContentLength during UploadPart).
+            buf = pa.BufferOutputStream()
+            pq.write_table(data, buf, compression="zstd", compression_level=1)
+            body = buf.getvalue().to_pybytes()
+            root.fs.pipe(path, body)
+            return len(body)
 
         size = retrying("write a data file of", uri, put_file, root=root)
         actions.append(dl.transaction.AddAction(name, size, {}, now, data_change, file_stats(data, stats_columns)))

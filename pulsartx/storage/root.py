@@ -192,13 +192,34 @@ class StorageRoot:
             return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
         return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
 
+    def _guarded(self, what: str, path: str, fn: Any) -> Any:
+        """Object-store metadata calls (s3fs) get the Delta I/O's retry budget and its errors: a
+        transient fault is retried, anything else but "not found" becomes a StorageError naming
+        the path (never the credentials), not a raw botocore exception."""
+        if self.is_local:
+            return fn()
+        from pulsartx.exceptions import PulsarException, StorageError
+        from pulsartx.storage import delta
+
+        try:
+            return delta.retrying(what, path, fn, root=self)
+        except (FileNotFoundError, PulsarException):
+            raise
+        except Exception as e:
+            raise StorageError(f"{what} {path} failed: {delta.describe(e, delta.secrets_of(self))}") from e
+
     # Small JSON documents (topic metadata). Object stores have no rename, so writes are whole-object puts.
     def read_text(self, *segments: str) -> str | None:
-        try:
-            with self.fs.open(self.fs_path(*segments), "r") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        path = self.fs_path(*segments)
+
+        def read() -> str | None:
+            try:
+                with self.fs.open(path, "r") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+
+        return self._guarded("read", path, read)
 
     def write_text(self, text: str, *segments: str) -> None:
         path = self.fs_path(*segments)
@@ -210,21 +231,26 @@ class StorageRoot:
                 f.write(text)
             os.replace(tmp, path)
         else:
-            with self.fs.open(path, "w") as f:
-                f.write(text)
+            def write() -> None:
+                with self.fs.open(path, "w") as f:
+                    f.write(text)
+
+            self._guarded("write", path, write)
 
     def exists(self, *segments: str) -> bool:
-        return self.fs.exists(self.fs_path(*segments))
+        path = self.fs_path(*segments)
+        return self._guarded("check", path, lambda: self.fs.exists(path))
 
     def listdir(self, *segments: str) -> list[str]:
         """Names of the direct children of a folder (empty when it does not exist)."""
+        path = self.fs_path(*segments)
         try:
-            entries = self.fs.ls(self.fs_path(*segments), detail=False)
+            entries = self._guarded("list", path, lambda: self.fs.ls(path, detail=False))
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
 
     def rm(self, *segments: str) -> None:
         path = self.fs_path(*segments)
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
+        if self.exists(*segments):
+            self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
