@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Python 3.11+, Java 17+):
 #   make demo   install into .venv and run the quickstart job on the embedded local root
 #   make test   install into .venv and run the whole test suite
+#   make reliability   the reliability suites at full scale (docs/reliability.md), ~30-40 min
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SPARK_SUBMIT := $(BIN)/spark-submit --properties-file conf/spark-defaults.conf \
 	--driver-java-options "-Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)"
 
-.PHONY: install demo test lint bench pipeline clean
+.PHONY: install demo test reliability lint bench pipeline clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +27,18 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# Issue 8 at full scale: crash matrix 10 points x 20 seeds on local disk and on Ceph RGW, the 8-process
+# soak for 5 minutes on both, storage faults after every marker, 10x fuzzing, the core modules on RGW
+# including the slow ones. `make test` runs the same suites at a smaller scale.
+RELIABILITY_ENV := PULSARTX_CRASH_SEEDS=20 PULSARTX_CRASH_SEEDS_RGW=20 PULSARTX_SOAK_SECONDS=300 \
+	PULSARTX_SOAK_STORAGE=all PULSARTX_TEST_RGW_FULL=1 PULSARTX_FUZZ_SCALE=10 PULSARTX_REPORT_COUNTS=1
+reliability: install
+	scripts/ceph-rgw.sh install
+	$(RELIABILITY_ENV) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability
+	$(RELIABILITY_ENV) PULSARTX_TEST_STORAGE=rgw $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_transactions.py tests/test_coordinator.py tests/test_pending_ack.py tests/test_partition_log.py \
+		tests/test_fencing.py tests/test_client.py tests/test_consumer.py tests/test_admin_subscriptions.py
 
 lint: install
 	$(BIN)/ruff check .
