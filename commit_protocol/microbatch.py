@@ -161,13 +161,16 @@ class MicroBatchTransaction:
         from pulsartx.coordinator.keys import full_key
 
         tcs = self._tcs()
+        refreshed: set[int] = set()  # one TC-log refresh per TC, not one per listed transaction
         for t in tcs.keys(tcs.pick(full_key(OWNER, self.key))).txn_ids(OWNER, self.key):
             if t == self.job.txn_id:
                 continue
             try:
-                meta = tcs.for_txn(t).get(t, refresh=True)
+                meta = tcs.for_txn(t).get(t, refresh=t.most_bits not in refreshed)
             except TransactionNotFound:
                 continue  # trimmed: finished long ago; the key's last committed txn is never trimmed
+            finally:
+                refreshed.add(t.most_bits)
             if meta.properties.get(BATCH_PROPERTY) == self.batch_token(batch_id) and meta.status in (
                     TxnStatus.COMMITTING, TxnStatus.COMMITTED):
                 return str(t)
