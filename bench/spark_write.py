@@ -35,26 +35,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from read import measure, report  # noqa: E402 (the sibling bench module: CPU accounting, table)
+from read import measure, report, session  # noqa: E402 (the sibling bench module: CPU accounting, table)
 
 TOPIC_PARTITIONS = 4
 TARGETS = {"pulsartx plain": 0.9, "arrow sink": 0.8}
-
-
-def session(master: str) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    log4j = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
-    spark = (SparkSession.builder.master(master).appName("pulsartx-bench-write")
-             .config("spark.driver.memory", "2g")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 # ---- the minimal Arrow sink ----------------------------------------------------------------------
@@ -254,7 +238,7 @@ def main() -> None:
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-spark-write-"))
-    spark = session(args.master)
+    spark = session(args.master, "pulsartx-bench-write")
     register_arrow_sink(spark)
     timings = base / "timings.jsonl"
     register_timed_pulsartx(spark, str(timings))

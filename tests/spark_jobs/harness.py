@@ -54,7 +54,51 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-class SparkJob:
+def kill_tree(proc: subprocess.Popen, wait_s: float) -> list[int]:
+    """SIGKILL ``proc``'s process group and every process below it (listed from /proc first, since
+    the pyspark daemon leaves the group); wait until none is alive. Returns the pids killed."""
+    tree = descendants(proc.pid)
+    if proc.poll() is None or tree:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.wait(wait_s)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in tree):
+        assert time.monotonic() < deadline, f"processes {tree} survived SIGKILL"
+        time.sleep(0.05)
+    return [proc.pid, *tree]
+
+
+class SubmittedJob:
+    """What every spark-submit test job shares: its events file and its log."""
+
+    events_path: Path
+    log_path: Path
+    OUTPUT_TAIL = 80
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        try:
+            with open(self.events_path) as f:
+                out = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+        return [e for e in out if name is None or e["event"] == name]
+
+    def output(self, tail: int | None = None) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-(tail or self.OUTPUT_TAIL):])
+        except OSError:
+            return ""
+
+
+class SparkJob(SubmittedJob):
     """``spark-submit <script> <json config>``; the config gets an ``events`` file path."""
 
     def __init__(self, script: str, config: dict[str, Any], workdir: Path):
@@ -70,20 +114,6 @@ class SparkJob:
                str(HERE / script), json.dumps(self.config)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(workdir),
                                      start_new_session=True)
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        try:
-            with open(self.events_path) as f:
-                out = [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
-        return [e for e in out if name is None or e["event"] == name]
-
-    def output(self, tail: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
-        except OSError:
-            return ""
 
     def wait_event(self, name: str, timeout: float = 120) -> dict[str, Any]:
         """The first ``name`` event; fails with the job's output if it ends or times out first."""
@@ -118,23 +148,9 @@ class SparkJob:
         if self.proc.poll() is not None and not descendants(self.proc.pid):
             self._log.close()
             return []
-        tree = descendants(self.proc.pid)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(30)
-        deadline = time.monotonic() + 30
-        while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in tree):
-            assert time.monotonic() < deadline, f"processes {tree} survived SIGKILL"
-            time.sleep(0.05)
+        killed = kill_tree(self.proc, wait_s=30)
         self._log.close()
-        return [self.proc.pid, *tree]
+        return killed
 
 
 def _alive(pid: int) -> bool:

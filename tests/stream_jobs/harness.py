@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from spark_jobs.harness import SubmittedJob, _spark_submit, kill_tree
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parents[1]
@@ -32,38 +33,6 @@ LOG4J2 = PROJECT / "conf" / "log4j2.properties"
 FAST_START = os.environ.get("PULSARTX_TEST_FAST_START", "1") != "0"
 FASTPY = HERE / "fastpy"
 JVM_FAST_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
-def _spark_submit() -> str:
-    local = Path(sys.executable).with_name("spark-submit")
-    return str(local) if local.exists() else "spark-submit"
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(0), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class JobFailed(AssertionError):
@@ -81,8 +50,10 @@ class JobFailed(AssertionError):
         return "failed to connect back" in self.error
 
 
-class StreamJob:
+class StreamJob(SubmittedJob):
     """``spark-submit tests/stream_jobs/<script> '<json config>'``; the config gets an ``events`` path."""
+
+    OUTPUT_TAIL = 60
 
     def __init__(self, script: str, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
         name = config.get("run", "run")
@@ -99,20 +70,6 @@ class StreamJob:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir),
                                      start_new_session=True)
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        try:
-            with open(self.events_path) as f:
-                out = [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
-        return [e for e in out if name is None or e["event"] == name]
-
-    def output(self, tail: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
-        except OSError:
-            return ""
 
     def _fail(self, why: str) -> AssertionError:
         return AssertionError(f"{why}; events {[e['event'] for e in self.events()]}; output:\n{self.output()}")
@@ -164,25 +121,10 @@ class StreamJob:
 
     def kill(self) -> list[int]:
         """SIGKILL the driver and every process it started; returns the pids killed."""
-        tree = descendants(self.proc.pid)
-        if self.proc.poll() is None or tree:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            for pid in tree:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        self.proc.wait(60)
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in tree):
-            assert time.monotonic() < deadline, f"processes {tree} survived SIGKILL"
-            time.sleep(0.05)
+        killed = kill_tree(self.proc, wait_s=60)
         if not self._log.closed:
             self._log.close()
-        return [self.proc.pid, *tree]
+        return killed
 
 
 # ---- storage checks ---------------------------------------------------------------------------------
