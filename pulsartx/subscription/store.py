@@ -142,7 +142,7 @@ class SubscriptionStore:
             new = CursorState(mark_delete=mark_delete)
             return new, new
 
-        return self._update_cursor(change, create=True)
+        return self._update_cursor(change)
 
     def update(self, fn: Callable[[CursorState], T]) -> T:
         """Apply ``fn`` to a copy of the latest cursor and store the result with a CAS; re-run on a
@@ -156,7 +156,7 @@ class SubscriptionStore:
 
         return self._update_cursor(change)
 
-    def _update_cursor(self, change, create: bool = False):
+    def _update_cursor(self, change):
         """``change(cursor or None)`` returns (new cursor, or the same object for "no change"; result).
         Optimistic for an open store (KeyedLog.cas): cursor updates are the hot path of acks."""
         def step(row):
