@@ -58,9 +58,10 @@ STORAGE_ENV = "PULSARTX_TEST_STORAGE"
 RGW_FULL_ENV = "PULSARTX_TEST_RGW_FULL"
 RGW_MODULES = frozenset({
     "test_transactions", "test_coordinator", "test_pending_ack", "test_partition_log", "test_fencing",
-    "test_client", "test_consumer",
+    "test_client",
 })
-RGW_EXTRA_MODULES = frozenset({"test_admin_subscriptions"})
+# test_consumer moved here in session 3: CI took 1,499 s with it on RGW, at the edge of the budget.
+RGW_EXTRA_MODULES = frozenset({"test_admin_subscriptions", "test_consumer"})
 RGW_SLOW = frozenset({
     "test_transactions.py::test_large_aborted_then_committed_over_20_partitions",  # 237 s on RGW, 3 s local
     "test_pending_ack.py::test_consume_transform_produce_500_commit_abort_alternating",  # 52 s on RGW, 6 s local
