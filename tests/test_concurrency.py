@@ -42,7 +42,7 @@ def _append_worker(root_url: str, topic: str, wid: int, n: int, batch_sizes: lis
     from pulsartx.storage.root import StorageRoot
 
     plog = PartitionLog(StorageRoot.resolve(root_url), TopicName.parse(topic))
-    plog._writer_table()  # open before the start signal so that all writers start together
+    plog._appender()  # open before the start signal so that all writers start together
     go.wait(60)
     offsets, attempts, seq = [], [], seq_start
     sizes = batch_sizes or [1] * n

@@ -302,6 +302,12 @@ class Producer:
 
             self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"))
             self._errors.clear()
+        # A batch the flush loop already took is being appended right now: let it finish before the
+        # abort is logged (as Pulsar's abort waits for the transaction's in-flight sends), so it
+        # neither fails half-way against an ABORTING transaction nor lands after the decision.
+        for key in [k for k in list(self._flush_locks) if k[1] is txn]:
+            with self._flush_locks[key]:
+                pass
 
     def flush_transaction(self, txn: Any) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first)."""

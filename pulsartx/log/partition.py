@@ -28,6 +28,7 @@ from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
+from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.diagnose import naming_partition
 from pulsartx.storage.root import StorageRoot
 
@@ -145,27 +146,28 @@ class PartitionLog:
         self.root = root
         self.topic = topic
         self.segments = partition_segments(topic)
-        self._table: Any = None
+        self._writer: DeltaAppender | None = None
         self._index: FileIndex | None = None
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.Lock()
-        # App-transaction versions this writer set in its last commit: valid for the handle's
-        # snapshot until it is refreshed (transaction_version costs ~1 ms a call).
-        self._known_apps: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
 
     # ---- table handles -------------------------------------------------------------------------
-    def _writer_table(self) -> Any:
-        if self._table is None:
+    def _appender(self) -> DeltaAppender:
+        if self._writer is None:
             with naming_partition(self.root, self.segments, self.topic):
                 t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: "
                                     "create it with client.admin.create_topic() or `pulsartx topics create`")
-            self._table = t
-        return self._table
+            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA)
+        return self._writer
+
+    def _catch_up(self, writer: DeltaAppender) -> None:
+        if not writer.catch_up():
+            writer.reload()
 
     def exists(self) -> bool:
         return self.root.exists(*self.segments, "_delta_log", f"{0:020d}.json")
@@ -183,16 +185,16 @@ class PartitionLog:
             return self._append(records, producer_name, guard_app_id)
 
     def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None) -> AppendResult:
-        table = self._writer_table()
+        writer = self._appender()
         seqs = records.column("sequence_id").to_numpy() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
         for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
-            next_offset = self._app_version(table, OFFSET_APP_ID) or 0
-            if guard_app_id is not None and delta.txn_version(table, guard_app_id) is not None:
+            next_offset = writer.txn_version(OFFSET_APP_ID) or 0
+            if guard_app_id is not None and writer.txn_version(guard_app_id) is not None:
                 return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             keep = None
             if app_id is not None:
-                keep = new_message_keep(seqs, self._app_version(table, app_id))
+                keep = new_message_keep(seqs, writer.txn_version(app_id))
                 if not keep.any():
                     return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
                 if keep.all():
@@ -205,15 +207,12 @@ class PartitionLog:
             if guard_app_id is not None:
                 apps[guard_app_id] = next_offset
             try:
-                version = delta.write(table, data, app_transactions=apps)
+                version = writer.append(data, apps)
             except delta.ConcurrentCommit:
+                # Every append sets the offset app id, so any append since our snapshot lands here.
                 delta.backoff(attempt)
-                self._known_apps.clear()
-                table.update_incremental()
+                self._catch_up(writer)
                 continue
-            # Every append sets the offset app id, so no other append can have slipped in between:
-            # the versions we just wrote are the handle's current ones.
-            self._known_apps = {k: v for k, v in apps.items() if k != guard_app_id}
             last = next_offset + rows.num_rows - 1
             offsets: list[int | None] = list(range(next_offset, last + 1))
             if keep is not None:
@@ -224,17 +223,11 @@ class PartitionLog:
         raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
                            "too many concurrent writers on one partition: add partitions or retry later")
 
-    def _app_version(self, table: Any, app_id: str) -> int | None:
-        if app_id in self._known_apps:
-            return self._known_apps[app_id]
-        return delta.txn_version(table, app_id)
-
     def last_sequence_id(self, producer_name: str) -> int | None:
-        t = self._writer_table()
+        writer = self._appender()
         with self._append_lock:
-            self._known_apps.clear()
-            t.update_incremental()
-        return delta.txn_version(t, producer_app_id(producer_name))
+            self._catch_up(writer)
+            return writer.txn_version(producer_app_id(producer_name))
 
     # ---- reads ---------------------------------------------------------------------------------
     @property

@@ -116,6 +116,8 @@ def is_transient(e: BaseException) -> bool:
 def describe(e: BaseException, secrets: Iterable[str] = ()) -> str:
     """An exception's text fit for an error message: one line per cause level, no ANSI colours,
     and no credential values (``secrets``) even if a library echoed them."""
+    if str(e).strip() in ("", "None") and e.__cause__ is not None:
+        e = e.__cause__  # s3fs re-raises botocore errors without their text (e.g. PermissionError(None))
     text = _ANSI.sub("", str(e)).replace("\u21b3", "").strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
     for secret in secrets:

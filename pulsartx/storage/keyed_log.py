@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
+from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,14 @@ class KeyedLog:
         self.name = name
         self.compact_every = compact_every
         self.rows: dict[str, dict[str, Any]] = {}
-        self._table: Any = None
-        self._tail = delta.LogTail(root, segments)
-        self.version = -1
+        self._appender: DeltaAppender | None = None
+        self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
         self.files_since_compaction = 0
         self.appended = 0
+
+    @property
+    def version(self) -> int:
+        return -1 if self._appender is None else self._appender.version
 
     # ---- loading -------------------------------------------------------------------------------
     def open(self) -> KeyedLog:
@@ -64,11 +68,11 @@ class KeyedLog:
             t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
-        self._table = t
         self.rows = {}
+        self._pending = []
+        self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
         files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
         self._apply(self._read_files(files))
-        self.version = t.version()
         self.files_since_compaction = len(files)
         return self
 
@@ -103,14 +107,26 @@ class KeyedLog:
                 changed.append(r)
         return changed
 
-    def refresh(self, own_file: str | None = None) -> list[dict[str, Any]]:
-        """Apply commits made since our snapshot (by anyone); returns the rows that changed.
-        ``own_file``: a file this process just committed and already applied, not read back."""
-        if self._table is None:
+    def refresh(self) -> list[dict[str, Any]]:
+        """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
+        if self._appender is None or not self._appender.catch_up():
             self.open()
             return list(self.rows.values())
-        delta.update(self._table)
-        return self._catch_up(self._table.version() + 1, skip=own_file)
+        return self._flush()
+
+    def _on_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
+        adds = [a["add"]["path"] for a in actions if "add" in a]
+        if any("remove" in a for a in actions):
+            self.files_since_compaction = len(adds)
+        else:
+            self.files_since_compaction += len(adds)
+        self._pending.extend(adds)
+
+    def _flush(self) -> list[dict[str, Any]]:
+        """Read the data files of the others' commits seen since the last flush, in one scan
+        (replay order does not matter: the highest seq per key wins)."""
+        files, self._pending = self._pending, []
+        return self._apply(self._read_files(files)) if files else []
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
@@ -122,10 +138,13 @@ class KeyedLog:
         writer touched one of the keys' buckets since our snapshot; the caller refreshes and retries."""
         apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
         apps.update(extra_app_ids or {})
-        version = delta.write(self._table, pa.Table.from_pylist(rows, schema=self.schema),
-                              app_transactions=apps, metadata=metadata)
-        self._catch_up(version)  # others' commits before ours
-        self.version = version
+        if self._appender is None:
+            self.open()
+        assert self._appender is not None
+        try:
+            self._appender.append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
+        finally:
+            self._flush()  # others' commits before ours (or before the conflicting one)
         self._apply(rows)
         self.files_since_compaction += 1
         self.appended += 1
@@ -141,7 +160,7 @@ class KeyedLog:
         a no-op or an exception computed from the cached state is re-checked on fresh state
         before it is returned or raised. ``keep``: when the log is due, compact it after the
         write, keeping the rows ``keep`` accepts."""
-        if not optimistic or self._table is None:
+        if not optimistic or self._appender is None:
             self.refresh()
             optimistic = False
         for attempt in range(MAX_CAS_ATTEMPTS):
@@ -175,26 +194,11 @@ class KeyedLog:
             return out
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
-    def _catch_up(self, upto: int, skip: str | None = None) -> list[dict[str, Any]]:
-        """Apply the commits in ``(self.version, upto)`` that other writers made, reading all their
-        files in one scan (replay order does not matter: the highest seq per key wins)."""
-        files: list[str] = []
-        for v in range(self.version + 1, upto):
-            actions = self._tail.read_commit(v)
-            if actions is None:  # the log was cleaned up under us: reload from the snapshot
-                self.open()
-                return list(self.rows.values())
-            adds = [a["add"]["path"] for a in actions if "add" in a]
-            if any("remove" in a for a in actions):
-                self.files_since_compaction = len(adds)
-            else:
-                self.files_since_compaction += len(adds)
-            files.extend(a for a in adds if a != skip)
-        self.version = max(self.version, upto - 1)
-        return self._apply(self._read_files(files))
-
     def app_version(self, app_id: str) -> int | None:
-        return delta.txn_version(self._table, app_id)
+        if self._appender is None:
+            self.open()
+        assert self._appender is not None
+        return self._appender.txn_version(app_id)
 
     def needs_compaction(self) -> bool:
         return self.files_since_compaction >= self.compact_every
@@ -204,16 +208,19 @@ class KeyedLog:
 
         Correct under concurrency: the overwrite removes only the files of its own snapshot, so an
         entry committed concurrently survives; if delta-rs reports a conflict we skip this round."""
-        self.refresh()
-        live = [r for r in self.rows.values() if keep(r)]
+        if self._appender is None:
+            self.open()
+        assert self._appender is not None
         try:
-            version = delta.write(self._table, pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
+            self._appender.sync_handle()
+            self._flush()
+            live = [r for r in self.rows.values() if keep(r)]
+            self._appender.write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
         except Exception as e:
+            # Our state stays exact (every commit seen was applied); the next due write retries.
             log.info("%s compaction skipped (concurrent writer or storage fault): %s", self.name, e)
-            delta.update(self._table)
             return False
-        self._catch_up(version)
-        self.version = version
+        self._flush()
         self.rows = {k: v for k, v in self.rows.items() if keep(v)}
         self.files_since_compaction = 1
         return True

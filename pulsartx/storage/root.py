@@ -10,12 +10,14 @@ import logging
 import os
 import posixpath
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
-from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.exceptions import InvalidConfiguration, StorageError
 
 ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
 DEFAULT_SERVICE_URL = "./pulsartx-data"
@@ -152,7 +154,13 @@ class StorageRoot:
         o = _upper(self.storage_options)
         # Other processes (and delta-rs, which bypasses s3fs) change the store all the time: a
         # cached directory listing would hide new topics, subscriptions and snapshots.
-        kw: dict[str, Any] = {"use_listings_cache": False}
+        #
+        # Retries are ours (delta.retrying, bounded by PULSARTX_STORAGE_RETRY_SECONDS): botocore's
+        # default of 4 retries with exponential backoff spends ~10 s on one refused connection,
+        # far past a short budget, so it gets one quick retry.
+        kw: dict[str, Any] = {"use_listings_cache": False,
+                              "config_kwargs": {"retries": {"total_max_attempts": 2, "mode": "standard"},
+                                                "connect_timeout": 5}}
         if "AWS_ACCESS_KEY_ID" in o:
             kw["key"] = o["AWS_ACCESS_KEY_ID"]
         if "AWS_SECRET_ACCESS_KEY" in o:
@@ -198,7 +206,7 @@ class StorageRoot:
         the path (never the credentials), not a raw botocore exception."""
         if self.is_local:
             return fn()
-        from pulsartx.exceptions import PulsarException, StorageError
+        from pulsartx.exceptions import PulsarException
         from pulsartx.storage import delta
 
         try:
@@ -237,6 +245,56 @@ class StorageRoot:
 
             self._guarded("write", path, write)
 
+    @property
+    def has_put_if_absent(self) -> bool:
+        """Whether :meth:`put_if_absent` works here: local disks (hard links) and S3 (``If-None-Match``)."""
+        return self.is_local or self.scheme == "s3"
+
+    def put_if_absent(self, body: bytes, *segments: str) -> bool:
+        """Create an object only if nothing exists at that path (the Delta commit primitive).
+
+        True when we created it, False when it already existed. Locally the bytes go to a temporary
+        file first and a hard link publishes them, so a reader never sees a partial object and a
+        concurrent creator gets EEXIST. On S3 it is one PUT with ``If-None-Match: *`` (a 412 becomes
+        False); a retried PUT whose first response was lost also answers False, so callers compare
+        what is there with what they wrote.
+        """
+        path = self.fs_path(*segments)
+        if self.is_local:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(body)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        if self.scheme != "s3":
+            raise NotImplementedError(f"put-if-absent is not available for {self.scheme}:// roots")
+
+        def put() -> bool:
+            for attempt in range(20):
+                try:
+                    self.fs.pipe(path, body, mode="create")
+                    return True
+                except FileExistsError:
+                    return False
+                except OSError as e:
+                    # s3fs maps a 412 to FileExistsError only when the answer names the failed
+                    # condition, which Ceph RGW's does not; a 409 (AWS: a concurrent conditional
+                    # write is in flight) means "ask again", and the retry gets the 412.
+                    status = _http_status(e)
+                    if status == 412:
+                        return False
+                    if status != 409:
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+            raise StorageError(f"create {path}: conditional write kept conflicting (HTTP 409)")
+
+        return self._guarded("create", path, put)
+
     def exists(self, *segments: str) -> bool:
         path = self.fs_path(*segments)
         return self._guarded("check", path, lambda: self.fs.exists(path))
@@ -254,3 +312,21 @@ class StorageRoot:
         path = self.fs_path(*segments)
         if self.exists(*segments):
             self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
+
+
+def _http_status(e: BaseException) -> int | None:
+    """The HTTP status of the botocore error behind an s3fs exception, if any."""
+    cur: BaseException | None = e
+    while cur is not None:
+        response = getattr(cur, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status is not None:
+                return int(status)
+            code = response.get("Error", {}).get("Code")
+            if code == "PreconditionFailed":
+                return 412
+            if code in ("ConditionalRequestConflict", "OperationAborted"):
+                return 409
+        cur = cur.__cause__
+    return None

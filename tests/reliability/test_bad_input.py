@@ -23,6 +23,8 @@ from datasource import options as O
 from datasource.offsets import EARLIEST, LATEST, parse_offsets
 from pulsartx import MessageId
 from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, InvalidTopicName, PulsarException
+from pulsartx.log.partition import forget_shared
+from pulsartx.naming import TopicName
 from pulsartx.service import CoordinatorService
 
 # `make reliability` runs more examples: PULSARTX_FUZZ_SCALE=10 multiplies every max_examples.
@@ -386,7 +388,11 @@ def test_corrupted_partition_is_named_and_isolated(root, damaged, how, caplog):
     assert sorted(m.data() for m in _read_all(fresh, "good")) == sorted(
         [f"good-{i}".encode() for i in range(12)] + [b"good-txn", b"good-plain"])
     if how != "missing-data-file":
-        # Writing to the damaged partition fails too, naming it, and writes nothing anywhere else.
+        # A writer that opens the damaged partition fails too, naming it, and writes nothing anywhere
+        # else. (A writer whose snapshot predates the damage keeps appending after the last commit
+        # it knows: appends never re-read old commits, and what they add is readable again once the
+        # named file is restored.)
+        forget_shared(fresh.root, TopicName.parse("bad"))
         with pytest.raises(PulsarException, match="bad-partition-1"):
             fresh.create_producer("bad-partition-1").send(b"z")
     assert sorted(m.data() for m in _read_all(fresh, "bad-partition-0")) == sorted(

@@ -33,6 +33,7 @@ from pulsartx import MessageId
 from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.exceptions import PulsarException, StorageError
 from pulsartx.storage import delta
+from pulsartx.storage.appender import DeltaAppender
 
 PARTITIONS = 4
 OUTAGE_S = 10.0
@@ -47,7 +48,7 @@ OUTAGES = ([(mode, after) for mode in ("kill", "pause") for after in range(1, PA
 class GatewayOutage:
     """Kills (``mode="kill"``: connections refused) or freezes (``"pause"``, SIGSTOP: requests hang)
     the RGW gateway right after the ``after``-th commit marker is written (by wrapping
-    :func:`pulsartx.storage.delta.write`, the one place every Delta write goes through) and brings it
+    :meth:`DeltaAppender.append`, the one place every Delta append goes through) and brings it
     back ``down_for`` seconds later from a timer thread. Records when it happened."""
 
     def __init__(self, server, monkeypatch, after: int = 2, down_for: float = OUTAGE_S, mode: str = "kill"):
@@ -57,10 +58,10 @@ class GatewayOutage:
         self.restarted_at: float | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
-        original = delta.write
+        original = DeltaAppender.append
 
-        def write(table, data, **kw):
-            version = original(table, data, **kw)
+        def append(appender, data, *args, **kw):
+            version = original(appender, data, *args, **kw)
             if "type" in data.column_names and "TXN_COMMIT" in data.column("type").to_pylist():
                 with self._lock:
                     self.markers += 1
@@ -74,7 +75,7 @@ class GatewayOutage:
                         self._timer.start()
             return version
 
-        monkeypatch.setattr(delta, "write", write)
+        monkeypatch.setattr(DeltaAppender, "append", append)
 
     def _restart(self) -> None:
         if self.mode == "kill":
@@ -204,7 +205,7 @@ def test_outage_beyond_the_retry_budget_fails_clearly_and_recovery_finishes(s3, 
     outage.wait_restarted()
     client.close()
 
-    monkeypatch.undo()  # default budget again, and delta.write unwrapped
+    monkeypatch.undo()  # default budget again, and DeltaAppender.append unwrapped
     with pulsartx.Client(url, storage_options=options, coordinator_config=CFG) as admin:
         admin.admin.transactions.sweep(grace_ms=0)
         admin.admin.transactions.abort_transaction(str(open_txn.id))

@@ -1,0 +1,273 @@
+"""Appends to a Delta table by writing the data file and the commit ourselves.
+
+Why: every pulsartx protocol step is a tiny Delta append (a TC status change, a cursor, a
+commit marker, a producer batch), and ``write_deltalake`` costs 13 ms on a fresh table and grows
+with the table's active files, 40-70 ms at 150-300 files, because each commit rebuilds the
+snapshot (measured on local disk, 2026-11-22; docs/NOTES-session3.md). An append in the Delta
+protocol is two objects: one parquet file and ``_delta_log/<version>.json`` created only if absent.
+Written directly that costs about 2 ms locally, flat, and two requests on S3 instead of ~20.
+
+The tables stay plain Delta tables: the commit is the same ``commitInfo``/``txn``/``add`` JSON
+delta-rs writes (with per-file statistics for the table's ``delta.dataSkippingStatsColumns``), and
+every ``CHECKPOINT_INTERVAL``-th version the writer that made it has delta-rs write a checkpoint,
+as delta-rs's post-commit hook would. Only tables at protocol (1, 2) with no column invariants take
+this path (what pulsartx creates); any other table, or a store without put-if-absent, is written
+through ``write_deltalake`` instead.
+
+Compare-and-set, as delta-rs and the Delta protocol define it for app transactions: an append that
+sets app ids fails with :class:`ConcurrentCommit` if any commit after our snapshot set one of them.
+We try ``version + 1``; if it is taken we read that commit, apply it to our state and check it; a
+commit that shares none of our app ids is simply stepped over (appends commute). A put whose
+response was lost and is retried finds its own commit (same unique ``txnId``) and succeeds.
+
+State: ``version`` and the app-id versions set by commits after the DeltaTable handle's snapshot
+(``txn_version`` consults these first, then the handle), kept current by reading every commit
+after ``version`` in order (``catch_up``). Owners that keep derived state (a KeyedLog's rows) see
+each foreign commit through ``on_commit``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from pulsartx.exceptions import StorageError
+from pulsartx.storage import delta
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+ENGINE = "pulsartx"
+CHECKPOINT_INTERVAL = 100
+# A writer that has not looked at the log for this long re-reads the table before writing: the
+# Delta log's JSON commits may be cleaned up after 30 days (delta.logRetentionDuration), and a put
+# at a version that was cleaned up would succeed where it must conflict.
+STALE_AFTER_S = 6 * 3600.0
+# Statistics in the commit: Delta's default is the first 32 columns; we compute them for primitive
+# columns only (strings would need Delta's truncation rules, and no pulsartx read prunes on them).
+DEFAULT_STATS_COLUMNS = 32
+
+T = TypeVar("T")
+
+
+def _fast_capable(table: Any) -> bool:
+    p = table.protocol()
+    if p.min_reader_version > 1 or p.min_writer_version > 2 or p.writer_features or p.reader_features:
+        return False
+    schema = table.schema()
+    fields = getattr(schema, "fields", [])
+    return not any("delta.invariants" in (getattr(f, "metadata", None) or {}) for f in fields)
+
+
+def _stats_columns(table: Any, schema: pa.Schema) -> list[str]:
+    configured = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
+    names = [c.strip() for c in configured.split(",") if c.strip()] if configured else schema.names[:DEFAULT_STATS_COLUMNS]
+    out = []
+    for name in names:
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t) or pa.types.is_date(t):
+            out.append(name)
+    return out
+
+
+class DeltaAppender:
+    """The append path of one Delta table for one process (callers serialise their appends)."""
+
+    def __init__(self, root: StorageRoot, segments: tuple[str, ...], table: Any, schema: pa.Schema,
+                 on_commit: Callable[[int, list[dict[str, Any]]], None] | None = None):
+        self.root = root
+        self.segments = segments
+        self.schema = schema
+        self.on_commit = on_commit
+        self._tail = delta.LogTail(root, segments)
+        self._reset(table)
+
+    def _reset(self, table: Any) -> None:
+        self.table = table
+        self.version = table.version()
+        self._apps: dict[str, int] = {}
+        self.fast = self.root.has_put_if_absent and _fast_capable(table)
+        self._stats = _stats_columns(table, self.schema)
+        self._synced = time.monotonic()
+
+    @property
+    def uri(self) -> str:
+        return self.root.uri(*self.segments)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def txn_version(self, app_id: str) -> int | None:
+        """The version of ``app_id`` as of :attr:`version` (None if never set)."""
+        if app_id in self._apps:
+            return self._apps[app_id]
+        return delta.txn_version(self.table, app_id)
+
+    def _apply(self, version: int, actions: list[dict[str, Any]], foreign: bool = True) -> None:
+        for a in actions:
+            if "txn" in a:
+                self._apps[a["txn"]["appId"]] = int(a["txn"]["version"])
+        self.version = version
+        self._synced = time.monotonic()
+        if foreign and self.on_commit is not None:
+            self.on_commit(version, actions)
+
+    def catch_up(self) -> bool:
+        """Apply every commit after :attr:`version`. False when the log no longer holds them (our
+        snapshot is older than the log's retention): the owner must reload (:meth:`reload`)."""
+        if time.monotonic() - self._synced > STALE_AFTER_S:
+            return False
+        for version, actions in self._tail.commits_after(self.version):
+            self._apply(version, actions)
+        self._synced = time.monotonic()
+        return True
+
+    def reload(self, table: Any | None = None) -> Any:
+        """Start over from a fresh snapshot (``table``, or the latest one); returns the handle."""
+        if table is None:
+            table = delta.open_table(self.root, *self.segments)
+        self._reset(table)
+        return table
+
+    def sync_handle(self) -> Any:
+        """Bring the DeltaTable handle to the latest version (for operations that need the whole
+        snapshot: overwrites, file listings), applying the commits in between first."""
+        self.catch_up()
+        delta.update(self.table)
+        for version, actions in self._tail.commits_after(self.version):
+            if version > self.table.version():
+                break
+            self._apply(version, actions)
+        self.version = self.table.version()
+        self._apps = {}
+        return self.table
+
+    # ---- appending -----------------------------------------------------------------------------
+    def append(self, data: pa.Table, app_transactions: Mapping[str, int] | None = None,
+               metadata: Mapping[str, str] | None = None) -> int:
+        """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
+        commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries)."""
+        apps = {k: int(v) for k, v in (app_transactions or {}).items()}
+        if not self.fast:
+            return self.write_with_deltalake(data, apps=apps, metadata=metadata)
+        if time.monotonic() - self._synced > STALE_AFTER_S:
+            self.reload()
+            raise delta.ConcurrentCommit(f"{self.uri}: snapshot older than {STALE_AFTER_S:g} s, re-read the table")
+        if data.schema != self.schema:
+            data = data.cast(self.schema)
+        now = int(time.time() * 1000)
+        commit_id = str(uuid.uuid4())
+        add = self._write_data_file(data, now)
+        actions: list[dict[str, Any]] = [
+            {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                            "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE, "txnId": commit_id, **dict(metadata or {})}},
+            *({"txn": {"appId": k, "version": v, "lastUpdated": now}} for k, v in apps.items()),
+            {"add": add},
+        ]
+        body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
+        while True:
+            version = self.version + 1
+            name = f"{version:020d}.json"
+            created = self._io(f"commit version {version} to",
+                               lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
+            if created:
+                self._apply(version, actions, foreign=False)
+                if version % CHECKPOINT_INTERVAL == 0:
+                    self._checkpoint(version)
+                return version
+            theirs = self._tail.read_commit(version)
+            if theirs is None:
+                continue  # vanished between put and read (cannot happen on Delta stores; retry the slot)
+            if any(a.get("commitInfo", {}).get("txnId") == commit_id for a in theirs):
+                self._apply(version, actions, foreign=False)  # our own put, whose response was lost
+                return version
+            self._apply(version, theirs)
+            if any("metaData" in a or "protocol" in a for a in theirs):
+                self.reload()
+                raise delta.ConcurrentCommit(f"{self.uri}: table metadata changed at version {version}")
+            clash = sorted(a["txn"]["appId"] for a in theirs if "txn" in a and a["txn"]["appId"] in apps)
+            if clash:
+                raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
+
+    def _write_data_file(self, data: pa.Table, now: int) -> dict[str, Any]:
+        import pyarrow.parquet as pq
+
+        name = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+        path = self.root.fs_path(*self.segments, name)
+        opts = _parquet_options(data.schema)
+
+        def put() -> int:
+            if self.root.is_local:
+                pq.write_table(data, path, **opts)
+                return self.root.arrow_fs.get_file_info(path).size
+            # One PUT with a known length (Ceph RGW refuses pyarrow's chunked uploads: 411).
+            buf = pa.BufferOutputStream()
+            pq.write_table(data, buf, **opts)
+            body = buf.getvalue().to_pybytes()
+            self.root.fs.pipe(path, body)
+            return len(body)
+
+        size = self._io("write a data file to", put)
+        return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
+                "stats": delta.file_stats(data, self._stats)}
+
+    def _io(self, what: str, fn: Callable[[], T]) -> T:
+        """Transient faults retried (then StorageUnavailable); any other failure a StorageError
+        naming the table, as ``delta.write`` reports delta-rs's."""
+        try:
+            return delta.retrying(what, self.uri, fn, root=self.root)
+        except StorageError:
+            raise
+        except (OSError, pa.ArrowException) as e:
+            raise StorageError(f"cannot {what} Delta table {self.uri}: "
+                               f"{delta.describe(e, delta.secrets_of(self.root))}") from e
+
+    def _checkpoint(self, version: int) -> None:
+        """What delta-rs's post-commit hook does every 100 versions: a checkpoint, so opening the
+        table reads one parquet file plus fewer than 100 commits, and expired-log cleanup."""
+        try:
+            t = delta.open_table(self.root, *self.segments, version=version)
+            if t is not None:
+                t.create_checkpoint()
+                t.cleanup_metadata()
+        except Exception as e:  # an optimisation: the commits alone are the table
+            log.info("checkpoint of %s at version %d skipped: %s", self.uri, version, e)
+
+    def write_with_deltalake(self, data: pa.Table, *, mode: str = "append", apps: Mapping[str, int] | None = None,
+                             metadata: Mapping[str, str] | None = None) -> int:
+        """A write through ``write_deltalake`` (the general path, and overwrites such as compaction),
+        keeping our state exact: delta-rs checks app ids against its handle's snapshot, so the
+        handle is first brought up to date when our view is ahead of it (always for an overwrite,
+        which must replace every current file); delta-rs rebases over commits that share no app id
+        with ours, and we read those so ``on_commit`` sees them."""
+        apps = dict(apps or {})
+        if mode != "append" or any(a in self._apps for a in apps):
+            self.sync_handle()
+        version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
+        for v in range(self.version + 1, version):
+            actions = self._tail.read_commit(v)
+            if actions is not None:
+                self._apply(v, actions)
+        self.version = version
+        self._apps = {}
+        self._synced = time.monotonic()
+        return version
+
+
+_UNIQUE = ("offset", "sequence_id")  # per-row unique integers: no dictionary, delta encoding
+_NO_STATS = ("value", "key", "properties")  # payload columns nobody prunes on
+
+
+def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """zstd level 1, as delta.py's writer properties for delta-rs (the same files either way)."""
+    names = schema.names
+    return {
+        "compression": "zstd", "compression_level": 1,
+        "use_dictionary": [n for n in names if n not in _UNIQUE and n != "value"],
+        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in _UNIQUE if n in names},
+        "write_statistics": [n for n in names if n not in _NO_STATS],
+    }

@@ -1,0 +1,118 @@
+"""The hand-written Delta append path (pulsartx.storage.appender): what it writes must be a plain
+Delta table to delta-rs, and its compare-and-set must behave as delta-rs's does."""
+from __future__ import annotations
+
+import json
+import os
+
+import deltalake as dl
+import pyarrow as pa
+import pytest
+
+from pulsartx.storage import delta
+from pulsartx.storage.appender import CHECKPOINT_INTERVAL, DeltaAppender
+from pulsartx.storage.root import StorageRoot
+
+SCHEMA = pa.schema([("seq", pa.int64(), False), ("offset", pa.int64()), ("name", pa.string()),
+                    ("at", pa.timestamp("us", tz="UTC")), ("tags", pa.map_(pa.string(), pa.string()))])
+
+
+def rows(lo: int, hi: int) -> pa.Table:
+    return pa.table({"seq": list(range(lo, hi)), "offset": [i * 10 for i in range(lo, hi)],
+                     "name": [f"n{i}" for i in range(lo, hi)],
+                     "at": pa.array([1_700_000_000_123_456 + i for i in range(lo, hi)], pa.timestamp("us", tz="UTC")),
+                     "tags": pa.array([[("k", str(i))] for i in range(lo, hi)], pa.map_(pa.string(), pa.string()))},
+                    schema=SCHEMA)
+
+
+@pytest.fixture
+def table(tmp_path):
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration=delta.stats_config(["seq", "offset", "at"]))
+    return root, ("t",)
+
+
+def appender(table, on_commit=None) -> DeltaAppender:
+    root, segments = table
+    return DeltaAppender(root, segments, delta.open_table(root, *segments), SCHEMA, on_commit=on_commit)
+
+
+def test_appends_are_a_plain_delta_table_with_stats_and_app_ids(table):
+    a = appender(table)
+    assert a.fast
+    assert [a.append(rows(i, i + 3), {"app.x": i}) for i in range(0, 9, 3)] == [1, 2, 3]
+    t = dl.DeltaTable(a.uri)
+    assert t.version() == 3
+    assert t.transaction_version("app.x") == 6
+    assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == list(range(9))
+    assert t.to_pyarrow_table().sort_by("seq").equals(rows(0, 9))
+    adds = pa.table(t.get_add_actions(flatten=True)).sort_by("min.seq").to_pydict()
+    assert (adds["min.offset"], adds["max.offset"], adds["num_records"]) == ([0, 30, 60], [20, 50, 80], [3, 3, 3])
+    # Timestamp statistics round outward to milliseconds, as Delta keeps them.
+    assert adds["min.at"][0].isoformat() == "2023-11-14T22:13:20.123000+00:00"
+    assert adds["max.at"][0].isoformat() == "2023-11-14T22:13:20.124000+00:00"
+    assert t.history(1)[0]["operation"] == "WRITE"
+
+
+def test_a_commit_setting_one_of_our_app_ids_after_our_snapshot_is_a_conflict(table):
+    mine, theirs = appender(table), appender(table)
+    mine.append(rows(0, 1), {"app.a": 0})
+    with pytest.raises(delta.ConcurrentCommit, match="app.a"):
+        theirs.append(rows(1, 2), {"app.a": 1})
+    assert theirs.version == 1 and theirs.txn_version("app.a") == 0  # it read the winner's commit
+    assert theirs.append(rows(1, 2), {"app.a": 1}) == 2  # and retries from there
+    assert dl.DeltaTable(mine.uri).transaction_version("app.a") == 1
+
+
+def test_a_commit_sharing_no_app_id_is_stepped_over_and_seen_by_on_commit(table):
+    seen = []
+    mine = appender(table, on_commit=lambda v, actions: seen.append((v, [a["txn"]["appId"] for a in actions if "txn" in a])))
+    theirs = appender(table)
+    theirs.append(rows(0, 1), {"app.b": 5})
+    assert mine.append(rows(1, 2), {"app.a": 0}) == 2
+    assert seen == [(1, ["app.b"])]
+    assert (mine.txn_version("app.b"), mine.txn_version("app.a"), mine.txn_version("app.c")) == (5, 0, None)
+
+
+def test_a_retried_put_whose_first_response_was_lost_finds_its_own_commit(table, monkeypatch):
+    a = appender(table)
+    real = StorageRoot.put_if_absent
+    calls = []
+
+    def lossy(self, body, *segments):
+        calls.append(segments[-1])
+        created = real(self, body, *segments)
+        if len(calls) == 1:
+            raise ConnectionResetError("connection reset by peer")  # the put landed, its answer did not
+        return created
+
+    monkeypatch.setattr(StorageRoot, "put_if_absent", lossy)
+    monkeypatch.setenv(delta.RETRY_ENV, "5")
+    assert a.append(rows(0, 2), {"app.a": 1}) == 1
+    assert calls == [f"{1:020d}.json"] * 2
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().num_rows == 2
+
+
+def test_every_hundredth_version_gets_a_checkpoint(table):
+    a = appender(table)
+    for i in range(CHECKPOINT_INTERVAL):
+        a.append(rows(i, i + 1), {f"app.{i % 3}": i})
+    log_dir = os.path.join(a.uri, "_delta_log")
+    assert os.path.exists(os.path.join(log_dir, f"{CHECKPOINT_INTERVAL:020d}.checkpoint.parquet"))
+    with open(os.path.join(log_dir, "_last_checkpoint")) as f:
+        assert json.load(f)["version"] == CHECKPOINT_INTERVAL
+    t = dl.DeltaTable(a.uri)
+    assert (t.version(), t.to_pyarrow_table().num_rows, t.transaction_version("app.0")) == (100, 100, 99)
+
+
+def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(table):
+    root, segments = table
+    t = delta.open_table(root, *segments)
+    t.alter.add_constraint({"offset_not_negative": "offset >= 0"})  # writer version 3: CHECK constraints
+    a = appender(table)
+    assert not a.fast
+    assert a.append(rows(0, 2), {"app.a": 1}) == 2
+    bad = rows(2, 3).set_column(1, "offset", pa.array([-1], pa.int64()))
+    with pytest.raises(Exception, match="failed validation check"):
+        a.append(bad, {"app.a": 2})
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().num_rows == 2
