@@ -98,13 +98,27 @@ def timed_source(log_path: str) -> Any:
     class TimedWriter(PulsarTxStreamWriter):
         def write(self, iterator):  # type: ignore[override]
             t0 = time.perf_counter()
-            out = super().write(iterator)
+            if os.environ.get("PULSARTX_BENCH_PROFILE"):
+                import cProfile
+
+                with cProfile.Profile() as prof:
+                    out = super().write(iterator)
+                prof.dump_stats(f"{log_path}.write-{os.getpid()}-{time.time_ns()}.prof")
+            else:
+                out = super().write(iterator)
             note("sink task write() (incl. waiting for input)", t0, rows=getattr(out, "rows", 0))
             return out
 
         def commit(self, messages, batchId):  # type: ignore[override]  # noqa: N803
             t0 = time.perf_counter()
-            super().commit(messages, batchId)
+            if os.environ.get("PULSARTX_BENCH_PROFILE"):  # cProfile of each sink commit, for digging
+                import cProfile
+
+                with cProfile.Profile() as prof:
+                    super().commit(messages, batchId)
+                prof.dump_stats(f"{log_path}.commit-{os.getpid()}-{batchId}-{time.time_ns()}.prof")
+            else:
+                super().commit(messages, batchId)
             note("sink commit() (txn end, markers, acks)", t0)
 
     class TimedReader(PulsarTxStreamReader):

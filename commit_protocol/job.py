@@ -60,7 +60,7 @@ class JobTransaction:
             return cls(root, None, prefix, timeout_ms)
         from pulsartx.coordinator.registry import Coordinators
 
-        tcs = Coordinators(root)
+        tcs = Coordinators.shared(root, recover_on_open=True)
         tc = tcs.tc(tcs.pick())
         parts = sorted(set(partitions))
         meta = tc.new_transaction(timeout_ms, owner=None, properties=properties, partitions=parts)
@@ -76,7 +76,7 @@ class JobTransaction:
         from pulsartx.coordinator.registry import Coordinators
 
         assert self.txn_id is not None
-        return Coordinators(self.root, recover_on_open=False).for_txn(self.txn_id)
+        return Coordinators.shared(self.root).for_txn(self.txn_id)
 
     def register(self, partitions: Iterable[str]) -> None:
         """ADD_PARTITION from a task, before its first append to a partition the driver could not

@@ -118,7 +118,7 @@ class MicroBatchTransaction:
         from pulsartx.coordinator.keys import full_key
         from pulsartx.coordinator.registry import Coordinators
 
-        tcs = Coordinators(root, recover_on_open=False)
+        tcs = Coordinators.shared(root)
         tc_id = tcs.pick(full_key(OWNER, key))
         keys = tcs.keys(tc_id)
         epoch, previous = keys.claim_connection(OWNER, key, connection or connection_id(checkpoint))
@@ -148,7 +148,7 @@ class MicroBatchTransaction:
     def _tcs(self):
         from pulsartx.coordinator.registry import Coordinators
 
-        return Coordinators(self.job.root, recover_on_open=False)
+        return Coordinators.shared(self.job.root)
 
     def batch_token(self, batch_id: int) -> str:
         """A batch's identity: Spark's query id (kept in ``<checkpoint>/metadata``, new when a
@@ -230,13 +230,13 @@ class MicroBatchTransaction:
 def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
     """(store, partition, position) to acknowledge for one hand-off record; None when the
     subscription is not at the batch's start, i.e. the record belongs to another query."""
-    from pulsartx.subscription.store import SubscriptionStore
+    from pulsartx.subscription.store import shared_store
 
     targets = []
     for topic, parts in h.end.items():
         for p, end in parts.items():
             partition = TopicName.parse(topic).with_partition(int(p))
-            store = SubscriptionStore(root, partition, h.subscription)
+            store = shared_store(root, partition, h.subscription)
             cur = store.cursor() if store.exists() else None
             if cur is None:
                 continue

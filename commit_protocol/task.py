@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from commit_protocol.job import JobTransaction, TaskReport
 from pulsartx.client.routing import partition_for_key
 from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
-from pulsartx.log.partition import PartitionLog, records_from_arrow
+from pulsartx.log.partition import PartitionLog, records_from_arrow, shared_log
 from pulsartx.naming import TopicName
 
 log = logging.getLogger("pulsartx.commit_protocol")
@@ -122,7 +122,11 @@ class TaskAppender:
         for partition, rows in self._route(batch):
             buf = self.buffers.get(partition)
             if buf is None:
-                buf = self.buffers[partition] = _Buffer(PartitionLog(self.job.root, TopicName.parse(partition)))
+                # Python workers outlive tasks: the process-wide log is loaded once per worker
+                # (a Delta snapshot load costs tens of ms and grows with the table), then caught up.
+                plog = shared_log(self.job.root, TopicName.parse(partition))
+                plog.sync_writer()
+                buf = self.buffers[partition] = _Buffer(plog)
             buf.chunks.append(rows)
             buf.rows += rows.num_rows
             buf.bytes += rows.nbytes

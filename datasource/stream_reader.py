@@ -103,10 +103,10 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._buffers[key].state().read_limit
 
     def _store(self, p: TopicName):
-        from pulsartx.subscription.store import SubscriptionStore
+        from pulsartx.subscription.store import shared_store
 
         assert self.opts.subscription is not None
-        return SubscriptionStore(self.root, p, self.opts.subscription)
+        return shared_store(self.root, p, self.opts.subscription)  # loaded once per worker process
 
     def _starting(self, p: TopicName) -> int:
         """Where a partition without a checkpointed offset starts."""

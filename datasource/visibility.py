@@ -64,7 +64,7 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
     from pulsartx.coordinator.registry import Coordinators
 
     buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
-    filters = consistent_cut(Coordinators(root, recover_on_open=False), buffers)
+    filters = consistent_cut(Coordinators.shared(root), buffers)
     return {name: Visibility(isolation_level, filters[name]) for name in plogs}
 
 

@@ -116,3 +116,26 @@ def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(tab
     with pytest.raises(Exception, match="failed validation check"):
         a.append(bad, {"app.a": 2})
     assert dl.DeltaTable(a.uri).to_pyarrow_table().num_rows == 2
+
+
+def test_a_writer_kept_across_tasks_notices_its_topic_was_recreated(tmp_path):
+    """Spark's Python workers keep one PartitionLog per partition across tasks (commit_protocol.task):
+    when the topic is deleted and re-created meanwhile (by another process, whose forget_shared does
+    not reach this one), the next task's sync_writer starts over on the new table instead of
+    continuing the old table's log (which would leave a version gap and reuse offsets)."""
+    import pulsartx
+    from pulsartx.log.partition import PartitionLog, build_records
+    from pulsartx.naming import TopicName
+
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("t", 1)
+    plog = PartitionLog(client.root, TopicName.parse("t").with_partition(0))
+    for i in range(3):
+        plog.append(build_records([f"old-{i}".encode()]))
+    client.admin.delete_topic("t")
+    client.admin.create_topic("t", 1)
+    plog.sync_writer()
+    res = plog.append(build_records([b"new-0"]))
+    assert (res.first_offset, res.version) == (0, 1)
+    t = dl.DeltaTable(client.root.uri(*plog.segments))
+    assert t.version() == 1 and t.to_pyarrow_table().column("value").to_pylist() == [b"new-0"]

@@ -21,6 +21,8 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger(__name__)
 DEFAULT_COORDINATORS = 16
 META = ("coordinator", "_coordinators.json")
+_SHARED: dict[tuple, Coordinators] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class Coordinators:
@@ -36,6 +38,21 @@ class Coordinators:
         self._rr = itertools.cycle(range(self.count))
         for _ in range(random.randrange(self.count)):
             next(self._rr)
+
+    @classmethod
+    def shared(cls, root: StorageRoot, recover_on_open: bool = False) -> Coordinators:
+        """One instance per root in this process, for code that has no client to hang TCs on: the
+        Spark commit protocols and readers. pyspark reuses its Python workers across jobs and
+        micro-batches (the planner and sink-runner processes stay the same), so a TC log or key
+        table loaded for one batch only catches up on the new commits for the next, instead of
+        being reloaded (tens of ms per table, growing with the log). Safe to share: every status
+        change is a compare-and-set that re-reads on conflict, and lookups refresh when stale."""
+        key = (root.url, tuple(sorted(root.storage_options.items())), recover_on_open)
+        with _SHARED_LOCK:
+            tcs = _SHARED.get(key)
+            if tcs is None:
+                tcs = _SHARED[key] = cls(root, recover_on_open=recover_on_open)
+            return tcs
 
     def _resolve_count(self, count: int | None) -> int:
         if count is not None and (not isinstance(count, int) or count < 1 or count > 4096):

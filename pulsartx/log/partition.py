@@ -223,6 +223,17 @@ class PartitionLog:
         raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
                            "too many concurrent writers on one partition: add partitions or retry later")
 
+    def sync_writer(self) -> None:
+        """Catch this log's writer up on others' appends (a probe per new commit) before an append
+        that surely follows them, e.g. a commit marker after a Spark job's task appends: otherwise
+        the append first loses its race to the stale view, encoding and writing its file twice.
+        Also notices a topic deleted and re-created since (then it starts over from the new table)."""
+        with self._append_lock:
+            if self._writer is not None and not self._writer.same_table():
+                log.info("%s was re-created since this process opened it: reloading", self.topic)
+                self._writer, self._index = None, None
+            self._catch_up(self._appender())
+
     def last_sequence_id(self, producer_name: str) -> int | None:
         writer = self._appender()
         with self._append_lock:
