@@ -219,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     client = pulsartx.Client(root)
     for t in ("sink-out", "ctp-in", "ctp-out", "empty-out"):
         client.admin.create_topic(t, args.partitions)
-    files = 2 * args.batches  # two files (tasks) per batch: both cores busy on every side
+    # As many parquet files per batch as the topics have partitions: every side then runs the same
+    # number of tasks per batch (one per file, one per topic partition), as a Kafka-style source
+    # plans one Spark partition per topic partition.
+    per_batch = args.partitions
+    files = per_batch * args.batches
     n = args.rows
     print(f"streaming bench: {n:,} rows x {args.value_size} B values in {args.batches} batches; "
           f"{args.empty_batches} empty batches; {args.partitions} partitions per topic; work dir {work}")
@@ -280,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     # best run of each side counts.
     sides: dict[str, tuple[str, int, Any]] = {
         "sink_pq": ("sink: parquet -> parquet", n,
-                    lambda i, a: to_parquet(from_parquet(src_dir, 2), f"sink{i}", f"sink-pq{i}-{a}")),
+                    lambda i, a: to_parquet(from_parquet(src_dir, per_batch), f"sink{i}", f"sink-pq{i}-{a}")),
         "sink_px": ("sink: parquet -> pulsartx", n,
-                    lambda i, a: to_pulsartx(from_parquet(src_dir, 2), "sink-out", f"sink-px{i}-{a}")),
+                    lambda i, a: to_pulsartx(from_parquet(src_dir, per_batch), "sink-out", f"sink-px{i}-{a}")),
         "ctp_pq": ("ctp: parquet -> parquet", n,
-                   lambda i, a: to_parquet(transform(from_parquet(src_dir, 2)), f"ctp{i}", f"ctp-pq{i}-{a}")),
+                   lambda i, a: to_parquet(transform(from_parquet(src_dir, per_batch)), f"ctp{i}", f"ctp-pq{i}-{a}")),
         "ctp_px": ("ctp: pulsartx -> pulsartx", n,
                    lambda i, a: to_pulsartx(transform(ctp_source(f"bench{i}-{a}")), "ctp-out", f"ctp-px{i}-{a}")),
         "empty_pq": ("empty: parquet -> parquet", 0,

@@ -139,3 +139,13 @@ def test_a_writer_kept_across_tasks_notices_its_topic_was_recreated(tmp_path):
     assert (res.first_offset, res.version) == (0, 1)
     t = dl.DeltaTable(client.root.uri(*plog.segments))
     assert t.version() == 1 and t.to_pyarrow_table().column("value").to_pylist() == [b"new-0"]
+
+
+def test_the_losers_data_file_is_deleted(table):
+    mine, theirs = appender(table), appender(table)
+    mine.append(rows(0, 1), {"app.a": 0})
+    with pytest.raises(delta.ConcurrentCommit):
+        theirs.append(rows(1, 2), {"app.a": 1})
+    root, segments = table
+    on_disk = {f for f in os.listdir(root.uri(*segments)) if f.endswith(".parquet")}
+    assert on_disk == {os.path.basename(u) for u in dl.DeltaTable(mine.uri).file_uris()}

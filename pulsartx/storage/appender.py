@@ -195,10 +195,12 @@ class DeltaAppender:
                 return version
             self._apply(version, theirs)
             if any("metaData" in a or "protocol" in a for a in theirs):
+                self._discard(add["path"])
                 self.reload()
                 raise delta.ConcurrentCommit(f"{self.uri}: table metadata changed at version {version}")
             clash = sorted(a["txn"]["appId"] for a in theirs if "txn" in a and a["txn"]["appId"] in apps)
             if clash:
+                self._discard(add["path"])
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
 
     def _write_data_file(self, data: pa.Table, now: int) -> dict[str, Any]:
@@ -225,6 +227,13 @@ class DeltaAppender:
         size = self._io("write a data file to", put)
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}
+
+    def _discard(self, name: str) -> None:
+        """Delete the data file of a commit that lost its race (vacuum would, later)."""
+        try:
+            self.root.fs.rm(self.root.fs_path(*self.segments, name))
+        except Exception as e:  # an unreferenced file is harmless
+            log.debug("could not delete unreferenced %s of %s: %s", name, self.uri, e)
 
     def _io(self, what: str, fn: Callable[[], T]) -> T:
         """Transient faults retried (then StorageUnavailable); any other failure a StorageError

@@ -1,9 +1,10 @@
 """The only Delta operations pulsartx needs: create, open, write a data file, commit files with a
 compare-and-set, and tail the commit log.
 
-Every write goes through ``write_deltalake`` on a reused DeltaTable handle: re-opening a table
-re-reads its log, so latency would grow with history (notes/deltalake.md), whereas a reused
-handle is advanced in place by each successful write.
+Appends go through :mod:`pulsartx.storage.appender` (which falls back on :func:`write` here for
+tables it cannot write itself); overwrites use ``write_deltalake`` on a reused DeltaTable handle:
+re-opening a table re-reads its log, so latency would grow with history (notes/deltalake.md),
+whereas a reused handle is advanced in place by each successful write.
 
 The compare-and-set: a commit carrying ``Transaction(app_id, v)`` fails if any commit after the
 writer's snapshot set the same app_id. delta-rs does not check ``v`` itself, so callers compare the
