@@ -37,8 +37,10 @@ class _Buffer:
 
 class TaskAppender:
     def __init__(self, job: JobTransaction, default_topic: TopicName | None, partition_counts: dict[str, int],
-                 create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset()):
+                 create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset(),
+                 compression: str | None = None):
         self.job = job
+        self.compression = compression  # the write's compressionType option: the payload column's codec
         self.default_topic = default_topic
         self.counts = dict(partition_counts)  # topic -> partitions, known on the driver
         self.create_topics = create_topics  # partitions for topics created on the fly, or None
@@ -149,7 +151,7 @@ class TaskAppender:
             producer_name=self.producer, first_sequence_id=self.sequence,
             txn=self.job.txn_id.as_tuple() if self.job.txn_id else None)
         self.sequence += rows.num_rows
-        res = buf.log.append(records, producer_name=self.producer)
+        res = buf.log.append(records, producer_name=self.producer, compression=self.compression)
         self.report.entries.extend((partition, a, b) for a, b in res.entries)
         self.report.rows += rows.num_rows - res.duplicates
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
+from pulsartx.log.compression import CompressionType
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
 
@@ -178,6 +179,7 @@ CREATE_TOPIC = "createTopic"
 PARTITIONS = "partitions"
 TRANSACTIONAL = "transactional"
 SAVE_MODE = "saveMode"
+COMPRESSION_TYPE = "compressionType"
 SAVE_MODES = ("append", "errorifexists", "ignore")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
 
@@ -204,6 +206,7 @@ class WriteOptions:
     partitions: int
     transactional: bool
     save_mode: str
+    compression: str = "NONE"  # CompressionType name: the payload column's parquet codec
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -228,7 +231,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         root=resolve_root(opts), topic=topic, producer_name=producer,
         transaction_timeout_ms=parse_positive_int(opts, TRANSACTION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS),
         create_topic=parse_bool(opts, CREATE_TOPIC, False), partitions=parse_positive_int(opts, PARTITIONS, 1),
-        transactional=parse_bool(opts, TRANSACTIONAL, True), save_mode=save_mode)
+        transactional=parse_bool(opts, TRANSACTIONAL, True), save_mode=save_mode,
+        compression=CompressionType.parse(opts.get(COMPRESSION_TYPE.lower()), option=f"option {COMPRESSION_TYPE}").value)
 
 
 # ---- streaming options --------------------------------------------------------------------------

@@ -64,8 +64,10 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
                                     registered, columns, skip)
     mbt = MicroBatchTransaction.begin(opts.root, key, checkpoint, timeout_ms=timeout,
                                       producer_name=opts.producer_name, partitions=registered)
-    return PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.topic, counts, create, registered,
-                                columns, skip)
+    writer = PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.topic, counts, create, registered,
+                                  columns, skip)
+    writer.compression = opts.compression
+    return writer
 
 
 class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):

@@ -123,12 +123,16 @@ def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> Pu
                                timeout_ms=opts.transaction_timeout_ms, producer_name=opts.producer_name,
                                partitions=registered)
     create = opts.partitions if opts.create_topic else None
-    return PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
+    writer = PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
+    writer.compression = opts.compression
+    return writer
 
 
 class TaskWriting:
     """The executor half shared by the batch and streaming writers: route, append, report. The
     writer object is pickled to every task; it carries the transaction and no state."""
+
+    compression: str | None = None  # option compressionType (set by the prepare functions)
 
     def __init__(self, job: JobTransaction, topic, counts: dict[str, int], create_partitions: int | None,
                  registered: frozenset[str], columns: tuple[str, ...], skip: bool):
@@ -152,7 +156,7 @@ class TaskWriting:
         ctx = TaskContext.get()
         task_id, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
         appender = TaskAppender(self.job, self.topic, self.counts, self.create_partitions, task_id, attempt,
-                                self.registered)
+                                self.registered, self.compression)
         for batch in iterator:
             if batch.num_rows:
                 appender.add(batch)

@@ -14,13 +14,14 @@ from pulsartx.exceptions import (
     Timeout,
     TopicNotFound,
 )
+from pulsartx.log.compression import CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.schema import MessageType
 from pulsartx.naming import TopicName
 
 __version__ = "0.1.0"
 __all__ = [
-    "Client", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
+    "Client", "CompressionType", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
     "TransactionState", "TxnID", "TxnStatus", "__version__",
 ]

@@ -149,3 +149,34 @@ def test_the_losers_data_file_is_deleted(table):
     root, segments = table
     on_disk = {f for f in os.listdir(root.uri(*segments)) if f.endswith(".parquet")}
     assert on_disk == {os.path.basename(u) for u in dl.DeltaTable(mine.uri).file_uris()}
+
+
+@pytest.mark.parametrize("compression, codec", [(None, "UNCOMPRESSED"), ("ZSTD", "ZSTD"), ("lz4", "LZ4"),
+                                                ("ZLib", "GZIP"), ("SNAPPY", "SNAPPY")])
+def test_the_producers_compression_type_is_the_payload_columns_codec(tmp_path, compression, codec):
+    """Pulsar's compressionType (default NONE) applies to the value column; the rest is zstd."""
+    import pyarrow.parquet as pq
+
+    import pulsartx
+
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("t", 1)
+    kwargs = {} if compression is None else {"compression_type": compression}
+    producer = client.create_producer("t", **kwargs)
+    producer.send(b"x" * 1000)
+    producer.close()
+    [uri] = dl.DeltaTable(client.root.uri("topics", "public", "default", "t", "partition-0")).file_uris()
+    meta = pq.ParquetFile(uri.removeprefix("file://")).metadata.row_group(0)
+    codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
+    assert codecs["value"] == codec and codecs["offset"] == "ZSTD"
+    assert [m.data() for m in client.create_reader("t", pulsartx.MessageId.earliest)] == [b"x" * 1000]
+
+
+def test_an_unknown_compression_type_is_refused_by_name(tmp_path):
+    import pulsartx
+    from pulsartx.exceptions import InvalidConfiguration
+
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("t", 1)
+    with pytest.raises(InvalidConfiguration, match=r"compression_type='brotli'.*NONE, LZ4, ZLib, ZSTD, SNAPPY"):
+        client.create_producer("t", compression_type="brotli")

@@ -131,6 +131,25 @@ def test_transaction_timeout_and_producer_name_options(spark: Any, client: Any, 
     assert read(spark, root, topic="opt").count() == 20
 
 
+def test_compression_type_option_sets_the_payload_codec_and_bad_values_are_named(spark: Any, client: Any,
+                                                                                  root: str) -> None:
+    import glob
+
+    import pyarrow.parquet as pq
+
+    client.admin.create_topic("cz", 1)
+    df = spark.range(100, numPartitions=2).selectExpr("cast(id as string) as value")
+    message = error_of(lambda: write(df, root, topic="cz", compressionType="brotli"))
+    assert "option compressionType='brotli'" in message and "ZSTD" in message
+    assert txns(root) == {} and data_count(root, "cz") == 0  # refused before any transaction began
+    write(df, root, topic="cz", compressionType="zstd")
+    files = glob.glob(f"{root}/topics/public/default/cz/partition-0/*.parquet")
+    data_files = [pq.ParquetFile(f) for f in files if pq.ParquetFile(f).metadata.num_rows > 1]  # not the marker
+    assert len(data_files) == 2 and all(f.schema_arrow.names[2] == "value" for f in data_files)
+    assert {f.metadata.row_group(0).column(2).compression for f in data_files} == {"ZSTD"}
+    assert sorted(values(read(spark, root, topic="cz"))) == sorted(str(i) for i in range(100))
+
+
 # ---- failures ---------------------------------------------------------------------------------
 def failing_rows(spark: Any, n: int, slices: int, prefix: str) -> Any:
     """``n`` rows in ``slices`` tasks; the last task always fails (local[2]: no retry)."""

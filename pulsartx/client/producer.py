@@ -18,6 +18,7 @@ from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException, short_cause
+from pulsartx.log.compression import DEFAULT_COMPRESSION, CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import build_records, shared_log
 from pulsartx.naming import TopicName
@@ -59,11 +60,13 @@ class _Pending:
 class Producer:
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_publish_delay_ms: int = 10,
-                 initial_sequence_id: int | None = None, **_ignored: Any):
+                 initial_sequence_id: int | None = None,
+                 compression_type: CompressionType | str = DEFAULT_COMPRESSION, **_ignored: Any):
         if batching_max_messages < 1:
             raise InvalidConfiguration(f"batching_max_messages={batching_max_messages}: must be at least 1")
         if batching_max_publish_delay_ms < 0:
             raise InvalidConfiguration(f"batching_max_publish_delay_ms={batching_max_publish_delay_ms}: must be >= 0")
+        self._compression = CompressionType.parse(compression_type)
         self._client = client
         self._partitions: list[TopicName] = client.admin.partitions_of(topic)
         self._topic = str(TopicName.parse(topic))
@@ -249,7 +252,7 @@ class Producer:
                 [p.content for p in batch], keys=[p.key for p in batch], properties=[p.properties for p in batch],
                 event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
                 sequence_ids=[p.sequence_id for p in batch], txn=txn_bits)
-            res = plog.append(records, producer_name=self._name)
+            res = plog.append(records, producer_name=self._name, compression=self._compression)
             if txn is not None:
                 txn._after_append(plog.topic, res)
         except PulsarException as e:

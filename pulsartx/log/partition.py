@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
+from pulsartx.log.compression import CompressionType
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
@@ -173,18 +174,22 @@ class PartitionLog:
         return self.root.exists(*self.segments, "_delta_log", f"{0:020d}.json")
 
     # ---- append --------------------------------------------------------------------------------
-    def append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None) -> AppendResult:
+    def append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None,
+               compression: CompressionType | str | None = None) -> AppendResult:
         """Append ``records`` (from :func:`build_records`) as one Delta commit.
 
         With ``producer_name``, rows whose ``sequence_id`` is not above the producer's last
         persisted one are dropped, atomically with the offset assignment. With ``guard_app_id``, the
         append happens at most once ever: if a commit already set that app id, nothing is written
-        and ``AppendResult.version`` is None (markers use this to be idempotent).
+        and ``AppendResult.version`` is None (markers use this to be idempotent). ``compression``:
+        the producer's CompressionType, the codec of the payload column (default NONE, as Pulsar).
         """
+        codecs = {"value": CompressionType.parse(compression).parquet_codec}
         with self._append_lock:  # one DeltaTable snapshot per log: appends through it are serial
-            return self._append(records, producer_name, guard_app_id)
+            return self._append(records, producer_name, guard_app_id, codecs)
 
-    def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None) -> AppendResult:
+    def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None,
+                codecs: dict[str, str]) -> AppendResult:
         writer = self._appender()
         seqs = records.column("sequence_id").to_numpy() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
@@ -207,7 +212,7 @@ class PartitionLog:
             if guard_app_id is not None:
                 apps[guard_app_id] = next_offset
             try:
-                version = writer.append(data, apps)
+                version = writer.append(data, apps, codecs=codecs)
             except delta.ConcurrentCommit:
                 # Every append sets the offset app id, so any append since our snapshot lands here.
                 delta.backoff(attempt)

@@ -156,9 +156,10 @@ class DeltaAppender:
 
     # ---- appending -----------------------------------------------------------------------------
     def append(self, data: pa.Table, app_transactions: Mapping[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None) -> int:
+               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None) -> int:
         """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
-        commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries)."""
+        commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries).
+        ``codecs``: parquet codecs of some columns (the payload's compression type); others zstd-1."""
         apps = {k: int(v) for k, v in (app_transactions or {}).items()}
         if not self.fast:
             return self.write_with_deltalake(data, apps=apps, metadata=metadata)
@@ -169,7 +170,7 @@ class DeltaAppender:
             data = data.cast(self.schema)
         now = int(time.time() * 1000)
         commit_id = str(uuid.uuid4())
-        add = self._write_data_file(data, now)
+        add = self._write_data_file(data, now, codecs)
         actions: list[dict[str, Any]] = [
             {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                             "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE, "txnId": commit_id, **dict(metadata or {})}},
@@ -203,12 +204,12 @@ class DeltaAppender:
                 self._discard(add["path"])
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
 
-    def _write_data_file(self, data: pa.Table, now: int) -> dict[str, Any]:
+    def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None) -> dict[str, Any]:
         import pyarrow.parquet as pq
 
         name = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
         path = self.root.fs_path(*self.segments, name)
-        opts = _parquet_options(data.schema)
+        opts = _parquet_options(data.schema, codecs)
 
         def put() -> int:
             # Encoded in memory, then one write: a third cheaper than pyarrow's file sink for the
@@ -282,11 +283,14 @@ _UNIQUE = ("offset", "sequence_id")  # per-row unique integers: no dictionary, d
 _NO_STATS = ("value", "key", "properties")  # payload columns nobody prunes on
 
 
-def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
-    """zstd level 1, as delta.py's writer properties for delta-rs (the same files either way)."""
+def _parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """zstd level 1, as delta.py's writer properties for delta-rs (the same files either way),
+    except the columns ``codecs`` names."""
     names = schema.names
+    codec = {n: (codecs or {}).get(n, "zstd") for n in names}
     return {
-        "compression": "zstd", "compression_level": 1,
+        "compression": codec,
+        "compression_level": {n: 1 for n, c in codec.items() if c == "zstd"} or None,
         "use_dictionary": [n for n in names if n not in _UNIQUE and n != "value"],
         "column_encoding": {n: "DELTA_BINARY_PACKED" for n in _UNIQUE if n in names},
         "write_statistics": [n for n in names if n not in _NO_STATS],
