@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,10 +124,23 @@ def rgw_server() -> Iterator[object]:
 
     from pulsartx.storage.root import StorageRoot
 
-    try:
-        server = rgw.start()
-    except rgw.RGWUnavailable as e:
-        pytest.skip(f"Ceph RGW unavailable: {e}")
+    # A bootstrap can fail transiently (a free port taken between choosing and binding it, a daemon
+    # slow under load): one more attempt before every rgw test of the session skips. Seen once in
+    # session 3 (98 rgw tests skipped in a full run; the same tests passed right after).
+    reasons: list[str] = []
+    server = None
+    for _ in range(2):
+        try:
+            server = rgw.start()
+            break
+        except rgw.RGWUnavailable as e:
+            reasons.append(str(e))
+            if rgw.missing_binaries():
+                break  # not installable here: another attempt cannot help
+    if server is None:
+        pytest.skip(f"Ceph RGW unavailable: {' | '.join(reasons)}")
+    if reasons:
+        warnings.warn(f"Ceph RGW started on the second attempt; the first failed: {reasons[0]}", stacklevel=1)
     original = StorageRoot.__dict__["resolve"]
     prefix = "s3://ptx-"
 

@@ -353,13 +353,13 @@ def test_add_partition_precedes_data(client, monkeypatch):
     seen: list[tuple[str, bool]] = []
     orig = PartitionLog.append
 
-    def spy(self, records, producer_name=None, guard_app_id=None):
+    def spy(self, records, producer_name=None, guard_app_id=None, **kw):
         most = records.column("txn_most_bits")[0].as_py()
         if most is not None and records.column("type")[0].as_py() == "DATA":
             least = records.column("txn_least_bits")[0].as_py()
             meta = admin.get_transaction_metadata(pulsartx.TxnID(most, least))
             seen.append((str(self.topic), str(self.topic) in meta["partitions"]))
-        return orig(self, records, producer_name, guard_app_id)
+        return orig(self, records, producer_name, guard_app_id, **kw)
 
     monkeypatch.setattr(PartitionLog, "append", spy)
     p = client.create_producer("t")
