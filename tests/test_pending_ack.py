@@ -301,6 +301,7 @@ def test_ctp_across_two_subscriptions_and_two_output_topics(client):
             py.send_async(b"y-" + m.data(), None, txn=txn)
         ca.acknowledge_cumulative(ia[-1], txn=txn)
         cb.acknowledge(ib, txn=txn)
+        py.flush()  # send_async registers y's partitions when its batch goes out, not when queued
         meta = client.admin.transactions.get_transaction_metadata(txn.id)
         assert meta["subscriptions"] == ["persistent://public/default/a-partition-0:sa",
                                          "persistent://public/default/b-partition-0:sb"]
