@@ -95,30 +95,27 @@ def timed_source(log_path: str) -> Any:
         with open(log_path, "a") as f:
             f.write(json.dumps({"kind": kind, "ms": 1000 * (time.perf_counter() - t0), **extra}) + "\n")
 
+    def profiled(tag: str, fn: Any) -> Any:
+        """``fn()``, under cProfile dumped next to the log when PULSARTX_BENCH_PROFILE is set."""
+        if not os.environ.get("PULSARTX_BENCH_PROFILE"):
+            return fn()
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            out = fn()
+        prof.dump_stats(f"{log_path}.{tag}-{os.getpid()}-{time.time_ns()}.prof")
+        return out
+
     class TimedWriter(PulsarTxStreamWriter):
         def write(self, iterator):  # type: ignore[override]
             t0 = time.perf_counter()
-            if os.environ.get("PULSARTX_BENCH_PROFILE"):
-                import cProfile
-
-                with cProfile.Profile() as prof:
-                    out = super().write(iterator)
-                prof.dump_stats(f"{log_path}.write-{os.getpid()}-{time.time_ns()}.prof")
-            else:
-                out = super().write(iterator)
+            out = profiled("write", lambda: super(TimedWriter, self).write(iterator))
             note("sink task write() (incl. waiting for input)", t0, rows=getattr(out, "rows", 0))
             return out
 
         def commit(self, messages, batchId):  # type: ignore[override]  # noqa: N803
             t0 = time.perf_counter()
-            if os.environ.get("PULSARTX_BENCH_PROFILE"):  # cProfile of each sink commit, for digging
-                import cProfile
-
-                with cProfile.Profile() as prof:
-                    super().commit(messages, batchId)
-                prof.dump_stats(f"{log_path}.commit-{os.getpid()}-{batchId}-{time.time_ns()}.prof")
-            else:
-                super().commit(messages, batchId)
+            profiled(f"commit-{batchId}", lambda: super(TimedWriter, self).commit(messages, batchId))
             note("sink commit() (txn end, markers, acks)", t0)
 
     class TimedReader(PulsarTxStreamReader):

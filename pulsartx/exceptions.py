@@ -5,10 +5,21 @@ Every error message names the offending value or option and says how to fix it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 # delta-rs appends a native stack trace to its messages when RUST_BACKTRACE is set: dozens of
 # "   0: <unknown>" lines that bury the one line saying what is wrong.
 _RUST_BACKTRACE = re.compile(r"\n\s*(?:Stack backtrace:\s*)?\n?\s+0: .*", re.DOTALL)
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it was raised from or during, outermost first (cycles cut)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
 
 
 def short_cause(exc: BaseException) -> str:

@@ -171,7 +171,7 @@ class PartitionLog:
             writer.reload()
 
     def exists(self) -> bool:
-        return self.root.exists(*self.segments, "_delta_log", f"{0:020d}.json")
+        return self.root.exists(*self.segments, "_delta_log", delta.commit_file(0))
 
     # ---- append --------------------------------------------------------------------------------
     def append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None,

@@ -146,13 +146,20 @@ class DeltaAppender:
         snapshot: overwrites, file listings), applying the commits in between first."""
         self.catch_up()
         delta.update(self.table)
-        for version, actions in self._tail.commits_after(self.version):
-            if version > self.table.version():
-                break
-            self._apply(version, actions)
-        self.version = self.table.version()
-        self._apps = {}
+        self._rebase(self.table.version())
         return self.table
+
+    def _rebase(self, version: int, ours: bool = False) -> None:
+        """The handle now stands at ``version`` (``ours``: a commit we just made through it): apply
+        the others' commits up to it that we have not seen (delta-rs steps over them), then let the
+        handle's snapshot answer for app ids."""
+        for v in range(self.version + 1, version if ours else version + 1):
+            actions = self._tail.read_commit(v)
+            if actions is not None:
+                self._apply(v, actions)
+        self.version = version
+        self._apps = {}
+        self._synced = time.monotonic()
 
     # ---- appending -----------------------------------------------------------------------------
     def append(self, data: pa.Table, app_transactions: Mapping[str, int] | None = None,
@@ -180,7 +187,7 @@ class DeltaAppender:
         body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
         while True:
             version = self.version + 1
-            name = f"{version:020d}.json"
+            name = delta.commit_file(version)
             created = self._io(f"commit version {version} to",
                                lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
             if created:
@@ -205,27 +212,8 @@ class DeltaAppender:
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
 
     def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None) -> dict[str, Any]:
-        import pyarrow.parquet as pq
-
         name = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
-        path = self.root.fs_path(*self.segments, name)
-        opts = _parquet_options(data.schema, codecs)
-
-        def put() -> int:
-            # Encoded in memory, then one write: a third cheaper than pyarrow's file sink for the
-            # small files most appends are, and on S3 one PUT with a known length (Ceph RGW
-            # refuses pyarrow's chunked uploads: 411 MissingContentLength).
-            buf = pa.BufferOutputStream()
-            pq.write_table(data, buf, **opts)
-            body = buf.getvalue()
-            if self.root.is_local:
-                with open(path, "wb") as f:
-                    f.write(body)
-            else:
-                self.root.fs.pipe(path, body.to_pybytes())
-            return body.size
-
-        size = self._io("write a data file to", put)
+        size = self._io("write a data file to", lambda: delta.put_parquet(self.root, self.segments, name, data, codecs))
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}
 
@@ -269,29 +257,5 @@ class DeltaAppender:
         if mode != "append" or any(a in self._apps for a in apps):
             self.sync_handle()
         version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
-        for v in range(self.version + 1, version):
-            actions = self._tail.read_commit(v)
-            if actions is not None:
-                self._apply(v, actions)
-        self.version = version
-        self._apps = {}
-        self._synced = time.monotonic()
+        self._rebase(version, ours=True)
         return version
-
-
-_UNIQUE = ("offset", "sequence_id")  # per-row unique integers: no dictionary, delta encoding
-_NO_STATS = ("value", "key", "properties")  # payload columns nobody prunes on
-
-
-def _parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """zstd level 1, as delta.py's writer properties for delta-rs (the same files either way),
-    except the columns ``codecs`` names."""
-    names = schema.names
-    codec = {n: (codecs or {}).get(n, "zstd") for n in names}
-    return {
-        "compression": codec,
-        "compression_level": {n: 1 for n, c in codec.items() if c == "zstd"} or None,
-        "use_dictionary": [n for n in names if n not in _UNIQUE and n != "value"],
-        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in _UNIQUE if n in names},
-        "write_statistics": [n for n in names if n not in _NO_STATS],
-    }

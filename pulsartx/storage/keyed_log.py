@@ -114,6 +114,12 @@ class KeyedLog:
             return list(self.rows.values())
         return self._flush()
 
+    def _writer(self) -> DeltaAppender:
+        if self._appender is None:
+            self.open()
+        assert self._appender is not None
+        return self._appender
+
     def _on_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
         adds = [a["add"]["path"] for a in actions if "add" in a]
         if any("remove" in a for a in actions):
@@ -138,11 +144,8 @@ class KeyedLog:
         writer touched one of the keys' buckets since our snapshot; the caller refreshes and retries."""
         apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
         apps.update(extra_app_ids or {})
-        if self._appender is None:
-            self.open()
-        assert self._appender is not None
         try:
-            self._appender.append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
+            self._writer().append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
         finally:
             self._flush()  # others' commits before ours (or before the conflicting one)
         self._apply(rows)
@@ -195,10 +198,7 @@ class KeyedLog:
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
     def app_version(self, app_id: str) -> int | None:
-        if self._appender is None:
-            self.open()
-        assert self._appender is not None
-        return self._appender.txn_version(app_id)
+        return self._writer().txn_version(app_id)
 
     def needs_compaction(self) -> bool:
         return self.files_since_compaction >= self.compact_every
@@ -208,14 +208,11 @@ class KeyedLog:
 
         Correct under concurrency: the overwrite removes only the files of its own snapshot, so an
         entry committed concurrently survives; if delta-rs reports a conflict we skip this round."""
-        if self._appender is None:
-            self.open()
-        assert self._appender is not None
         try:
-            self._appender.sync_handle()
+            self._writer().sync_handle()
             self._flush()
             live = [r for r in self.rows.values() if keep(r)]
-            self._appender.write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
+            self._writer().write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
         except Exception as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
             log.info("%s compaction skipped (concurrent writer or storage fault): %s", self.name, e)

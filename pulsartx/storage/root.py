@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
-from pulsartx.exceptions import InvalidConfiguration, StorageError
+from pulsartx.exceptions import InvalidConfiguration, StorageError, causes
 
 ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
 DEFAULT_SERVICE_URL = "./pulsartx-data"
@@ -316,8 +316,7 @@ class StorageRoot:
 
 def _http_status(e: BaseException) -> int | None:
     """The HTTP status of the botocore error behind an s3fs exception, if any."""
-    cur: BaseException | None = e
-    while cur is not None:
+    for cur in causes(e):
         response = getattr(cur, "response", None)
         if isinstance(response, dict):
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -328,5 +327,4 @@ def _http_status(e: BaseException) -> int | None:
                 return 412
             if code in ("ConditionalRequestConflict", "OperationAborted"):
                 return 409
-        cur = cur.__cause__
     return None
