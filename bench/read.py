@@ -43,6 +43,11 @@ PARTITIONS = 4
 STORED = ("value", "key", "offset", "publish_time", "event_time", "properties")
 READER_SCHEMA = ("value binary, key string, offset bigint, publish_time timestamp, event_time timestamp, "
                  "properties map<string,string>")
+# Every column of the partition files, as stored (pulsartx.log.schema.RECORD_SCHEMA).
+FILE_SCHEMA = ("offset bigint, type string, value binary, key string, properties map<string,string>, "
+               "event_time timestamp, publish_time timestamp, producer_name string, sequence_id bigint, "
+               "txn_most_bits bigint, txn_least_bits bigint, "
+               "marker_entries array<struct<first_offset:bigint,last_offset:bigint>>")
 
 
 def session(master: str, name: str) -> Any:
@@ -72,9 +77,10 @@ def register_arrow_reader(spark: Any) -> None:
             self.files = files
 
     class ArrowParquetReader(DataSourceReader):
-        def __init__(self, groups: list[list[str]], topic_schema: bool):
+        def __init__(self, groups: list[list[str]], topic_schema: bool, file_schema: Any = None):
             self.groups = groups
             self.topic_schema = topic_schema
+            self.file_schema = file_schema  # Spark schema of every stored column: read the files whole
 
         def partitions(self) -> list[Any]:
             return [Files(g) for g in self.groups]
@@ -83,6 +89,14 @@ def register_arrow_reader(spark: Any) -> None:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
+            if self.file_schema is not None:  # the files as they are, every column
+                from pyspark.sql.pandas.types import to_arrow_schema
+
+                target = to_arrow_schema(self.file_schema, timezone="UTC")
+                for f in partition.files:
+                    for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                        yield batch.cast(target)
+                return
             ts = pa.timestamp("us", tz="UTC")
             schema = pa.schema([("value", pa.binary()), ("key", pa.string()), ("offset", pa.int64()),
                                 ("publish_time", ts), ("event_time", ts),
@@ -113,11 +127,12 @@ def register_arrow_reader(spark: Any) -> None:
                 from datasource.schema import SPARK_SCHEMA
 
                 return SPARK_SCHEMA
-            return READER_SCHEMA
+            return FILE_SCHEMA if self.options.get("allcolumns") == "true" else READER_SCHEMA
 
         def reader(self, schema: Any) -> Any:
             with open(self.options["files"]) as f:
-                return ArrowParquetReader(json.load(f), self.options.get("topicschema") == "true")
+                return ArrowParquetReader(json.load(f), self.options.get("topicschema") == "true",
+                                          schema if self.options.get("allcolumns") == "true" else None)
 
     spark.dataSource.register(ArrowParquetSource)
 
@@ -308,6 +323,8 @@ def main() -> None:
         sides = {
             "pulsartx": lambda: spark.read.format("pulsartx").option("service.url", root).option("topic", TOPIC).load(),
             "arrow reader": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing)).load(),
+            "arrow reader all": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing))
+            .option("allColumns", "true").load(),
             "arrow reader 9col": lambda: spark.read.format("bench_arrow_parquet_reader").option("files", str(listing))
             .option("topicSchema", "true").load(),
             "spark parquet": lambda: spark.read.parquet(*flat).select(*STORED),

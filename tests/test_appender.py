@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from pulsartx.storage import delta
-from pulsartx.storage.appender import CHECKPOINT_INTERVAL, DeltaAppender
+from pulsartx.storage.appender import CHECKPOINT_INTERVAL, DeltaAppender, wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
 
 SCHEMA = pa.schema([("seq", pa.int64(), False), ("offset", pa.int64()), ("name", pa.string()),
@@ -97,6 +97,7 @@ def test_every_hundredth_version_gets_a_checkpoint(table):
     a = appender(table)
     for i in range(CHECKPOINT_INTERVAL):
         a.append(rows(i, i + 1), {f"app.{i % 3}": i})
+    wait_for_checkpoints()  # written in the background, off the appender's path
     log_dir = os.path.join(a.uri, "_delta_log")
     assert os.path.exists(os.path.join(log_dir, f"{CHECKPOINT_INTERVAL:020d}.checkpoint.parquet"))
     with open(os.path.join(log_dir, "_last_checkpoint")) as f:
@@ -154,7 +155,8 @@ def test_the_losers_data_file_is_deleted(table):
 @pytest.mark.parametrize("compression, codec", [(None, "UNCOMPRESSED"), ("ZSTD", "ZSTD"), ("lz4", "LZ4"),
                                                 ("ZLib", "GZIP"), ("SNAPPY", "SNAPPY")])
 def test_the_producers_compression_type_is_the_payload_columns_codec(tmp_path, compression, codec):
-    """Pulsar's compressionType (default NONE) applies to the value column; the rest is zstd."""
+    """Pulsar's compressionType (default NONE) applies to the value column; the rest is zstd, except
+    in files of a few rows, written plain (delta.SMALL_FILE_ROWS)."""
     import pyarrow.parquet as pq
 
     import pulsartx
@@ -162,14 +164,23 @@ def test_the_producers_compression_type_is_the_payload_columns_codec(tmp_path, c
     client = pulsartx.Client(str(tmp_path))
     client.admin.create_topic("t", 1)
     kwargs = {} if compression is None else {"compression_type": compression}
-    producer = client.create_producer("t", **kwargs)
-    producer.send(b"x" * 1000)
+    producer = client.create_producer("t", batching_max_messages=100, **kwargs)
+    values = [b"%04d" % i * 250 for i in range(100)]
+    for v in values:  # one batch of 100: above SMALL_FILE_ROWS, so the other columns are zstd
+        producer.send_async(v, None)
+    producer.flush()
+    producer.send(b"y")  # a one-row file: only the payload is compressed
     producer.close()
-    [uri] = dl.DeltaTable(client.root.uri("topics", "public", "default", "t", "partition-0")).file_uris()
-    meta = pq.ParquetFile(uri.removeprefix("file://")).metadata.row_group(0)
-    codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
-    assert codecs["value"] == codec and codecs["offset"] == "ZSTD"
-    assert [m.data() for m in client.create_reader("t", pulsartx.MessageId.earliest)] == [b"x" * 1000]
+    files = dl.DeltaTable(client.root.uri("topics", "public", "default", "t", "partition-0")).file_uris()
+    metas = [pq.ParquetFile(u.removeprefix("file://")).metadata for u in files]
+    found = {}
+    for meta in metas:
+        rg = meta.row_group(0)
+        found[meta.num_rows] = {rg.column(i).path_in_schema: rg.column(i).compression for i in range(rg.num_columns)}
+    assert sorted(found) == [1, 100]
+    assert found[100]["value"] == codec and found[100]["offset"] == "ZSTD"
+    assert found[1]["value"] == codec and found[1]["offset"] == "UNCOMPRESSED"
+    assert [m.data() for m in client.create_reader("t", pulsartx.MessageId.earliest)] == [*values, b"y"]
 
 
 def test_an_unknown_compression_type_is_refused_by_name(tmp_path):

@@ -15,6 +15,7 @@ from pulsartx.log.dedup import OFFSET_APP_ID, new_message_mask, producer_app_id
 from pulsartx.log.partition import PartitionLog, build_records
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
+from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
 
 # ---- MessageId ----------------------------------------------------------------------------------
@@ -226,6 +227,7 @@ def long_log(tmp_path_factory) -> str:
     for i in range(N_TAIL_APPENDS):
         writer.append(build_records([b"m%d" % i]))
     assert writer.end_offset() == N_TAIL_APPENDS
+    wait_for_checkpoints()  # background checkpoints done before the tests copy the root
     return path
 
 

@@ -401,3 +401,50 @@ def test_txn_acks_after_unsubscribe_and_resubscribe(root, client):
     c.redeliver_unacknowledged_messages()
     assert vals(drain(c)) == ["m3", "m4"]
     other.close()
+
+
+def test_a_subscription_table_recreated_elsewhere_is_reloaded_by_the_processs_shared_store(tmp_path):
+    """Consumers and the TC's participant calls share one store per (partition, subscription) in a
+    process; a table deleted and re-created by another process under it must not be continued
+    from the old table's version (the new subscription starts from its own state)."""
+    import shutil
+
+    from pulsartx.naming import TopicName
+    from pulsartx.subscription.store import SubscriptionStore, shared_store
+
+    client = Client(str(tmp_path))
+    seed(client, IN, 5)
+    c = client.subscribe(IN, "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+    for _ in range(3):
+        c.acknowledge(c.receive(5000))
+    c.close()
+    part = TopicName.parse(IN).with_partition(0)
+    cached = shared_store(client.root, part, "s")
+    assert cached.cursor().mark_delete == 2
+    # "Another process": removes the table and creates a fresh one with an independent store.
+    shutil.rmtree(client.root.fs_path(*cached.segments))
+    other = SubscriptionStore(client.root, part, "s")
+    other.create(-1)
+    c = client.subscribe(IN, "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+    assert [c.receive(5000).data() for _ in range(5)] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    c.close()
+
+
+def test_a_subscription_table_in_another_layout_is_refused_by_name(tmp_path):
+    """A table written by another pulsartx version is not read with columns missing (state would
+    be silently lost): the error names the table and the way out."""
+    import pyarrow as pa
+
+    from pulsartx.exceptions import CorruptedLog
+    from pulsartx.naming import TopicName
+    from pulsartx.storage import delta
+    from pulsartx.subscription.store import SubscriptionStore
+
+    client = Client(str(tmp_path))
+    seed(client, IN, 1)
+    store = SubscriptionStore(client.root, TopicName.parse(IN).with_partition(0), "old")
+    old = pa.schema([pa.field("seq", pa.int64(), False), pa.field("key", pa.string(), False),
+                     pa.field("mark_delete", pa.int64()), pa.field("acked", pa.list_(pa.int64()))])
+    delta.create_table(client.root, old, *store.segments)
+    with pytest.raises(CorruptedLog, match=r"sub-old-0 table .*written by another pulsartx version"):
+        store.cursor()

@@ -19,6 +19,7 @@ from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.store import forget_shared_stores
 
 log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
@@ -89,6 +90,7 @@ class TopicsAdmin:
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))
         forget_shared(self.root, t)
+        forget_shared_stores(self.root, t)
         log.info("deleted topic %s", t)
 
     def list_topics(self, namespace: str | None = None) -> list[str]:

@@ -41,7 +41,7 @@ from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.ranges import RangeSet
-from pulsartx.subscription.store import Claim, SubscriptionStore
+from pulsartx.subscription.store import Claim, SubscriptionStore, shared_store
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -151,7 +151,8 @@ class Consumer:
         self._thread.start()
 
     def _open_partition(self, p: TopicName, initial: InitialPosition) -> _Partition:
-        store = SubscriptionStore(self._client.root, p, self._subscription)
+        store = shared_store(self._client.root, p, self._subscription)
+        store.revalidate()
         vis = VisibilityReader(self._client, PartitionLog(self._client.root, p), self._isolation)
         cur = store.cursor()
         if cur is None or cur.deleted:

@@ -254,10 +254,21 @@ def _writer_properties() -> Any:
     return _WRITER_PROPERTIES
 
 
-def parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None) -> dict[str, Any]:
+# Files of at most this many rows (TC entries, cursor updates, markers, single sends) are written
+# plain: no compression, no dictionary, no parquet statistics (nothing prunes inside a one-row-group
+# file; Delta's file statistics are in the commit). Halves the encoding of a one-row TC entry
+# (0.86 -> 0.45 ms), which is a third of a protocol step's cost.
+SMALL_FILE_ROWS = 64
+
+
+def parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None,
+                    rows: int | None = None) -> dict[str, Any]:
     """The encoding above for ``pyarrow.parquet.write_table``, except the columns ``codecs``
-    names (the payload's compression type)."""
+    names (the payload's compression type). ``rows``: the file's row count, when known."""
     names = schema.names
+    if rows is not None and rows <= SMALL_FILE_ROWS:
+        return {"compression": {n: (codecs or {}).get(n, "none") for n in names},
+                "use_dictionary": False, "write_statistics": False}
     codec = {n: (codecs or {}).get(n, "zstd") for n in names}
     return {
         "compression": codec,
@@ -277,7 +288,7 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     import pyarrow.parquet as pq
 
     buf = pa.BufferOutputStream()
-    pq.write_table(data, buf, **parquet_options(data.schema, codecs))
+    pq.write_table(data, buf, **parquet_options(data.schema, codecs, data.num_rows))
     body = buf.getvalue()
     path = root.fs_path(*segments, name)
     if root.is_local:

@@ -68,6 +68,7 @@ class KeyedLog:
             t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
+        self._check_schema(t)
         self.rows = {}
         self._pending = []
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
@@ -75,6 +76,16 @@ class KeyedLog:
         self._apply(self._read_files(files))
         self.files_since_compaction = len(files)
         return self
+
+    def _check_schema(self, table: Any) -> None:
+        """Refuse a table written in another layout (e.g. by an older pulsartx) rather than read
+        its rows with columns missing, which would silently drop state."""
+        names = [f.name for f in table.schema().fields]
+        if names != self.schema.names:
+            raise CorruptedLog(
+                f"{self.name} table {self.root.uri(*self.segments)} has columns {names}, this pulsartx writes "
+                f"{self.schema.names}: it was written by another pulsartx version; "
+                "use that version, or delete the table to start this state over")
 
     def _read_files(self, files: Iterable[str]) -> list[dict[str, Any]]:
         import pyarrow.dataset as ds
