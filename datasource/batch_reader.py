@@ -47,6 +47,36 @@ class OffsetRangePartition(InputPartition):
     visibility: Visibility
 
 
+@dataclass
+class PackedPartition(InputPartition):
+    """Several small offset ranges read by one task, one after the other (streaming; see
+    :func:`pack_ranges`)."""
+
+    ranges: tuple[OffsetRangePartition, ...]
+
+
+def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int) -> list[InputPartition]:
+    """Input partitions for ``ranges``: as many tasks as ``min_entries`` per task allows (at least
+    one, at most one per range), ranges dealt largest first to the least loaded task. Ranges of at
+    least ``min_entries`` keep a task each; ``min_entries`` 0 keeps every range in its own task."""
+    import heapq
+    import math
+
+    sizes = [r.end - r.start for r in ranges]
+    if min_entries <= 0 or len(ranges) <= 1:
+        return list(ranges)
+    tasks = min(len(ranges), max(1, math.ceil(sum(sizes) / min_entries)))
+    if tasks == len(ranges):
+        return list(ranges)
+    heap = [(0, i) for i in range(tasks)]
+    groups: list[list[OffsetRangePartition]] = [[] for _ in range(tasks)]
+    for size, r in sorted(zip(sizes, ranges, strict=True), key=lambda x: -x[0]):
+        load, i = heapq.heappop(heap)
+        groups[i].append(r)
+        heapq.heappush(heap, (load + size, i))
+    return [g[0] if len(g) == 1 else PackedPartition(tuple(g)) for g in groups if g]
+
+
 def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, earliest: int,
                   latest: int) -> tuple[int, int]:
     """The offsets to read on one partition, clamped to what exists now. Offsets past the end are

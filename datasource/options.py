@@ -159,6 +159,19 @@ def parse_positive_int(options: Mapping[str, str], option: str, default: int) ->
     return value
 
 
+def parse_non_negative_int(options: Mapping[str, str], option: str, default: int) -> int:
+    raw = _lower(options).get(option.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: give a whole number, 0 or more")
+    return value
+
+
 def parse_options(options: Mapping[str, str], *, require_topic: bool = True) -> PulsarTxOptions:
     """Validate every option at once, so a bad one fails at ``load()`` rather than in a task."""
     opts = _lower(options)
@@ -241,7 +254,12 @@ FAIL_ON_DATA_LOSS = "failOnDataLoss"
 SUBSCRIPTION = "subscription"
 TRANSACTION_KEY = "transactionKey"
 CHECKPOINT_LOCATION = "checkpointLocation"
+MIN_ENTRIES_PER_TASK = "minEntriesPerTask"
 DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
+# Smaller per-partition ranges of a micro-batch share a task (as Spark's file source packs small
+# files by spark.sql.files.openCostInBytes): a Python task's fixed cost (worker hand-off, input and
+# output streams, one append per output partition) outweighs reading a few thousand entries.
+DEFAULT_MIN_ENTRIES_PER_TASK = 25_000
 
 
 @dataclass(frozen=True)
@@ -250,6 +268,7 @@ class StreamOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     subscription: str | None
+    min_entries_per_task: int = DEFAULT_MIN_ENTRIES_PER_TASK
 
 
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
@@ -275,4 +294,5 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
         read=read,
         max_entries_per_trigger=None if limit is None else parse_positive_int(opts, MAX_ENTRIES_PER_TRIGGER, 1),
         fail_on_data_loss=parse_bool(opts, FAIL_ON_DATA_LOSS, True),
-        subscription=sub)
+        subscription=sub,
+        min_entries_per_task=parse_non_negative_int(opts, MIN_ENTRIES_PER_TASK, DEFAULT_MIN_ENTRIES_PER_TASK))

@@ -32,7 +32,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from datasource.batch_reader import OffsetRangePartition, range_partitions, read_partition
+from datasource.batch_reader import (
+    OffsetRangePartition,
+    PackedPartition,
+    pack_ranges,
+    range_partitions,
+    read_partition,
+)
 from datasource.offsets import EARLIEST, LATEST
 from datasource.options import StreamOptions
 from datasource.topics import partitions_to_read
@@ -209,9 +215,11 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             from commit_protocol import handoff
 
             handoff.record(self.root, self.opts.subscription, start, end)
-        return list(planned)
+        return pack_ranges(planned, self.opts.min_entries_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, PackedPartition):
+            return (b for r in partition.ranges for b in read_partition(self.root, r))
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
         return read_partition(self.root, partition)

@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import os
+import re
 import threading
 import time
 
@@ -446,3 +447,11 @@ def test_subscribing_to_a_missing_topic_leaves_no_lease(root):
     client.admin.create_topic("later")
     client.subscribe("later", "s").close()
     client.close()
+
+
+def test_min_entries_per_task_is_a_whole_number():
+    assert O.parse_stream_options({**BASE, O.MIN_ENTRIES_PER_TASK: "0"}).min_entries_per_task == 0
+    assert O.parse_stream_options(BASE).min_entries_per_task == O.DEFAULT_MIN_ENTRIES_PER_TASK
+    for bad in ("-1", "lots", "2.5"):
+        with pytest.raises(InvalidConfiguration, match=rf"minEntriesPerTask='{re.escape(bad)}'.*0 or more"):
+            O.parse_stream_options({**BASE, O.MIN_ENTRIES_PER_TASK: bad})

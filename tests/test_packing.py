@@ -1,0 +1,41 @@
+"""Packing a micro-batch's small topic-partition ranges into fewer tasks (datasource.batch_reader)."""
+from __future__ import annotations
+
+from datasource.batch_reader import OffsetRangePartition, PackedPartition, pack_ranges
+from datasource.visibility import Visibility
+
+
+def rng(partition: int, start: int, end: int) -> OffsetRangePartition:
+    return OffsetRangePartition("persistent://public/default/t", partition, ("topics", str(partition)), start, end,
+                                (), Visibility("READ_UNCOMMITTED"))
+
+
+def flat(parts) -> list[tuple[int, int, int]]:
+    out = []
+    for p in parts:
+        for r in (p.ranges if isinstance(p, PackedPartition) else (p,)):
+            out.append((r.partition, r.start, r.end))
+    return sorted(out)
+
+
+def test_small_ranges_share_tasks_and_every_range_is_read_exactly_once():
+    ranges = [rng(i, 100 * i, 100 * i + 12_500) for i in range(4)]
+    packed = pack_ranges(ranges, 25_000)
+    assert len(packed) == 2 and all(isinstance(p, PackedPartition) and len(p.ranges) == 2 for p in packed)
+    assert flat(packed) == flat(ranges)
+
+
+def test_large_ranges_keep_a_task_each_and_zero_disables_packing():
+    big = [rng(i, 0, 30_000) for i in range(4)]
+    assert pack_ranges(big, 25_000) == big
+    small = [rng(i, 0, 10) for i in range(4)]
+    assert pack_ranges(small, 0) == small
+    assert pack_ranges(small[:1], 25_000) == small[:1]
+
+
+def test_uneven_ranges_are_balanced_largest_first():
+    ranges = [rng(0, 0, 20_000), rng(1, 0, 15_000), rng(2, 0, 10_000), rng(3, 0, 5_000)]
+    packed = pack_ranges(ranges, 25_000)
+    loads = sorted(sum(r.end - r.start for r in (p.ranges if isinstance(p, PackedPartition) else (p,)))
+                   for p in packed)
+    assert loads == [25_000, 25_000] and flat(packed) == flat(ranges)
