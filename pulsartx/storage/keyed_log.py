@@ -107,7 +107,8 @@ class KeyedLog:
                 tables = []
                 for path in paths:
                     with fs.open_input_file(path) as f:
-                        tables.append(pq.ParquetFile(f).read())
+                        # No thread pool for a one-row file: 0.7-0.9 ms less per file.
+                        tables.append(pq.ParquetFile(f, pre_buffer=False).read(use_threads=False))
                 return pa.concat_tables(tables, promote_options="permissive").cast(self.schema).to_pylist()
             return ds.dataset(paths, schema=self.schema, format="parquet",
                               filesystem=self.root.arrow_fs).to_table().to_pylist()
