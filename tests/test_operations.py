@@ -165,6 +165,21 @@ def _run_service(root: str, *extra: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def _wait_started(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the service logs that it runs (its signal handlers are installed): a SIGTERM while it
+    still imports and opens its TCs ends it with the default action, -15."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen.append(line)
+        if b"coordinator service started" in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"service did not start: {b''.join(seen).decode()[-2000:]}")
+
+
 def _wait_status(client, txn_id, status: str, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -181,6 +196,7 @@ def test_coordinator_service_sweeps_stops_on_sigterm_and_survives_sigkill(tmp_pa
     client.admin.create_topic("s", partitions=1)
     service = _run_service(root)
     try:
+        _wait_started(service)
         txn = client.new_transaction(timeout_ms=500)
         client.create_producer("s").send(b"x", txn=txn)
         meta = _wait_status(client, txn.id, "ABORTED")
@@ -199,6 +215,8 @@ def test_coordinator_service_sweeps_stops_on_sigterm_and_survives_sigkill(tmp_pa
     killed.wait(30)
     a, b = _run_service(root), _run_service(root)
     try:
+        _wait_started(a)
+        _wait_started(b)
         txn = client.new_transaction(timeout_ms=500)
         client.create_producer("s").send(b"y", txn=txn)
         assert _wait_status(client, txn.id, "ABORTED")["status"] == "ABORTED"
