@@ -159,6 +159,10 @@ class KeyedLog:
         files, self._pending = self._pending, []
         return self._apply(self._read_files(files)) if files else []
 
+    def replaced(self) -> bool:
+        """Whether the table was deleted (and perhaps re-created) since this log loaded it."""
+        return self._appender is not None and not self._appender.same_table()
+
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 

@@ -136,8 +136,7 @@ class SubscriptionStore:
         another process: same-process deletes drop the shared stores). Called when a consumer
         subscribes, so a store cached in the process never continues another table's log."""
         with self._lock:
-            writer = self.log._appender
-            if self._opened and writer is not None and not (self.exists() and writer.same_table()):
+            if self._opened and self.log.replaced():
                 log.info("subscription %r on %s was re-created since this process loaded it: reloading",
                          self.subscription, self.partition)
                 self._opened = False
