@@ -55,10 +55,13 @@ class PackedPartition(InputPartition):
     ranges: tuple[OffsetRangePartition, ...]
 
 
-def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int) -> list[InputPartition]:
+def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_entries: int | None = None
+                ) -> list[InputPartition]:
     """Input partitions for ``ranges``: as many tasks as ``min_entries`` per task allows (at least
     one, at most one per range), ranges dealt largest first to the least loaded task. Ranges of at
-    least ``min_entries`` keep a task each; ``min_entries`` 0 keeps every range in its own task."""
+    least ``min_entries`` keep a task each; ``min_entries`` 0 keeps every range in its own task.
+    No task gets more than ``max_entries`` (maxEntriesPerPartition, which bounds a task's memory):
+    if packing would, the ranges stay apart."""
     import heapq
     import math
 
@@ -74,6 +77,8 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int) -> lis
         load, i = heapq.heappop(heap)
         groups[i].append(r)
         heapq.heappush(heap, (load + size, i))
+    if max_entries is not None and max(load for load, _ in heap) > max_entries:
+        return list(ranges)
     return [g[0] if len(g) == 1 else PackedPartition(tuple(g)) for g in groups if g]
 
 

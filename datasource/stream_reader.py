@@ -215,7 +215,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             from commit_protocol import handoff
 
             handoff.record(self.root, self.opts.subscription, start, end)
-        return pack_ranges(planned, self.opts.min_entries_per_task)
+        return pack_ranges(planned, self.opts.min_entries_per_task, self.opts.read.max_entries_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, PackedPartition):

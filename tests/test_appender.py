@@ -164,7 +164,7 @@ def test_the_producers_compression_type_is_the_payload_columns_codec(tmp_path, c
     client = pulsartx.Client(str(tmp_path))
     client.admin.create_topic("t", 1)
     kwargs = {} if compression is None else {"compression_type": compression}
-    producer = client.create_producer("t", batching_max_messages=100, **kwargs)
+    producer = client.create_producer("t", batching_max_messages=100, batching_max_publish_delay_ms=60_000, **kwargs)
     values = [b"%04d" % i * 250 for i in range(100)]
     for v in values:  # one batch of 100: above SMALL_FILE_ROWS, so the other columns are zstd
         producer.send_async(v, None)
@@ -191,3 +191,21 @@ def test_an_unknown_compression_type_is_refused_by_name(tmp_path):
     client.admin.create_topic("t", 1)
     with pytest.raises(InvalidConfiguration, match=r"compression_type='brotli'.*NONE, LZ4, ZLib, ZSTD, SNAPPY"):
         client.create_producer("t", compression_type="brotli")
+
+
+def test_a_checkpoint_that_cannot_be_scheduled_never_fails_the_commit(table, monkeypatch):
+    """At interpreter exit executors refuse work while daemon threads (a consumer's ack flush, a
+    producer's batch timer) may still append: the 100th commit has landed and must be reported so."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pulsartx.storage import appender as ap
+
+    closed = ThreadPoolExecutor(1)
+    closed.shutdown()
+    monkeypatch.setattr(ap, "_CHECKPOINTS", closed)
+    a = appender(table)
+    for i in range(CHECKPOINT_INTERVAL):
+        assert a.append(rows(i, i + 1)) == i + 1
+    assert a.uri not in ap._CHECKPOINT_QUEUED  # nothing stuck for the next one
+    assert dl.DeltaTable(a.uri).version() == CHECKPOINT_INTERVAL
+    wait_for_checkpoints()  # refused quietly as well

@@ -39,3 +39,11 @@ def test_uneven_ranges_are_balanced_largest_first():
     loads = sorted(sum(r.end - r.start for r in (p.ranges if isinstance(p, PackedPartition) else (p,)))
                    for p in packed)
     assert loads == [25_000, 25_000] and flat(packed) == flat(ranges)
+
+
+def test_packing_never_exceeds_max_entries_per_partition():
+    """maxEntriesPerPartition bounds a task's memory: packing must not undo its splits."""
+    ranges = [rng(0, 0, 10_000), rng(0, 10_000, 20_000), rng(1, 0, 10_000), rng(1, 10_000, 20_000)]
+    assert pack_ranges(ranges, 25_000, max_entries=10_000) == ranges
+    packed = pack_ranges(ranges, 25_000, max_entries=20_000)
+    assert len(packed) == 2 and flat(packed) == flat(ranges)

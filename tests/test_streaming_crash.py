@@ -10,7 +10,7 @@ Two chains of runs over one storage root each:
   ``latestOffset`` (before ``offsets/N``), and right after Spark logged ``offsets/N``;
 * random-time kills a random moment after a random batch of the run committed.
 
-Ten runs in all (six, then four). Each run takes about 40-60 s on a busy 2-core machine; the
+Nine runs in all (six, then three; PULSARTX_STREAM_RANDOM_KILLS sets the random kills, default 2). Each run takes about 40-60 s on a busy 2-core machine; the
 harness's fast start-up (stream_jobs/harness.py) matters here.
 
 Between runs more input is produced. After every kill the committed output must be an exact,
@@ -220,7 +220,8 @@ def test_kills_at_random_times_then_restart_is_exactly_once(client: Any, root: s
     pipe = Pipeline(root, client, tmp_path)
     pipe.produce(100)
     seen = 0
-    for i in range(3):
+    # Two random kills under `make test` (the suite's time budget); PULSARTX_STREAM_RANDOM_KILLS for more.
+    for i in range(int(os.environ.get("PULSARTX_STREAM_RANDOM_KILLS", "2"))):
         pipe.produce(40)
         after = rng.choice([1, 1, 2])
         job, _ = pipe.start(f"random{i}", "batch_committed", count=after, trigger="processing_time",

@@ -18,6 +18,7 @@ from pulsartx.log.partition import forget_shared, partition_segments
 from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.storage import delta
+from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import forget_shared_stores
 
@@ -86,6 +87,9 @@ class TopicsAdmin:
     def delete_topic(self, topic: str) -> None:
         t = TopicName.parse(topic).base
         self.get_partitions(str(t))
+        # A checkpoint this process scheduled must not write into a table being removed (delta-rs
+        # would re-create its _delta_log with only the checkpoint in it).
+        wait_for_checkpoints()
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))

@@ -64,7 +64,12 @@ _CHECKPOINT_LOCK = threading.Lock()
 def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: int) -> Future[None] | None:
     """Checkpoint a table at ``version`` on the process's checkpoint thread. A table with a
     checkpoint already waiting gets only the newest version (a backlog is one job per table).
-    The thread is not a daemon: an exiting process finishes what is queued (bounded as above)."""
+    Never raises: it runs after a commit that has landed (after interpreter shutdown has begun,
+    ``submit`` refuses work, and the appends of daemon threads still get here).
+
+    The thread is not a daemon (a daemon thread inside delta-rs at interpreter exit can abort the
+    process), but queued jobs are skipped once shutdown begins: exit waits for one running job
+    at most."""
     global _CHECKPOINTS
     uri = root.uri(*segments)
     with _CHECKPOINT_LOCK:
@@ -72,14 +77,28 @@ def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: i
         _CHECKPOINT_QUEUED[uri] = max(version, _CHECKPOINT_QUEUED.get(uri, -1))
         if queued:
             return None
-        if _CHECKPOINTS is None:
-            _CHECKPOINTS = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-checkpoint")
-        return _CHECKPOINTS.submit(_write_checkpoint, root, segments, uri)
+        try:
+            if _CHECKPOINTS is None:
+                _CHECKPOINTS = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-checkpoint")
+            return _CHECKPOINTS.submit(_write_checkpoint, root, segments, uri)
+        except RuntimeError as e:  # interpreter shutting down: the commits alone are the table
+            _CHECKPOINT_QUEUED.pop(uri, None)
+            log.debug("checkpoint of %s at version %d not scheduled: %s", uri, version, e)
+            return None
+
+
+def _shutting_down() -> bool:
+    import concurrent.futures.thread as cft
+
+    return bool(getattr(cft, "_shutdown", False))
 
 
 def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) -> None:
     with _CHECKPOINT_LOCK:
         version = _CHECKPOINT_QUEUED.pop(uri)
+    if _shutting_down():
+        log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)
+        return
     try:
         t = delta.open_table(root, *segments, version=version)
         if t is not None:
@@ -94,7 +113,10 @@ def wait_for_checkpoints() -> None:
     with _CHECKPOINT_LOCK:
         pool = _CHECKPOINTS
     if pool is not None:
-        pool.submit(lambda: None).result()
+        try:
+            pool.submit(lambda: None).result()
+        except RuntimeError:  # interpreter shutting down: nothing more will run
+            pass
 
 
 def _fast_capable(table: Any) -> bool:

@@ -118,7 +118,7 @@ class KeyedLog:
             return delta.retrying(f"read {self.name} data files of", uri, read, root=self.root)
         except StorageError:
             raise
-        except (OSError, pa.ArrowInvalid) as e:
+        except (OSError, ValueError) as e:  # ValueError: pa.ArrowInvalid, a file in another layout
             raise CorruptedLog(f"{self.name} table {uri}: cannot read data files: "
                                f"{delta.describe(e, delta.secrets_of(self.root))}") from e
 

@@ -139,7 +139,7 @@ class SubscriptionStore:
             if self._opened and self.log.replaced():
                 log.info("subscription %r on %s was re-created since this process loaded it: reloading",
                          self.subscription, self.partition)
-                self._opened = False
+                self.log.open()  # now, under the lock: no other user writes through the old table
 
     def exists(self) -> bool:
         return self.root.exists(*self.segments, "_delta_log")
@@ -228,7 +228,9 @@ def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> 
 
 
 def forget_shared_stores(root: StorageRoot, topic: TopicName) -> None:
-    """Drop the cached stores of a deleted topic's subscriptions (a re-created topic starts over)."""
+    """Drop the cached stores of a deleted topic's subscriptions. (Their tables stay: deleting a
+    topic does not delete its subscriptions yet, so a re-created topic's subscribers resume from
+    the old cursors; docs/NOTES-session4.md.)"""
     prefix = f"{topic.base}-partition-"
     with _SHARED_LOCK:
         for key in [k for k in _SHARED if k[0] == root.url and k[1].startswith(prefix)]:
