@@ -146,30 +146,26 @@ def parse_isolation(options: Mapping[str, str]) -> str:
     return level
 
 
-def parse_positive_int(options: Mapping[str, str], option: str, default: int) -> int:
+def _parse_int(options: Mapping[str, str], option: str, default: int, minimum: int, expected: str) -> int:
+    """An integer option of at least ``minimum``; anything else names the option and ``expected``."""
     raw = _lower(options).get(option.lower())
     if raw is None:
         return default
     try:
         value = int(raw.strip())
     except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: give a positive integer")
+        value = minimum - 1
+    if value < minimum:
+        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: give {expected}")
     return value
+
+
+def parse_positive_int(options: Mapping[str, str], option: str, default: int) -> int:
+    return _parse_int(options, option, default, 1, "a positive integer")
 
 
 def parse_non_negative_int(options: Mapping[str, str], option: str, default: int) -> int:
-    raw = _lower(options).get(option.lower())
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: give a whole number, 0 or more")
-    return value
+    return _parse_int(options, option, default, 0, "a whole number, 0 or more")
 
 
 def parse_options(options: Mapping[str, str], *, require_topic: bool = True) -> PulsarTxOptions:

@@ -52,22 +52,18 @@ def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> 
     failures: list[tuple[str, BaseException]] = []
     if not jobs:
         return failures
-    if len(jobs) == 1 or threading.current_thread().name.startswith(POOL_THREADS):
-        # One participant, or called from a pool thread (which must not wait on the pool): inline.
-        for name, fn, args in jobs:
-            try:
+    # One participant, or called from a pool thread (which must not wait on the pool): inline.
+    inline = len(jobs) == 1 or threading.current_thread().name.startswith(POOL_THREADS)
+    futures = [None if inline else _pool().submit(fn, *args) for _, fn, args in jobs]
+    for (name, fn, args), fut in zip(jobs, futures, strict=True):
+        try:
+            if fut is None:
                 fn(*args)
-            except Exception as e:
-                failures.append((name, e))
-        if len(jobs) == 1:
-            return failures
-    else:
-        futures = [(name, _pool().submit(fn, *args)) for name, fn, args in jobs]
-        for name, fut in futures:
-            try:
+            else:
                 fut.result()
-            except Exception as e:
-                failures.append((name, e))
-    for name, e in failures:
-        log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
+        except Exception as e:
+            failures.append((name, e))
+    if len(jobs) > 1:  # as before: a lone participant's failure is returned, not logged
+        for name, e in failures:
+            log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
     return failures

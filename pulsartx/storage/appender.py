@@ -27,6 +27,7 @@ each foreign commit through ``on_commit``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -113,10 +114,8 @@ def wait_for_checkpoints() -> None:
     with _CHECKPOINT_LOCK:
         pool = _CHECKPOINTS
     if pool is not None:
-        try:
+        with contextlib.suppress(RuntimeError):  # interpreter shutting down: nothing more will run
             pool.submit(lambda: None).result()
-        except RuntimeError:  # interpreter shutting down: nothing more will run
-            pass
 
 
 def _fast_capable(table: Any) -> bool:
