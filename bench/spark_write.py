@@ -103,11 +103,16 @@ def register_timed_pulsartx(spark: Any, out: str) -> None:
 
         def wrapper(*a: Any, **k: Any) -> Any:
             t = time.perf_counter()
+            res = None
             try:
-                return orig(*a, **k)
+                res = orig(*a, **k)
+                return res
             finally:
                 acc = current()
                 acc[f"{cls.__name__}.{name}"] = acc.get(f"{cls.__name__}.{name}", 0.0) + time.perf_counter() - t
+                lost = getattr(res, "attempts", 1) - 1  # AppendResult: commit races lost (re-encoded)
+                if lost > 0:
+                    acc["lost append races"] = acc.get("lost append races", 0) + lost
 
         wrapper._timed = True  # type: ignore[attr-defined]
         setattr(cls, name, wrapper)
@@ -153,20 +158,20 @@ def register_timed_pulsartx(spark: Any, out: str) -> None:
                     rows += b.num_rows
                     yield b
 
-            t0 = time.perf_counter()
+            t0, start = time.perf_counter(), time.time()
             report = super().write(counted(iter(iterator)))
             total = time.perf_counter() - t0
             task_mod.records_from_arrow = orig_build
             record("task", {k: round(v, 3) for k, v in acc.items()}, total=round(total, 3),
-                   input_wait=round(waited, 3), rows=rows, entries=len(report.entries))
+                   input_wait=round(waited, 3), rows=rows, entries=len(report.entries), start=start, end=time.time())
             return report
 
         def commit(self, messages: Any) -> Any:
-            t = time.perf_counter()
+            t, start = time.perf_counter(), time.time()
             try:
                 return super().commit(messages)
             finally:
-                record("commit", {"commit": round(time.perf_counter() - t, 3)})
+                record("commit", {"commit": round(time.perf_counter() - t, 3)}, start=start, end=time.time())
 
     class TimedSource(PulsarTxDataSource):
         @classmethod
@@ -174,10 +179,10 @@ def register_timed_pulsartx(spark: Any, out: str) -> None:
             return "pulsartx_timed"
 
         def writer(self, schema: Any, overwrite: bool) -> Any:
-            t = time.perf_counter()
+            t, start = time.perf_counter(), time.time()
             w = super().writer(schema, overwrite)
             w.__class__ = TimedWriter
-            record("driver", {"writer()": round(time.perf_counter() - t, 3)})
+            record("driver", {"writer()": round(time.perf_counter() - t, 3)}, start=start, end=time.time())
             return w
 
     spark.dataSource.register(TimedSource)
@@ -272,17 +277,21 @@ def main() -> None:
 
 def breakdown(runner: Runner, df: Any, timings: Path) -> None:
     timings.unlink(missing_ok=True)
+    began = time.time()
     elapsed, _ = runner.run("pulsartx timed", df)
     recs = [json.loads(line) for line in timings.read_text().splitlines()]
     tasks = [r for r in recs if r["kind"] == "task"]
     print(f"\nbreakdown of one transactional write ({elapsed:.2f}s wall, {len(tasks)} tasks; seconds summed over tasks):")
-    keys = sorted({k for t in tasks for k in t if k not in ("kind", "pid", "rows", "entries")})
+    keys = sorted({k for t in tasks for k in t if k not in ("kind", "pid", "rows", "entries", "start", "end")})
     for k in keys:
         print(f"  {k:<28}{sum(t.get(k, 0.0) for t in tasks):>8.2f}")
     print(f"  {'entries (Delta commits)':<28}{sum(t['entries'] for t in tasks):>8}")
     for r in recs:
         if r["kind"] != "task":
-            print(f"  {r['kind']:<28}{', '.join(f'{k} {v}s' for k, v in r.items() if k not in ('kind', 'pid'))}")
+            print(f"  {r['kind']:<28}{', '.join(f'{k} {v}s' for k, v in r.items() if k not in ('kind', 'pid', 'start', 'end'))}")
+    print(f"timeline (seconds from the save() call; the job ended at {elapsed:.2f}):")
+    for r in sorted(recs, key=lambda r: r["start"]):
+        print(f"  {r['kind']:<8} pid {r['pid']:<7} {r['start'] - began:6.2f} -> {r['end'] - began:6.2f}")
 
 
 if __name__ == "__main__":

@@ -65,14 +65,10 @@ def forget(root: StorageRoot, subscription: str, end: Offsets) -> None:
 def checkpoint_offsets(checkpoint: str, batch_id: int, storage_options: dict[str, str] | None = None) -> list[Any]:
     """The per-source offsets Spark logged for ``batch_id`` (None where a line is not JSON), or []
     when the offset log has no such batch."""
-    import fsspec
+    from pulsartx.storage.root import read_url_text
 
-    url = checkpoint.rstrip("/") + f"/offsets/{batch_id}"
-    if url.startswith("s3a://"):
-        url = "s3://" + url[len("s3a://"):]
     try:
-        with fsspec.open(url, "r") as f:
-            lines = f.read().splitlines()
+        lines = read_url_text(checkpoint.rstrip("/") + f"/offsets/{batch_id}", storage_options).splitlines()
     except FileNotFoundError:
         return []
     out: list[Any] = []

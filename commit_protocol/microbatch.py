@@ -64,14 +64,10 @@ def query_id(checkpoint: str | None) -> str:
         return ""
     import json
 
-    import fsspec
+    from pulsartx.storage.root import read_url_text
 
-    url = checkpoint.rstrip("/") + "/metadata"
-    if url.startswith("s3a://"):
-        url = "s3://" + url[len("s3a://"):]
     try:
-        with fsspec.open(url, "r") as f:
-            return str(json.loads(f.read().splitlines()[0]).get("id", ""))
+        return str(json.loads(read_url_text(checkpoint.rstrip("/") + "/metadata").splitlines()[0]).get("id", ""))
     except (FileNotFoundError, ValueError, IndexError):
         return ""
 

@@ -88,9 +88,31 @@ class TaskAppender:
         for topic, rows in groups:
             name = str(topic)
             n = self._partitions_of(name)
+            if self._unrouted(rows):
+                yield from self._round_robin_slices(topic, rows, n)
+                continue
             idx = self._partition_index(rows, n, name)
             for p in np.unique(idx):
                 yield str(topic.with_partition(int(p))), rows.filter(pa.array(idx == p))
+
+    @staticmethod
+    def _unrouted(rows: pa.Table) -> bool:
+        """No row names a partition or has a key: every row is routed round-robin."""
+        m = rows.num_rows
+        return all(c not in rows.column_names or rows.column(c).null_count == m for c in ("__partition", "__key"))
+
+    def _round_robin_slices(self, topic: TopicName, rows: pa.Table, n: int) -> Iterator[tuple[str, pa.Table]]:
+        """Round-robin without copying: each partition gets a contiguous slice of the batch (as
+        Pulsar's round-robin router sends whole batches to one partition), the slices as even as
+        the row count allows and the starting partition rotating from batch to batch."""
+        m = rows.num_rows
+        first = self.round_robin % n
+        self.round_robin += m
+        lo = 0
+        for k in range(min(n, m)):
+            size = m // n + (1 if k < m % n else 0)
+            yield str(topic.with_partition((first + k) % n)), rows.slice(lo, size)
+            lo += size
 
     def _partition_index(self, rows: pa.Table, n: int, topic: str) -> np.ndarray:
         m = rows.num_rows
@@ -151,6 +173,10 @@ class TaskAppender:
             producer_name=self.producer, first_sequence_id=self.sequence,
             txn=self.job.txn_id.as_tuple() if self.job.txn_id else None)
         self.sequence += rows.num_rows
+        # Other tasks of the job appended to this partition since this task opened it: without
+        # catching up first (one probe per new commit), the append would take a stale next offset,
+        # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
+        buf.log.sync_writer()
         res = buf.log.append(records, producer_name=self.producer, compression=self.compression)
         self.report.entries.extend((partition, a, b) for a, b in res.entries)
         self.report.rows += rows.num_rows - res.duplicates

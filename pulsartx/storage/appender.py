@@ -284,7 +284,7 @@ class DeltaAppender:
     def _discard(self, name: str) -> None:
         """Delete the data file of a commit that lost its race (vacuum would, later)."""
         try:
-            self.root.fs.rm(self.root.fs_path(*self.segments, name))
+            self.root.rm(*self.segments, name)
         except Exception as e:  # an unreferenced file is harmless
             log.debug("could not delete unreferenced %s of %s: %s", name, self.uri, e)
 

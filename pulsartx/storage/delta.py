@@ -378,7 +378,7 @@ class LogTail:
 
         def attempt() -> bytes | None:
             try:
-                return self.root.fs.cat_file(path)
+                return self.root.cat(path)
             except FileNotFoundError:
                 return None
 

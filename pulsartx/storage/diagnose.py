@@ -28,7 +28,7 @@ def unreadable_commits(root: StorageRoot, segments: tuple[str, ...]) -> list[str
     for name in names[-MAX_SCANNED_COMMITS:]:
         path = root.fs_path(*segments, "_delta_log", name)
         try:
-            raw = root.fs.cat_file(path)
+            raw = root.cat(path)
             for line in raw.decode("utf-8").splitlines():
                 if line.strip():
                     json.loads(line)
