@@ -118,12 +118,18 @@ def to_spark_table(records: pa.Table, topic: str, partition: int) -> pa.Table:
 
 
 def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
-    """Split a converted table into RecordBatches of bounded size (by rows and by value bytes)."""
+    """Split a converted table into RecordBatches of bounded size (by rows and by value bytes).
+
+    Chunks are sliced, not copied, unless they are small on average (many tiny files): then
+    they are combined first, since every batch costs pyspark a message and the JVM a vector."""
     if table.num_rows == 0:
         return
     value_bytes = table.column("value").nbytes
     avg = max(1, value_bytes // table.num_rows)
     rows = max(1, min(MAX_BATCH_ROWS, TARGET_BATCH_BYTES // avg))
-    for batch in table.combine_chunks().to_batches(max_chunksize=rows):
+    chunks = table.column("value").num_chunks
+    if chunks > 1 and table.num_rows / chunks < rows / 8:
+        table = table.combine_chunks()
+    for batch in table.to_batches(max_chunksize=rows):
         if batch.num_rows:
             yield batch

@@ -74,4 +74,6 @@ def visible_records(records: pa.Table, visibility: Visibility) -> pa.Table:
         return visibility.filter.apply(records)
     import pyarrow.compute as pc
 
-    return records.filter(pc.equal(records.column("type"), MessageType.DATA.value))
+    from pulsartx.buffer.state import keep_rows
+
+    return keep_rows(records, pc.equal(records.column("type"), MessageType.DATA.value))

@@ -18,7 +18,15 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pulsartx.buffer.state import BufferState, Cut, VisibilityFilter, txn_key, txn_key_column
+from pulsartx.buffer.state import (
+    MAX_SLICED_RUNS,
+    BufferState,
+    Cut,
+    VisibilityFilter,
+    keep_rows,
+    txn_key,
+    txn_key_column,
+)
 from pulsartx.log.dedup import new_message_keep, new_message_mask
 from pulsartx.log.schema import MARKER_ENTRIES, MessageType
 
@@ -238,3 +246,32 @@ def test_buffer_snapshots_every_n_folded_records_without_markers(client):
     plog.append(build_records([b"y"] * 5, producer_name="p", sequence_ids=list(range(120, 125))), producer_name="p")
     s = TransactionBuffer(fresh, snapshot_every_records=100).state()
     assert (reads, s.end_offset, s.snapshot_offset) == ([(120, 125)], 125, 120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.booleans(), max_size=300), st.integers(0, 3), st.sampled_from([0, 1, 4]))
+def test_keep_rows_equals_filter(keep, split, run):
+    """Slicing out runs of kept rows (or filtering, past MAX_SLICED_RUNS runs) keeps exactly the
+    rows, in order, that Table.filter keeps, whatever the table's chunking."""
+    keep = [k for k in keep for _ in range(max(1, run))]
+    n = len(keep)
+    t = pa.table({"offset": pa.array(range(n), pa.int64()), "value": pa.array([b"v%d" % i for i in range(n)])})
+    if split and n:
+        t = pa.concat_tables([t.slice(0, n // (split + 1)), t.slice(n // (split + 1))])
+    mask = np.array(keep, dtype=bool)
+    expected = t.filter(pa.array(mask, pa.bool_())).to_pydict()
+    assert keep_rows(t, mask).to_pydict() == expected
+    assert keep_rows(t, pa.array(mask, pa.bool_())).to_pydict() == expected
+
+
+def test_keep_rows_slices_without_copying_payloads():
+    values = pa.array([b"x" * 100] * 10_000)
+    t = pa.table({"value": values})
+    keep = np.ones(10_000, dtype=bool)
+    keep[[0, 5_000, 9_999]] = False  # three dropped rows (markers): four runs, sliced
+    out = keep_rows(t, keep)
+    assert out.num_rows == 9_997
+    base = values.buffers()[2].address
+    assert all(c.buffers()[2].address == base for c in out.column("value").chunks)
+    many = np.arange(10_000) % 3 != 0  # more runs than MAX_SLICED_RUNS: one filter
+    assert keep_rows(t, many).num_rows == int(many.sum()) and MAX_SLICED_RUNS < 3_000
