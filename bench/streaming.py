@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--empty-batches", type=int, default=12, help="empty micro-batches per overhead side")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every pulsartx topic")
     ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
+    ap.add_argument("--min-entries-per-task", type=int, default=25_000,
+                    help="the ctp source's minEntriesPerTask option (packing of small ranges; 0 disables)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each throughput side (the best counts)")
     ap.add_argument("--breakdown", action="store_true",
                     help="time the pulsartx source/sink calls inside the pyspark workers (adds a little overhead)")
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     def ctp_source(sub: str) -> Any:
         return (spark.readStream.format("pulsartx").option("service.url", root).option("topic", "ctp-in")
                 .option("subscription", sub).option("startingOffsets", "earliest")
-                .option("maxEntriesPerTrigger", str(-(-n // args.batches))).load())
+                .option("maxEntriesPerTrigger", str(-(-n // args.batches)))
+                .option("minEntriesPerTask", str(args.min_entries_per_task)).load())
 
     # Each side: (name, rows, start(rep, attempt)). Throughput pairs run --repeat times, the two sides
     # of a pair back to back in alternating order (load from other processes hits both alike); the
