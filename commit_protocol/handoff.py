@@ -62,13 +62,13 @@ def forget(root: StorageRoot, subscription: str, end: Offsets) -> None:
         log.debug("hand-off cleanup skipped: %s", e)
 
 
-def checkpoint_offsets(checkpoint: str, batch_id: int, storage_options: dict[str, str] | None = None) -> list[Any]:
+def checkpoint_offsets(checkpoint: str, batch_id: int) -> list[Any]:
     """The per-source offsets Spark logged for ``batch_id`` (None where a line is not JSON), or []
     when the offset log has no such batch."""
     from pulsartx.storage.root import read_url_text
 
     try:
-        lines = read_url_text(checkpoint.rstrip("/") + f"/offsets/{batch_id}", storage_options).splitlines()
+        lines = read_url_text(checkpoint.rstrip("/") + f"/offsets/{batch_id}").splitlines()
     except FileNotFoundError:
         return []
     out: list[Any] = []

@@ -92,3 +92,41 @@ def test_round_robin():
     assert [rr.next() for _ in range(4)] == [2, 0, 1, 2]
     rr = RoundRobin(1)
     assert [rr.next() for _ in range(3)] == [0, 0, 0]
+
+
+def _task_routes(batches, n: int, task_id: int = 0):
+    """What a Spark write task (commit_protocol.task.TaskAppender) routes where, batch by batch."""
+    import pyarrow as pa
+
+    from commit_protocol.job import JobTransaction
+    from commit_protocol.task import TaskAppender
+    from pulsartx.naming import TopicName
+    from pulsartx.storage.root import StorageRoot
+
+    topic = TopicName.parse("t")
+    job = JobTransaction(StorageRoot.resolve("/nonexistent-root"), None, "p", 0)  # routing needs no storage
+    ta = TaskAppender(job, topic, {str(topic): n}, None, task_id, 0)
+    out = []
+    for cols in batches:
+        batch = pa.RecordBatch.from_pydict(cols)
+        out.append([(int(p.rsplit("-", 1)[1]), rows.column("value").to_pylist()) for p, rows in ta._route(batch)])
+    return out
+
+
+def test_task_round_robin_sends_contiguous_slices_rotating_per_batch():
+    values = [b"%d" % i for i in range(10)]
+    first, second = _task_routes([{"value": values}, {"value": values[:3]}], 4, task_id=1)
+    # 10 rows over 4 partitions: slices of 3, 3, 2, 2, in order, starting at the task's partition
+    assert first == [(1, values[0:3]), (2, values[3:6]), (3, values[6:8]), (0, values[8:10])]
+    # the next batch starts where 10 rows of rotation leave off (1 + 10 = 11 -> 3); fewer rows than partitions
+    assert second == [(3, values[0:1]), (0, values[1:2]), (1, values[2:3])]
+
+
+def test_task_routes_keys_and_explicit_partitions_row_by_row():
+    keyed = _task_routes([{"value": [b"a", b"b", b"c"], "__key": ["k1", None, "k1"]}], 4)[0]
+    p = partition_for_key("k1", 4)
+    routed = {part: vals for part, vals in keyed}
+    assert routed[p][:1] == [b"a"] and b"c" in routed[p]
+    assert sorted(v for vals in routed.values() for v in vals) == [b"a", b"b", b"c"]
+    given_parts = _task_routes([{"value": [b"x", b"y"], "__partition": [3, 0]}], 4)[0]
+    assert sorted(given_parts) == [(0, [b"y"]), (3, [b"x"])]

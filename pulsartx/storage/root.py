@@ -340,7 +340,7 @@ class StorageRoot:
             self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
 
 
-def read_url_text(url: str, storage_options: dict[str, str] | None = None) -> str:
+def read_url_text(url: str) -> str:
     """The text of a file named by a URL outside the root (Spark checkpoint files): local paths
     and ``file:`` URLs with ``open`` (see :meth:`StorageRoot.cat`), anything else through fsspec.
     FileNotFoundError if it does not exist."""
@@ -355,7 +355,7 @@ def read_url_text(url: str, storage_options: dict[str, str] | None = None) -> st
 
     if url.startswith("s3a://"):
         url = "s3://" + url[len("s3a://"):]
-    with fsspec.open(url, "r", **(storage_options or {})) as f:
+    with fsspec.open(url, "r") as f:  # credentials from the environment
         return f.read()
 
 
