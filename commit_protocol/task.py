@@ -96,10 +96,13 @@ class TaskAppender:
                 yield str(topic.with_partition(int(p))), rows.filter(pa.array(idx == p))
 
     @staticmethod
-    def _unrouted(rows: pa.Table) -> bool:
+    def _has_values(rows: pa.Table, column: str) -> bool:
+        """Whether some row has a value in ``column`` (the column may be absent)."""
+        return column in rows.column_names and rows.column(column).null_count < rows.num_rows
+
+    def _unrouted(self, rows: pa.Table) -> bool:
         """No row names a partition or has a key: every row is routed round-robin."""
-        m = rows.num_rows
-        return all(c not in rows.column_names or rows.column(c).null_count == m for c in ("__partition", "__key"))
+        return not (self._has_values(rows, "__partition") or self._has_values(rows, "__key"))
 
     def _round_robin_slices(self, topic: TopicName, rows: pa.Table, n: int) -> Iterator[tuple[str, pa.Table]]:
         """Round-robin without copying: each partition gets a contiguous slice of the batch (as
@@ -115,8 +118,7 @@ class TaskAppender:
             lo += size
 
     def _partition_index(self, rows: pa.Table, n: int, topic: str) -> np.ndarray:
-        m = rows.num_rows
-        if "__partition" in rows.column_names and rows.column("__partition").null_count < m:
+        if self._has_values(rows, "__partition"):
             given = rows.column("__partition").to_numpy(zero_copy_only=False)
             bad = [int(v) for v in given if not np.isnan(v) and not 0 <= v < n][:3]
             if bad:
@@ -131,7 +133,7 @@ class TaskAppender:
             return np.zeros(m, dtype=np.int64)
         rr = (np.arange(m, dtype=np.int64) + self.round_robin) % n
         self.round_robin += m
-        if "__key" not in rows.column_names or rows.column("__key").null_count == m:
+        if not self._has_values(rows, "__key"):
             return rr
         keys = rows.column("__key")
         uniq = pc.unique(keys)
@@ -147,10 +149,9 @@ class TaskAppender:
             buf = self.buffers.get(partition)
             if buf is None:
                 # Python workers outlive tasks: the process-wide log is loaded once per worker
-                # (a Delta snapshot load costs tens of ms and grows with the table), then caught up.
-                plog = shared_log(self.job.root, TopicName.parse(partition))
-                plog.sync_writer()
-                buf = self.buffers[partition] = _Buffer(plog)
+                # (a Delta snapshot load costs tens of ms and grows with the table), and caught
+                # up before each append (_flush).
+                buf = self.buffers[partition] = _Buffer(shared_log(self.job.root, TopicName.parse(partition)))
             buf.chunks.append(rows)
             buf.rows += rows.num_rows
             buf.bytes += rows.nbytes
@@ -160,6 +161,11 @@ class TaskAppender:
     def _flush(self, partition: str, buf: _Buffer) -> None:
         if not buf.rows:
             return
+        # Other tasks of the job appended to this partition since this worker last looked: without
+        # catching up first (one probe per new commit), the append would take a stale next offset,
+        # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
+        # Also notices a partition deleted or re-created since, before ADD_PARTITION names it.
+        buf.log.sync_writer()
         if self.job.transactional and partition not in self.registered:
             self.job.register([partition])  # ADD_PARTITION before any data reaches the partition
             self.registered.add(partition)
@@ -173,10 +179,6 @@ class TaskAppender:
             producer_name=self.producer, first_sequence_id=self.sequence,
             txn=self.job.txn_id.as_tuple() if self.job.txn_id else None)
         self.sequence += rows.num_rows
-        # Other tasks of the job appended to this partition since this task opened it: without
-        # catching up first (one probe per new commit), the append would take a stale next offset,
-        # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
-        buf.log.sync_writer()
         res = buf.log.append(records, producer_name=self.producer, compression=self.compression)
         self.report.entries.extend((partition, a, b) for a, b in res.entries)
         self.report.rows += rows.num_rows - res.duplicates
