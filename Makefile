@@ -24,6 +24,10 @@ install: $(STAMP)
 demo: install
 	$(SPARK_SUBMIT) examples/quickstart.py
 
+# The README's streaming example: seeds a topic, then pulsartx -> transform -> pulsartx, exactly once.
+pipeline: install
+	$(SPARK_SUBMIT) examples/exactly_once_pipeline.py --seed 10000 --available-now
+
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -260,7 +260,7 @@ def read_breakdown(root: str, topic: str, repeat: int = 1) -> None:
 def _read_breakdown(root: str, topic: str) -> None:
     from datasource.batch_reader import file_groups, plan_partitions
     from datasource.options import parse_options
-    from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
+    from datasource.schema import FULL, spark_batches, to_spark_table
     from datasource.visibility import visible_records
     from pulsartx.log.partition import read_files
 
@@ -272,7 +272,7 @@ def _read_breakdown(root: str, topic: str) -> None:
            "to_spark_table + batches": 0.0}
     rows = files = 0
     for part in parts:
-        columns = tuple(dict.fromkeys((*RECORD_COLUMNS, *part.visibility.columns)))
+        columns = tuple(dict.fromkeys((*FULL.stored, *part.visibility.columns)))
         for group in file_groups(part.files):
             files += len(group)
             t = time.perf_counter()

@@ -19,7 +19,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec
 from datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
 from datasource.pushdown import Pushed, push
-from datasource.schema import RECORD_COLUMNS, spark_batches, to_spark_table
+from datasource.schema import FULL, Projection, spark_batches, to_spark_table
 from datasource.topics import partitions_to_read
 from datasource.visibility import Visibility, plan_visibility, visible_records
 from pulsartx.exceptions import InvalidConfiguration
@@ -61,14 +61,22 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
     one, at most one per range), ranges dealt largest first to the least loaded task. Ranges of at
     least ``min_entries`` keep a task each; ``min_entries`` 0 keeps every range in its own task.
     No task gets more than ``max_entries`` (maxEntriesPerPartition, which bounds a task's memory):
-    if packing would, the ranges stay apart."""
+    if packing would, the ranges stay apart.
+
+    The task count rounds down: ranges usually hold a few commit markers besides their rows, and
+    rounding up would turn 100,004 entries at 50,000 a task into three tasks, two of them half
+    full, i.e. a second wave of tasks on two cores."""
     import heapq
     import math
 
     sizes = [r.end - r.start for r in ranges]
     if min_entries <= 0 or len(ranges) <= 1:
         return list(ranges)
-    tasks = min(len(ranges), max(1, math.ceil(sum(sizes) / min_entries)))
+    total = sum(sizes)
+    tasks = max(1, total // min_entries)
+    if max_entries is not None:
+        tasks = max(tasks, math.ceil(total / max_entries))
+    tasks = min(len(ranges), tasks)
     if tasks == len(ranges):
         return list(ranges)
     heap = [(0, i) for i in range(tasks)]
@@ -153,13 +161,15 @@ def file_groups(files: Sequence[DataFile]) -> Iterator[list[DataFile]]:
         yield group
 
 
-def read_partition(root: StorageRoot, part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: raw records of the planned files → visible records → Spark rows."""
-    columns = tuple(dict.fromkeys((*RECORD_COLUMNS, *part.visibility.columns)))
+def read_partition(root: StorageRoot, part: OffsetRangePartition, projection: Projection = FULL
+                   ) -> Iterator[pa.RecordBatch]:
+    """Executor side: raw records of the planned files → visible records → Spark rows (only the
+    stored columns ``projection`` needs are read)."""
+    columns = tuple(dict.fromkeys((*projection.stored, *part.visibility.columns)))
     for group in file_groups(part.files):
         raw = read_files(root, part.segments, group, part.start, part.end, columns)
         rows = visible_records(raw, part.visibility)
-        yield from spark_batches(to_spark_table(rows, part.topic, part.partition))
+        yield from spark_batches(to_spark_table(rows, part.topic, part.partition, projection))
 
 
 class PulsarTxBatchReader(DataSourceReader):
@@ -167,8 +177,9 @@ class PulsarTxBatchReader(DataSourceReader):
     # merely defining it makes every read fail with DATA_SOURCE_PUSHDOWN_DISABLED. The subclass
     # below is used only where pyspark pushes filters (datasource/pushdown.py).
 
-    def __init__(self, opts: PulsarTxOptions):
+    def __init__(self, opts: PulsarTxOptions, projection: Projection = FULL):
         self.opts = opts
+        self.projection = projection
         # A clean copy of the root travels to executors: no filesystem objects cached by planning.
         self.root = dataclasses.replace(opts.root)
         self.pushed: Pushed | None = None
@@ -179,7 +190,7 @@ class PulsarTxBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRangePartition):
             return iter(())  # pyspark substitutes InputPartition(None) for an empty plan
-        return read_partition(self.root, partition)
+        return read_partition(self.root, partition, self.projection)
 
 
 class PulsarTxPushdownReader(PulsarTxBatchReader):

@@ -42,8 +42,14 @@ SPARK_SCHEMA = StructType([
     StructField("__messageProperties", MapType(StringType(), StringType())),
 ])
 
-# Stored record columns a read needs to build the rows above (``offset`` is always read).
-RECORD_COLUMNS = ("type", "value", "key", "properties", "event_time", "publish_time")
+# The stored record column each Spark column is built from; None: derived from the partition and
+# the offset. A read projected to some columns reads only their stored columns.
+STORED_COLUMN: dict[str, str | None] = {
+    "value": "value", "__key": "key", "__topic": None, "__partition": None, "__offset": None,
+    "__messageId": None, "__publishTime": "publish_time", "__eventTime": "event_time",
+    "__messageProperties": "properties",
+}
+ALL_COLUMNS: tuple[str, ...] = tuple(SPARK_SCHEMA.fieldNames())
 
 # RecordBatches handed to Spark stay around this size, so a partition of large messages does not
 # become one huge Arrow buffer in the JVM.
@@ -51,8 +57,82 @@ TARGET_BATCH_BYTES = 32 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
 
 
-def arrow_schema() -> pa.Schema:
-    """The exact Arrow schema pyspark expects for :data:`SPARK_SCHEMA` (timestamps are UTC micros)."""
+class Projection(tuple):
+    """The columns a read returns, in the user's order and spelling: all of :data:`SPARK_SCHEMA`
+    unless ``.schema()`` names a subset.
+
+    Python data sources get no column pruning from Spark, and every column a reader returns is
+    converted by the JVM whether the query uses it or not (the map column and the 33-byte
+    ``__topic`` cost more than a 100-byte value). A declared subset is the user's way to prune, as
+    Spark's file sources read only the columns a query needs.
+    """
+
+    @property
+    def canonical(self) -> tuple[str, ...]:
+        return tuple(_CANONICAL[c.lower()] for c in self)
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """Stored record columns to read for these (``type`` always, since markers are filtered;
+        ``offset`` is always read by the log)."""
+        return tuple(dict.fromkeys(("type", *(s for c in self.canonical if (s := STORED_COLUMN[c]) is not None))))
+
+
+_CANONICAL = {name.lower(): name for name in STORED_COLUMN}
+FULL = Projection(ALL_COLUMNS)
+
+
+def projection(schema: StructType) -> Projection:
+    """The columns a user-supplied read schema selects.
+
+    Rows have the fixed topic schema (like the Kafka source's); ``.schema()`` may restate it or
+    name a subset of its columns. Anything else is refused here, naming the column and the fix,
+    instead of failing later with an opaque Arrow mismatch in the executor."""
+    from pulsartx.exceptions import InvalidConfiguration
+
+    declared = schema.simpleString()
+    if not schema.fields:
+        raise InvalidConfiguration(
+            f"the pulsartx source cannot read with an empty .schema({declared}): name some of the columns of "
+            f"{SPARK_SCHEMA.simpleString()}, or drop the .schema() call to read them all")
+    seen: set[str] = set()
+    for f in schema.fields:
+        canonical = _CANONICAL.get(f.name.lower())
+        if canonical is None:
+            raise InvalidConfiguration(
+                f"the pulsartx source has a fixed schema and cannot read with .schema({declared}): column "
+                f"{f.name!r} is not one of its columns; drop the .schema() call (the schema is "
+                f"{SPARK_SCHEMA.simpleString()}) or declare a subset of those columns, and select or cast columns instead")
+        want = SPARK_SCHEMA[canonical]
+        if f.dataType != want.dataType or not f.nullable:
+            raise InvalidConfiguration(
+                f"the pulsartx source has a fixed schema and cannot read with .schema({declared}): column "
+                f"{f.name!r} is a nullable {want.dataType.simpleString()}, not {declared_type(f)}; declare it as "
+                f"'{f.name} {want.dataType.simpleString()}', or drop the .schema() call "
+                f"(the schema is {SPARK_SCHEMA.simpleString()}) and select or cast columns instead")
+        if canonical in seen:
+            raise InvalidConfiguration(
+                f"the pulsartx source cannot read with .schema({declared}): column {f.name!r} is declared twice")
+        seen.add(canonical)
+    return Projection(tuple(f.name for f in schema.fields))
+
+
+def declared_type(f: StructField) -> str:
+    return f.dataType.simpleString() + ("" if f.nullable else " NOT NULL")
+
+
+def arrow_schema(columns: Projection = FULL) -> pa.Schema:
+    """The exact Arrow schema pyspark expects for :data:`SPARK_SCHEMA`, or the projection of it
+    to ``columns`` (timestamps are UTC micros)."""
+    import pyarrow as pa
+
+    full = _full_arrow_schema()
+    if columns == FULL:
+        return full
+    return pa.schema([full.field(c).with_name(name) for name, c in zip(columns, columns.canonical, strict=True)])
+
+
+def _full_arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
     ts = pa.timestamp("us", tz="UTC")
@@ -88,33 +168,31 @@ def message_ids(partition: int, offsets: Any) -> pa.Array:
     return fixed.cast(pa.binary())
 
 
-def to_spark_table(records: pa.Table, topic: str, partition: int) -> pa.Table:
-    """Visible records of one partition as rows of :data:`SPARK_SCHEMA`.
+def to_spark_table(records: pa.Table, topic: str, partition: int, columns: Projection = FULL) -> pa.Table:
+    """Visible records of one partition as rows of :data:`SPARK_SCHEMA` (or of its projection to
+    ``columns``; only those are built).
 
     Casts are explicit because delta-rs and parquet readers may hand back view or large types
     (``binary_view``, ``string_view``) that pyspark refuses.
     """
     import pyarrow as pa
 
-    schema = arrow_schema()
+    schema = arrow_schema(columns)
     n = records.num_rows
 
-    def col(name: str, field: str) -> pa.ChunkedArray:
-        return records.column(name).cast(schema.field(field).type)
+    def build(name: str, field: pa.Field) -> pa.ChunkedArray | pa.Array:
+        stored = STORED_COLUMN[name]
+        if stored is not None:
+            return records.column(stored).cast(field.type)
+        if name == "__topic":
+            return pa.repeat(pa.scalar(topic, pa.string()), n)
+        if name == "__partition":
+            return pa.repeat(pa.scalar(partition, pa.int32()), n)
+        offsets = records.column("offset").cast(pa.int64())
+        return offsets if name == "__offset" else message_ids(partition, offsets.to_numpy())
 
-    offsets = records.column("offset").cast(pa.int64())
-    columns = [
-        col("value", "value"),
-        col("key", "__key"),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
-        offsets,
-        message_ids(partition, offsets.to_numpy()),
-        col("publish_time", "__publishTime"),
-        col("event_time", "__eventTime"),
-        col("properties", "__messageProperties"),
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
+    arrays = [build(name, field) for name, field in zip(columns.canonical, schema, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -124,12 +202,13 @@ def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
     they are combined first, since every batch costs pyspark a message and the JVM a vector."""
     if table.num_rows == 0:
         return
-    value_bytes = table.column("value").nbytes
-    avg = max(1, value_bytes // table.num_rows)
+    sized = table.column(table.column_names.index("value")) if "value" in table.column_names else table
+    avg = max(1, sized.nbytes // table.num_rows)
     rows = max(1, min(MAX_BATCH_ROWS, TARGET_BATCH_BYTES // avg))
-    chunks = table.column("value").num_chunks
+    chunks = max(c.num_chunks for c in table.columns)
     if chunks > 1 and table.num_rows / chunks < rows / 8:
         table = table.combine_chunks()
     for batch in table.to_batches(max_chunksize=rows):
         if batch.num_rows:
             yield batch
+

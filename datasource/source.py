@@ -17,26 +17,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from datasource.schema import SPARK_SCHEMA
+from datasource.schema import SPARK_SCHEMA, projection
 
 if TYPE_CHECKING:
     from datasource.options import PulsarTxOptions
 
 SOURCE_NAME = "pulsartx"
-
-
-def check_schema(schema: StructType) -> None:
-    """Rows always have the fixed topic schema (like the Kafka source's), so a user-supplied schema
-    can only restate it; anything else would fail later with an opaque Arrow mismatch."""
-    def shape(s: StructType) -> list[tuple[str, object, bool]]:
-        return [(f.name, f.dataType, f.nullable) for f in s.fields]
-
-    if shape(schema) != shape(SPARK_SCHEMA):
-        from pulsartx.exceptions import InvalidConfiguration
-
-        raise InvalidConfiguration(
-            f"the pulsartx source has a fixed schema and cannot read with .schema({schema.simpleString()}): "
-            f"drop the .schema() call (the schema is {SPARK_SCHEMA.simpleString()}) and select or cast columns instead")
 
 
 class PulsarTxDataSource(DataSource):
@@ -65,12 +51,12 @@ class PulsarTxDataSource(DataSource):
         from datasource.batch_reader import PulsarTxBatchReader, PulsarTxPushdownReader
         from datasource.pushdown import pushdown_worker
 
-        check_schema(schema)
+        columns = projection(schema)
 
         # Parsed again rather than cached from schema(): with a user-supplied schema, schema() is
         # never called, and this is still the driver, where the storage root must be resolved.
         cls = PulsarTxPushdownReader if pushdown_worker() else PulsarTxBatchReader
-        return cls(self._read_options())
+        return cls(self._read_options(), columns)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Runs on the driver: validates the options and columns, then begins the job's transaction."""
@@ -83,11 +69,11 @@ class PulsarTxDataSource(DataSource):
         from datasource.options import parse_stream_options
         from datasource.stream_reader import PulsarTxStreamReader
 
-        check_schema(schema)
-        return PulsarTxStreamReader(parse_stream_options(self.options))
+        return PulsarTxStreamReader(parse_stream_options(self.options), projection(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """Called for every micro-batch: begins that batch's transaction."""
         from datasource.stream_writer import prepare_stream_write
 
         return prepare_stream_write(self.options, schema, overwrite)
+

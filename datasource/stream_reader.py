@@ -41,6 +41,7 @@ from datasource.batch_reader import (
 )
 from datasource.offsets import EARLIEST, LATEST
 from datasource.options import StreamOptions
+from datasource.schema import FULL, Projection
 from datasource.topics import partitions_to_read
 from datasource.visibility import Visibility
 from pulsartx.exceptions import InvalidConfiguration
@@ -76,8 +77,9 @@ def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
 
 
 class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts: StreamOptions):
+    def __init__(self, opts: StreamOptions, projection: Projection = FULL):
         self.opts = opts
+        self.projection = projection
         self.root = opts.read.root
         self._buffers: dict[str, Any] = {}
         self._logs: dict[str, Any] = {}
@@ -219,10 +221,10 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, PackedPartition):
-            return (b for r in partition.ranges for b in read_partition(self.root, r))
+            return (b for r in partition.ranges for b in read_partition(self.root, r, self.projection))
         if not isinstance(partition, OffsetRangePartition):
             return iter(())
-        return read_partition(self.root, partition)
+        return read_partition(self.root, partition, self.projection)
 
     def commit(self, end: Offsets) -> None:
         """Spark processed everything up to ``end``: move the subscription there (a no-op when the

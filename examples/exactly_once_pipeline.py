@@ -50,6 +50,7 @@ def main() -> int:
         print(f"produced {args.seed} messages to {args.input}")
 
     orders = (spark.readStream.format("pulsartx")
+              .schema("value binary, __key string, __offset long")  # only what the transform uses
               .option("service.url", root)
               .option("topic", args.input)
               .option("subscription", args.subscription)

@@ -47,3 +47,13 @@ def test_packing_never_exceeds_max_entries_per_partition():
     assert pack_ranges(ranges, 25_000, max_entries=10_000) == ranges
     packed = pack_ranges(ranges, 25_000, max_entries=20_000)
     assert len(packed) == 2 and flat(packed) == flat(ranges)
+
+
+def test_task_count_rounds_down_so_commit_markers_do_not_add_a_half_empty_task():
+    """Four 25,000-row ranges with a commit marker each at 50,000 a task: two tasks, not three."""
+    ranges = [rng(i, 0, 25_001) for i in range(4)]
+    packed = pack_ranges(ranges, 50_000)
+    assert len(packed) == 2 and all(isinstance(p, PackedPartition) and len(p.ranges) == 2 for p in packed)
+    assert flat(packed) == flat(ranges)
+    assert len(pack_ranges(ranges, 50_000, max_entries=40_000)) == 4  # two per task would exceed it
+    assert len(pack_ranges([rng(i, 0, 20_000) for i in range(3)], 50_000, max_entries=50_000)) == 2  # 40k + 20k

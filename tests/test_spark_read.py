@@ -285,10 +285,66 @@ def test_value_option_errors(spark: Any, client: Any, root: str) -> None:
     assert "starts at 4, after its end 2" in msg
 
 
-def test_user_schema_is_rejected_unless_identical(spark: Any, client: Any, root: str) -> None:
+def test_user_schema_is_rejected_unless_identical_or_a_subset(spark: Any, client: Any, root: str) -> None:
     client.admin.create_topic("s")
     produce(client, "s", 2, keyed=False)
     base = spark.read.format("pulsartx").option("service.url", root).option("topic", "s")
     assert base.schema(SPARK_SCHEMA).load().count() == 2
     msg = error_of(lambda: base.schema("value string").load().collect())
     assert "fixed schema" in msg and "drop the .schema() call" in msg
+    assert "column 'value' is a nullable binary, not string" in msg and "'value binary'" in msg
+    msg = error_of(lambda: base.schema("value binary, payload string").load().collect())
+    assert "column 'payload' is not one of its columns" in msg and "declare a subset" in msg
+    msg = error_of(lambda: base.schema("__offset bigint NOT NULL").load().collect())
+    assert "column '__offset' is a nullable bigint, not bigint NOT NULL" in msg
+    msg = error_of(lambda: base.schema("value binary, VALUE binary").load().collect())
+    assert "column 'VALUE' is declared twice" in msg
+
+
+def test_declared_subset_schema_returns_only_those_columns(spark: Any, client: Any, root: str) -> None:
+    """``.schema()`` naming some of the topic's columns (any order, any case) is the column pruning
+    Python data sources otherwise lack: exactly those columns come back, with the same rows as a
+    full read, committed data only."""
+    client.admin.create_topic("sub", 2)
+    sent = produce(client, "sub", 60)
+    with client.create_producer("sub") as p:
+        txn = client.new_transaction()
+        p.send(b"aborted", txn=txn, partition_key="key-0")
+        txn.abort()
+        txn = client.new_transaction()
+        p.send(b"committed", txn=txn, partition_key="key-0", properties={"t": "1"})
+        txn.commit()
+    full = read(spark, root, topic="sub")
+    def props(m: Any) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((m or {}).items()))
+
+    expected = sorted((r["__offset"], bytes(r["value"]), props(r["__messageProperties"])) for r in full.collect())
+    assert len(expected) == 61 and {v for _, v, _ in expected} == {x.value for x in sent} | {b"committed"}
+
+    base = spark.read.format("pulsartx").option("service.url", root).option("topic", "sub")
+    df = base.schema("__offset long, value binary, __messageProperties map<string,string>").load()
+    assert df.schema.simpleString() == "struct<__offset:bigint,value:binary,__messageProperties:map<string,string>>"
+    assert sorted((r[0], bytes(r[1]), props(r[2])) for r in df.collect()) == expected
+
+    derived = base.schema("__partition int, __messageId binary").load().collect()
+    want = {(x.partition, MessageId(x.partition, x.offset).serialize()) for x in sent}
+    assert {(r[0], bytes(r[1])) for r in derived} >= want and len(derived) == 61
+
+    keys = base.schema("__KEY string").load()
+    assert keys.columns == ["__KEY"]
+    assert sorted((r[0] or "") for r in keys.collect()) == sorted([x.key or "" for x in sent] + ["key-0"])
+
+
+def test_projection_reads_only_the_stored_columns_it_needs() -> None:
+    from pyspark.sql.types import StructType
+
+    from datasource.schema import FULL, projection
+    from pulsartx.exceptions import InvalidConfiguration
+
+    assert projection(SPARK_SCHEMA) == FULL
+    assert set(FULL.stored) == {"type", "value", "key", "properties", "event_time", "publish_time"}
+    p = projection(StructType.fromDDL("__key string, __offset long"))
+    assert p == ("__key", "__offset") and p.stored == ("type", "key")
+    assert arrow_schema(p).names == ["__key", "__offset"]
+    with pytest.raises(InvalidConfiguration, match=r"empty \.schema"):
+        projection(StructType([]))
