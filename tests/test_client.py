@@ -108,6 +108,32 @@ def test_delete_then_recreate_drops_messages(cl):
     assert [m.data() for m in _read_all(cl, "t")] == [b"new"]
 
 
+def test_delete_topic_deletes_its_subscriptions(cl):
+    """As in Pulsar: a re-created topic starts without the old cursors, so a subscriber of the
+    same name gets the new topic's messages from the start instead of skipping the first ones."""
+    cl.admin.create_topic("d", partitions=2)
+    with cl.create_producer("d") as p:
+        for i in range(6):
+            p.send(f"old-{i}".encode(), partition_key=f"k{i}")
+    c = cl.subscribe("d", "s", initial_position=pulsartx.InitialPosition.Earliest)
+    for _ in range(6):
+        c.acknowledge(c.receive(timeout_millis=5000))
+    c.close()
+    assert cl.admin.list_subscriptions("d") == ["s"]
+    cl.admin.delete_topic("d")
+    cl.admin.create_topic("d", partitions=2)
+    assert cl.admin.list_subscriptions("d") == []
+    with cl.create_producer("d") as p:
+        for i in range(4):
+            p.send(f"new-{i}".encode(), partition_key=f"k{i}")
+    c = cl.subscribe("d", "s", initial_position=pulsartx.InitialPosition.Earliest)
+    got = sorted(c.receive(timeout_millis=5000).data() for _ in range(4))
+    assert got == [f"new-{i}".encode() for i in range(4)]
+    with pytest.raises(pulsartx.Timeout):
+        c.receive(timeout_millis=300)
+    c.close()
+
+
 def test_missing_topic(cl):
     with pytest.raises(TopicNotFound, match="persistent://public/default/ghost does not exist"):
         cl.create_producer("ghost")

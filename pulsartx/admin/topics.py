@@ -93,9 +93,14 @@ class TopicsAdmin:
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))
+        # Its subscriptions go with it, as in Pulsar: a cursor outliving its topic would make a
+        # re-created topic's subscriber skip the new topic's first mark-delete + 1 messages.
+        subs = ("subscriptions", *t.path_segments())
+        if self.root.exists(*subs):
+            self.root.rm(*subs)
         forget_shared(self.root, t)
         forget_shared_stores(self.root, t)
-        log.info("deleted topic %s", t)
+        log.info("deleted topic %s and its subscriptions", t)
 
     def list_topics(self, namespace: str | None = None) -> list[str]:
         """Full names of every complete topic, optionally within one ``tenant/namespace``."""

@@ -29,7 +29,7 @@ def topics_create(ctx: click.Context, topic: str, partitions: int) -> None:
 @click.argument("topic")
 @click.pass_context
 def topics_delete(ctx: click.Context, topic: str) -> None:
-    """Delete TOPIC and all its partitions' data."""
+    """Delete TOPIC, all its partitions' data and its subscriptions."""
     get_client(ctx).admin.delete_topic(topic)
     emit(ctx, {"deleted": topic})
 

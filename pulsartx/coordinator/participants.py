@@ -63,7 +63,6 @@ def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> 
                 fut.result()
         except Exception as e:
             failures.append((name, e))
-    if len(jobs) > 1:  # as before: a lone participant's failure is returned, not logged
-        for name, e in failures:
-            log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
+    for name, e in failures:
+        log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
     return failures
