@@ -20,7 +20,9 @@ same number of micro-batches:
 Throughput is steady state: rows / summed ``triggerExecution`` of the batches after the first (the
 first batch also pays for starting the query's Python workers, which is reported in the wall
 column); each throughput side runs ``--repeat`` times, alternating with its parquet counterpart,
-and its best run counts (the machine is shared). Empty-batch overhead is the median ``triggerExecution`` (and ``addBatch``) after two
+and its best run counts (the machine is shared); the ratio of each repetition's two back-to-back
+runs is printed too, with its median (informative: best-of-runs favours the side whose runs vary
+more, here Spark's parquet sink). Empty-batch overhead is the median ``triggerExecution`` (and ``addBatch``) after two
 warm-up batches. Ratios: sink pulsartx/parquet (target >= 0.8), ctp pulsartx/parquet (target
 >= 0.7), empty-batch pulsartx/parquet (target <= 1.5). Nothing is asserted; outputs are counted so
 a fast but wrong side cannot pass. A phase breakdown (Spark's durationMs per batch) follows the table; ``--breakdown`` also times the
@@ -215,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--empty-batches", type=int, default=12, help="empty micro-batches per overhead side")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every pulsartx topic")
     ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
-    ap.add_argument("--min-entries-per-task", type=int, default=25_000,
-                    help="the ctp source's minEntriesPerTask option (packing of small ranges; 0 disables)")
+    ap.add_argument("--min-entries-per-task", type=int, default=None,
+                    help="the ctp source's minEntriesPerTask option (packing of small ranges; 0 disables; "
+                         "default: the source's own default)")
     ap.add_argument("--ctp-columns", default=CTP_COLUMNS,
                     help="the ctp source's .schema(): the columns the transform uses, as the parquet side reads only "
                          "those (Spark prunes file-source columns; Python data sources are pruned by a declared "
@@ -305,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         return (reader.option("service.url", root).option("topic", "ctp-in")
                 .option("subscription", sub).option("startingOffsets", "earliest")
                 .option("maxEntriesPerTrigger", str(-(-entries // args.batches)))
-                .option("minEntriesPerTask", str(args.min_entries_per_task)).load())
+                .options(**({} if args.min_entries_per_task is None
+                             else {"minEntriesPerTask": str(args.min_entries_per_task)})).load())
 
     # Each side: (name, rows, start(rep, attempt)). Throughput pairs run --repeat times, the two sides
     # of a pair back to back in alternating order (load from other processes hits both alike); the
@@ -325,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                      lambda i, a: to_pulsartx(nothing(from_parquet(tiny_dir, 1)), "empty-out", f"empty-px{i}-{a}")),
     }
     results: dict[str, Result] = {}
+    rates: dict[str, list[float]] = {}  # every run's throughput, for the paired per-repetition ratios
     for rep in range(args.repeat):
         for pair in (("sink_pq", "sink_px"), ("ctp_pq", "ctp_px")) + ((("empty_pq", "empty_px"),) if rep == 0 else ()):
             for key in pair if rep % 2 == 0 else pair[::-1]:
@@ -333,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 timed = breakdown(timing_log)
                 if key.endswith("_px") and rep == 0:
                     phases[key] = timed
+                if rows:
+                    rates.setdefault(key, []).append(r.rate())
                 best = results.get(key)
                 if best is None or (r.rate() > best.rate() if rows else False):
                     results[key] = r
@@ -357,11 +364,19 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(a: float, b: float) -> float:
         return a / b if b else float("nan")
 
+    def paired(px: str, pq: str) -> tuple[str, float, str, None]:
+        """Each repetition's two sides ran back to back: their ratio, per repetition (informative;
+        the best-of-runs ratio above favours the side whose runs vary more)."""
+        each = [ratio(a, b) for a, b in zip(rates[px], rates[pq], strict=True)]
+        return (f"  (per repetition {' '.join(f'{x:.2f}' for x in each)}; median)", statistics.median(each), "", None)
+
     rows = [
         ("sink throughput pulsartx / parquet", ratio(results["sink_px"].rate(), results["sink_pq"].rate()),
          f">= {TARGET_SINK}", lambda x: x >= TARGET_SINK),
+        paired("sink_px", "sink_pq"),
         ("ctp throughput pulsartx / parquet", ratio(results["ctp_px"].rate(), results["ctp_pq"].rate()),
          f">= {TARGET_CTP}", lambda x: x >= TARGET_CTP),
+        paired("ctp_px", "ctp_pq"),
         ("empty batch time pulsartx / parquet", ratio(results["empty_px"].median("triggerExecution"),
                                                       results["empty_pq"].median("triggerExecution")),
          f"<= {TARGET_EMPTY}", lambda x: x <= TARGET_EMPTY),
