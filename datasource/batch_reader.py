@@ -57,15 +57,15 @@ class PackedPartition(InputPartition):
 
 def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_entries: int | None = None
                 ) -> list[InputPartition]:
-    """Input partitions for ``ranges``: as many tasks as ``min_entries`` per task allows (at least
-    one, at most one per range), ranges dealt largest first to the least loaded task. Ranges of at
-    least ``min_entries`` keep a task each; ``min_entries`` 0 keeps every range in its own task.
-    No task gets more than ``max_entries`` (maxEntriesPerPartition, which bounds a task's memory):
-    if packing would, the ranges stay apart.
+    """Input partitions for ``ranges``: about one task per ``min_entries`` (at least one, at most
+    one per range), ranges dealt largest first to the least loaded task. Ranges of at least
+    ``min_entries`` each get a task of their own (smaller ones may join them); ``min_entries`` 0
+    keeps every range in its own task. No task gets more than ``max_entries``
+    (maxEntriesPerPartition, which bounds a task's memory): if packing would, the ranges stay apart.
 
-    The task count rounds down: ranges usually hold a few commit markers besides their rows, and
-    rounding up would turn 100,004 entries at 50,000 a task into three tasks, two of them half
-    full, i.e. a second wave of tasks on two cores."""
+    The task count is rounded to the nearest, not up: ranges usually hold a few commit markers
+    besides their rows, and rounding up turned 100,004 entries at 50,000 a task into three tasks,
+    two of them half full, i.e. a second wave of tasks on two cores."""
     import heapq
     import math
 
@@ -73,7 +73,7 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
     if min_entries <= 0 or len(ranges) <= 1:
         return list(ranges)
     total = sum(sizes)
-    tasks = max(1, total // min_entries)
+    tasks = max(1, int(total / min_entries + 0.5), sum(1 for n in sizes if n >= min_entries))
     if max_entries is not None:
         tasks = max(tasks, math.ceil(total / max_entries))
     tasks = min(len(ranges), tasks)

@@ -71,10 +71,12 @@ def push(filters: list[Any]) -> tuple[Pushed, list[Any]]:
         LessThanOrEqual,
     )
 
+    from datasource.schema import canonical_column
+
     p = Pushed()
     rejected: list[Any] = []
     for f in filters:
-        col = f.attribute[0] if len(getattr(f, "attribute", ())) == 1 else None
+        col = canonical_column(f.attribute[0]) if len(getattr(f, "attribute", ())) == 1 else None
         value = getattr(f, "value", None)
         if col == "__topic" and isinstance(f, EqualTo | In):
             vals = frozenset([value] if isinstance(f, EqualTo) else value)

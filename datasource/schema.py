@@ -79,7 +79,13 @@ class Projection(tuple):
 
 
 _CANONICAL = {name.lower(): name for name in STORED_COLUMN}
+assert set(STORED_COLUMN) == set(ALL_COLUMNS), "STORED_COLUMN must cover SPARK_SCHEMA exactly"
 FULL = Projection(ALL_COLUMNS)
+
+
+def canonical_column(name: str) -> str | None:
+    """The topic-schema column a (declared, any-case) column name stands for, if any."""
+    return _CANONICAL.get(name.lower())
 
 
 def projection(schema: StructType) -> Projection:
@@ -202,8 +208,8 @@ def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
     they are combined first, since every batch costs pyspark a message and the JVM a vector."""
     if table.num_rows == 0:
         return
-    sized = table.column(table.column_names.index("value")) if "value" in table.column_names else table
-    avg = max(1, sized.nbytes // table.num_rows)
+    values = [c for name, c in zip(table.column_names, table.columns, strict=True) if canonical_column(name) == "value"]
+    avg = max(1, (values[0] if values else table).nbytes // table.num_rows)
     rows = max(1, min(MAX_BATCH_ROWS, TARGET_BATCH_BYTES // avg))
     chunks = max(c.num_chunks for c in table.columns)
     if chunks > 1 and table.num_rows / chunks < rows / 8:
@@ -211,4 +217,3 @@ def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
     for batch in table.to_batches(max_chunksize=rows):
         if batch.num_rows:
             yield batch
-

@@ -76,4 +76,3 @@ class PulsarTxDataSource(DataSource):
         from datasource.stream_writer import prepare_stream_write
 
         return prepare_stream_write(self.options, schema, overwrite)
-

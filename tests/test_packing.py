@@ -49,7 +49,7 @@ def test_packing_never_exceeds_max_entries_per_partition():
     assert len(packed) == 2 and flat(packed) == flat(ranges)
 
 
-def test_task_count_rounds_down_so_commit_markers_do_not_add_a_half_empty_task():
+def test_task_count_rounds_to_nearest_so_commit_markers_do_not_add_a_half_empty_task():
     """Four 25,000-row ranges with a commit marker each at 50,000 a task: two tasks, not three."""
     ranges = [rng(i, 0, 25_001) for i in range(4)]
     packed = pack_ranges(ranges, 50_000)
@@ -57,3 +57,15 @@ def test_task_count_rounds_down_so_commit_markers_do_not_add_a_half_empty_task()
     assert flat(packed) == flat(ranges)
     assert len(pack_ranges(ranges, 50_000, max_entries=40_000)) == 4  # two per task would exceed it
     assert len(pack_ranges([rng(i, 0, 20_000) for i in range(3)], 50_000, max_entries=50_000)) == 2  # 40k + 20k
+
+
+def loads(parts) -> list[int]:
+    return sorted(sum(r.end - r.start for r in (p.ranges if isinstance(p, PackedPartition) else (p,))) for p in parts)
+
+
+def test_no_cliff_below_twice_the_minimum_and_large_ranges_keep_their_own_task():
+    assert loads(pack_ranges([rng(0, 0, 49_999), rng(1, 0, 49_999)], 50_000)) == [49_999, 49_999]
+    assert loads(pack_ranges([rng(0, 0, 50_000), rng(1, 0, 40_000)], 50_000)) == [40_000, 50_000]
+    assert loads(pack_ranges([rng(0, 0, 60_000), rng(1, 0, 10_000)], 50_000)) == [70_000]  # a small one may join
+    assert loads(pack_ranges([rng(0, 0, 60_000), rng(1, 0, 20_000), rng(2, 0, 20_000)], 50_000)) == [40_000, 60_000]
+    assert loads(pack_ranges([rng(0, 0, 30_000), rng(1, 0, 30_000)], 50_000)) == [60_000]  # 1.2 tasks: one

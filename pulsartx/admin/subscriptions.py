@@ -14,6 +14,7 @@ A later ``subscribe`` with the same name starts over from the tombstone.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -260,14 +261,30 @@ class SubscriptionsAdmin:
                     "close them first, or force the deletion (`pulsartx subscriptions delete --force`, "
                     "force=True)")
 
-        def tombstone(c: CursorState) -> None:  # as Consumer.unsubscribe
-            c.reset(0)
-            c.deleted = True
-
-        for store, _ in stores:
-            store.update(tombstone)
-            store.update_claims(lambda claims: ([], None))
+        tombstone(store for store, _ in stores)
         return {"topic": str(base), "subscription": subscription, "partitions": len(stores)}
+
+
+def tombstone(stores: Iterable[SubscriptionStore]) -> None:
+    """Delete subscriptions as ``Consumer.unsubscribe`` does: a tombstone cursor through the usual
+    compare-and-set (a racing acknowledgement re-reads it) and the claims released. The tables
+    stay, since other processes may hold handles on them; a later subscribe starts afresh."""
+    def mark(c: CursorState) -> None:
+        c.reset(0)
+        c.deleted = True
+
+    for store in stores:
+        store.update(mark)
+        store.update_claims(lambda claims: ([], None))
+
+
+def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:
+    """Delete every subscription of a topic being deleted (as Pulsar deletes them with the topic);
+    returns how many there were."""
+    names = subscription_names(root, partitions)
+    tombstone(store for name in names for p in partitions
+              if live_cursor(store := SubscriptionStore(root, p, name)) is not None)
+    return len(names)
 
 
 def offset_at_time(plog: PartitionLog, timestamp_ms: int) -> int:

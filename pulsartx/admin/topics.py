@@ -85,22 +85,24 @@ class TopicsAdmin:
         return [t] if t.partition is not None else [t.with_partition(i) for i in range(n)]
 
     def delete_topic(self, topic: str) -> None:
+        """Delete the topic's data and its subscriptions (as Pulsar does): a cursor outliving its
+        topic would make a re-created topic's subscriber skip the new topic's first
+        mark-delete + 1 messages. Subscriptions are tombstoned like ``delete_subscription``, not
+        removed, since open consumers elsewhere may still hold handles on their tables."""
+        from pulsartx.admin.subscriptions import tombstone_topic
+
         t = TopicName.parse(topic).base
-        self.get_partitions(str(t))
+        parts = self.partitions_of(t)  # TopicNotFound names the topic
+        subs = tombstone_topic(self.root, parts)
         # A checkpoint this process scheduled must not write into a table being removed (delta-rs
         # would re-create its _delta_log with only the checkpoint in it).
         wait_for_checkpoints()
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))
-        # Its subscriptions go with it, as in Pulsar: a cursor outliving its topic would make a
-        # re-created topic's subscriber skip the new topic's first mark-delete + 1 messages.
-        subs = ("subscriptions", *t.path_segments())
-        if self.root.exists(*subs):
-            self.root.rm(*subs)
         forget_shared(self.root, t)
         forget_shared_stores(self.root, t)
-        log.info("deleted topic %s and its subscriptions", t)
+        log.info("deleted topic %s and its %d subscription(s)", t, subs)
 
     def list_topics(self, namespace: str | None = None) -> list[str]:
         """Full names of every complete topic, optionally within one ``tenant/namespace``."""

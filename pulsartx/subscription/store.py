@@ -228,8 +228,8 @@ def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> 
 
 
 def forget_shared_stores(root: StorageRoot, topic: TopicName) -> None:
-    """Drop the cached stores of a deleted topic's subscriptions (their tables are deleted with
-    the topic)."""
+    """Drop the cached stores of a deleted topic's subscriptions (tombstoned with the topic; a
+    re-created topic's subscribers must read the tombstone, not a cached cursor)."""
     prefix = f"{topic.base}-partition-"
     with _SHARED_LOCK:
         for key in [k for k in _SHARED if k[0] == root.url and k[1].startswith(prefix)]:
