@@ -103,7 +103,7 @@ def projection(schema: StructType) -> Projection:
             f"{SPARK_SCHEMA.simpleString()}, or drop the .schema() call to read them all")
     seen: set[str] = set()
     for f in schema.fields:
-        canonical = _CANONICAL.get(f.name.lower())
+        canonical = canonical_column(f.name)
         if canonical is None:
             raise InvalidConfiguration(
                 f"the pulsartx source has a fixed schema and cannot read with .schema({declared}): column "

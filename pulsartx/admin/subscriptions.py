@@ -51,18 +51,24 @@ def live_cursor(store: SubscriptionStore) -> CursorState | None:
     return None if c is None or c.deleted else c
 
 
-def subscription_names(root: StorageRoot, partitions: list[TopicName]) -> list[str]:
-    """The subscriptions (directories under ``<root>/subscriptions/<tenant>/<ns>/<topic>/``) with a
-    live cursor on any of ``partitions``, sorted; deleted ones are left out."""
+def _subscription_dirs(root: StorageRoot, partitions: list[TopicName]) -> list[str]:
+    """Names of the directories under ``<root>/subscriptions/<tenant>/<ns>/<topic>/`` that are
+    subscriptions of ours (live or deleted)."""
     names = []
     for name in root.listdir("subscriptions", *partitions[0].base.path_segments()):
         try:
             check_subscription_name(name)
         except PulsarException:
             continue  # not a subscription directory of ours
-        if any(live_cursor(SubscriptionStore(root, p, name)) is not None for p in partitions):
-            names.append(name)
+        names.append(name)
     return names
+
+
+def subscription_names(root: StorageRoot, partitions: list[TopicName]) -> list[str]:
+    """The subscriptions with a live cursor on any of ``partitions``, sorted; deleted ones are
+    left out."""
+    return [name for name in _subscription_dirs(root, partitions)
+            if any(live_cursor(SubscriptionStore(root, p, name)) is not None for p in partitions)]
 
 
 def cursor_backlog(cursor: CursorState, start_offset: int, end_offset: int) -> int:
@@ -281,10 +287,10 @@ def tombstone(stores: Iterable[SubscriptionStore]) -> None:
 def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:
     """Delete every subscription of a topic being deleted (as Pulsar deletes them with the topic);
     returns how many there were."""
-    names = subscription_names(root, partitions)
-    tombstone(store for name in names for p in partitions
-              if live_cursor(store := SubscriptionStore(root, p, name)) is not None)
-    return len(names)
+    live = [(name, store) for name in _subscription_dirs(root, partitions) for p in partitions
+            if live_cursor(store := SubscriptionStore(root, p, name)) is not None]  # each cursor read once
+    tombstone(store for _, store in live)
+    return len({name for name, _ in live})
 
 
 def offset_at_time(plog: PartitionLog, timestamp_ms: int) -> int:
