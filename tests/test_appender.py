@@ -66,11 +66,12 @@ def test_a_commit_setting_one_of_our_app_ids_after_our_snapshot_is_a_conflict(ta
 
 def test_a_commit_sharing_no_app_id_is_stepped_over_and_seen_by_on_commit(table):
     seen = []
-    mine = appender(table, on_commit=lambda v, actions: seen.append((v, [a["txn"]["appId"] for a in actions if "txn" in a])))
+    mine = appender(table, on_commit=lambda v, actions, ours: seen.append(
+        (v, [a["txn"]["appId"] for a in actions if "txn" in a], ours)))
     theirs = appender(table)
     theirs.append(rows(0, 1), {"app.b": 5})
     assert mine.append(rows(1, 2), {"app.a": 0}) == 2
-    assert seen == [(1, ["app.b"])]
+    assert seen == [(1, ["app.b"], False), (2, ["app.a"], True)]
     assert (mine.txn_version("app.b"), mine.txn_version("app.a"), mine.txn_version("app.c")) == (5, 0, None)
 
 
@@ -209,3 +210,73 @@ def test_a_checkpoint_that_cannot_be_scheduled_never_fails_the_commit(table, mon
     assert a.uri not in ap._CHECKPOINT_QUEUED  # nothing stuck for the next one
     assert dl.DeltaTable(a.uri).version() == CHECKPOINT_INTERVAL
     wait_for_checkpoints()  # refused quietly as well
+
+
+# ---- compaction commits (KeyedLog snapshots) ------------------------------------------------------------
+
+
+def active_files(table) -> set[str]:
+    root, segments = table
+    return set(pa.table(dl.DeltaTable(root.uri(*segments)).get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def test_a_compaction_commit_replaces_exactly_the_files_it_names(table):
+    """Files someone added after the compactor's snapshot stay: their rows are not in its file."""
+    mine, theirs = appender(table), appender(table)
+    for i in range(3):
+        mine.append(rows(i, i + 1))
+    snapshot = active_files(table)
+    theirs.catch_up()
+    theirs.append(rows(10, 11))  # after mine's snapshot
+    late = active_files(table) - snapshot
+    v = mine.append(rows(0, 3), removes=sorted(snapshot))
+    after = active_files(table)
+    assert v == 5 and len(after) == 2 and late <= after and not after & snapshot
+    t = dl.DeltaTable(mine.uri).to_pyarrow_table().sort_by("seq")
+    assert t.column("seq").to_pylist() == [0, 1, 2, 10]
+    commit = [json.loads(line) for line in open(os.path.join(mine.uri, "_delta_log", delta.commit_file(5)))]
+    assert sorted(a["remove"]["path"] for a in commit if "remove" in a) == sorted(snapshot)
+    assert [a["commitInfo"]["operationParameters"]["mode"] for a in commit if "commitInfo" in a] == ["Overwrite"]
+
+
+def test_two_compactions_of_the_same_files_one_gives_up(table):
+    a, b = appender(table), appender(table)
+    a.append(rows(0, 1))
+    a.append(rows(1, 2))
+    b.catch_up()
+    files = sorted(active_files(table))
+    a.append(rows(0, 2), removes=files)
+    before = active_files(table)
+    with pytest.raises(delta.ConcurrentCommit, match="removed files"):
+        b.append(rows(0, 2), removes=files)
+    assert active_files(table) == before  # the loser committed nothing ...
+    assert len(os.listdir(os.path.join(b.uri))) == len(before) + 2 + 1  # ... and deleted its data file
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist() == [0, 1]
+
+
+def test_keyed_log_compaction_keeps_another_writers_entries(tmp_path):
+    """The compactor catches up first (b's entry goes into the snapshot); a commit landing between
+    its catch-up and its commit is the appender test above."""
+    from pulsartx.storage.keyed_log import KeyedLog
+
+    root = StorageRoot.resolve(str(tmp_path))
+    schema = pa.schema([("seq", pa.int64(), False), ("key", pa.string(), False), ("v", pa.string())])
+
+    def log() -> KeyedLog:
+        return KeyedLog(root, ("kl",), schema, key_of=lambda r: r["key"], name="kl").open()
+
+    a, b = log(), log()
+    for i in range(6):
+        a.put([{"seq": 0, "key": f"k{i}", "v": "old"}])
+        a.put([{"seq": 1, "key": f"k{i}", "v": "new"}])
+    b.put([{"seq": 0, "key": "late", "v": "b"}])  # a has not seen it
+    assert a.compact(lambda r: r["key"] != "k0")
+    expected = {f"k{i}": "new" for i in range(1, 6)} | {"late": "b"}
+    assert {k: r["v"] for k, r in a.rows.items()} == expected
+    fresh = log()
+    assert {k: r["v"] for k, r in fresh.rows.items()} == expected
+    assert fresh.files_since_compaction == 1  # one snapshot file
+    assert sorted(dl.DeltaTable(root.uri("kl")).to_pyarrow_table().column("key").to_pylist()) == sorted(
+        ["late", *[f"k{i}" for i in range(1, 6)]])
+    b.put([{"seq": 1, "key": "late", "v": "b2"}])  # b keeps writing after a's compaction
+    assert log().rows["late"]["v"] == "b2"

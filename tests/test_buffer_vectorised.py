@@ -242,7 +242,7 @@ def test_buffer_snapshots_every_n_folded_records_without_markers(client):
     reads = []
     fresh = PartitionLog(client.root, part)
     orig = fresh.read
-    fresh.read = lambda start, stop, columns=None: reads.append((start, stop)) or orig(start, stop, columns)
+    fresh.read = lambda start, stop, columns=None, **kw: reads.append((start, stop)) or orig(start, stop, columns, **kw)
     plog.append(build_records([b"y"] * 5, producer_name="p", sequence_ids=list(range(120, 125))), producer_name="p")
     s = TransactionBuffer(fresh, snapshot_every_records=100).state()
     assert (reads, s.end_offset, s.snapshot_offset) == ([(120, 125)], 125, 120)

@@ -307,12 +307,30 @@ def test_reader_at_end_reads_only_the_new_message(long_log, tmp_path, monkeypatc
         # One new commit read (then probes for the next one, which does not exist yet)...
         assert [v for v, hit in calls if hit] == [n + 1]
         assert {v for v, hit in calls if not hit} == {n + 2}
-        # ...and only the new data file, for only the new offset. READ_COMMITTED reads it twice: once
-        # to fold the transaction buffer state, once for the messages.
+        # ...and only the new data file, for only the new offset, once: READ_COMMITTED's fold of the
+        # transaction buffer skips it, as its statistics show no transactional record.
         reads = [r for r in reads if r[2]]
-        assert len(reads) == (1 if isolation == "READ_UNCOMMITTED" else 2)
+        assert len(reads) == 1
         for start, end, files in reads:
             assert (start, end, len(files)) == (n, n + 1, 1)
         assert len({r[2][0] for r in reads}) == 1
         with pytest.raises(Timeout):
             reader.read_next(timeout_millis=50)
+
+
+def test_only_statistics_that_prove_it_make_a_file_transaction_free():
+    """The transaction buffer skips reading a txn_free file; a table written before txn_most_bits
+    had statistics (no null count) must read as before."""
+    import json as _json
+
+    from pulsartx.log.index import data_file_from_add
+
+    def add(null_counts: dict, records: int = 3) -> dict:
+        stats = {"numRecords": records, "minValues": {"offset": 0}, "maxValues": {"offset": records - 1},
+                 "nullCount": null_counts}
+        return {"path": "f.parquet", "size": 1, "stats": _json.dumps(stats)}
+
+    assert data_file_from_add(add({"offset": 0, "txn_most_bits": 3})).txn_free
+    assert not data_file_from_add(add({"offset": 0, "txn_most_bits": 2})).txn_free  # one transactional row
+    assert not data_file_from_add(add({"offset": 0})).txn_free  # an older table: unknown
+    assert not data_file_from_add(add({})).txn_free

@@ -246,6 +246,58 @@ def test_txn_timeout_redelivers_without_sweeper(client):
     assert pending_stats(client, IN, "s")[0]["markDeletePosition"] == 1
 
 
+# ---- ADD_SUBSCRIPTION beside the PENDING_ACK write --------------------------------------------
+
+
+def test_an_ack_whose_registration_fails_leaves_nothing_pending(client):
+    """The TC ended the transaction behind the client's back (an admin abort): ADD_SUBSCRIPTION
+    fails, and the pending ack written beside it is returned before the error is raised."""
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)
+    m0, m1, m2 = receive_n(c, 3)
+    txn = client.new_transaction()
+    client.admin.transactions.abort_transaction(txn.id)
+    with pytest.raises(InvalidTxnStatusError):
+        c.acknowledge_cumulative(m1, txn=txn)
+    [st] = pending_stats(client, IN, "s")
+    assert (st["pendingAckCount"], st["markDeletePosition"]) == (0, -1)
+    c.redeliver_unacknowledged_messages()
+    again = receive_n(c, 3)
+    assert vals(again) == ["m0", "m1", "m2"]
+    other = client.new_transaction()
+    c.acknowledge_cumulative(again[-1], txn=other)  # no conflict left behind
+    other.commit()
+    assert pending_stats(client, IN, "s")[0]["markDeletePosition"] == 2
+    assert drain(c) == []
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_a_pending_ack_its_tc_never_listed_is_returned_once_the_txn_ends(client, outcome):
+    """A process that died between its PENDING_ACK write and ADD_SUBSCRIPTION: the TC ends the
+    transaction without this subscription, and consumer-side resolution returns the ack (a
+    committed transaction that did not list the subscription did not acknowledge on it)."""
+    from pulsartx.buffer.state import txn_key
+    from pulsartx.naming import TopicName
+    from pulsartx.subscription.store import shared_store
+
+    seed(client, IN, 2)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)
+    txn = client.new_transaction()
+    store = shared_store(client.root, TopicName.parse(f"{IN}-partition-0"), "s")
+    store.update(lambda cur: cur.txn_ack(txn_key(*txn.id.as_tuple()), [0]))  # then the process died
+    assert pending_stats(client, IN, "s")[0]["pendingAckCount"] == 1
+    [m1] = receive_n(c, 1)
+    assert m1.data() == b"m1"  # m0 is PENDING_ACK
+    txn.commit() if outcome == "commit" else txn.abort()
+    assert client.admin.transactions.get_transaction_metadata(txn.id)["subscriptions"] == []
+    c.acknowledge(m1)
+    got = c.receive(timeout_millis=10_000)  # resolution runs on a fetch
+    assert got.data() == b"m0" and got.redelivery_count() == 1
+    assert pending_stats(client, IN, "s")[0]["pendingAckCount"] == 0
+    c.acknowledge(got)
+    assert drain(c) == []
+
+
 # ---- consume-transform-produce (Kafka TransactionsTest) ----------------------------------------
 
 

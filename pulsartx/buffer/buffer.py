@@ -44,8 +44,8 @@ class TransactionBuffer:
             s = self._state
             while s.end_offset < end:
                 upto = min(end, s.end_offset + FOLD_CHUNK)
-                s.fold(self.log.read(s.end_offset, upto, columns=FOLD_COLUMNS))
-                if s.end_offset < upto:  # offsets are dense; a gap means the range was empty
+                s.fold(self.log.read(s.end_offset, upto, columns=FOLD_COLUMNS, txn_only=True))
+                if s.end_offset < upto:  # offsets are dense; a gap means the range was empty or skipped
                     s.end_offset = upto
             self._maybe_snapshot()
         return self._state

@@ -23,10 +23,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from pulsartx.buffer.reads import VisibilityReader, _lookup
-from pulsartx.buffer.state import txn_key
-from pulsartx.client.message import Message, messages_from_table
+from pulsartx.buffer.state import key_txn, txn_key
+from pulsartx.client.message import Message, Records
 from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S, check_isolation
 from pulsartx.coordinator.state import Subscription
+from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -176,6 +177,17 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; waits for one, raising :class:`Timeout` after ``timeout_millis``."""
         self._check_open()
+        if self._active and len(self._parts) == 1:
+            # The common case, a message already fetched: ~1 us instead of the general path's ~3.
+            part = self._parts[0]
+            with self._lock:
+                if part.queue:
+                    msg = part.queue.popleft()
+                    part.held[msg._offset] = time.monotonic()
+                    return msg
+        msg = self._next()
+        if msg is not None:
+            return msg
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         sleep = POLL_MIN_S
         while True:
@@ -259,7 +271,7 @@ class Consumer:
         self._check_open()
         with self._lock:
             for part in self._parts:
-                offs = list(part.held) + [m.message_id().offset() for m in part.queue]
+                offs = list(part.held) + [m._offset for m in part.queue]
                 part.redeliver.extend(part.held)
                 part.held.clear()
                 part.queue.clear()
@@ -344,11 +356,12 @@ class Consumer:
         items = message if isinstance(message, list | tuple | set) else [message]
         out: dict[_Partition, list[int]] = {}
         for m in items:
-            mid = m.message_id() if isinstance(m, Message) else m
-            if not isinstance(mid, MessageId) or mid.is_earliest or mid.is_latest:
+            if isinstance(m, Message):  # a received message: a real position, no id object needed
+                out.setdefault(self._part(m._rows.partition), []).append(m._offset)
+                continue
+            if not isinstance(m, MessageId) or m.is_earliest or m.is_latest:
                 raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
-            part = self._part(mid.partition())
-            out.setdefault(part, []).append(mid.offset())
+            out.setdefault(self._part(m.partition()), []).append(m.offset())
         return out
 
     def _part(self, index: int) -> _Partition:
@@ -360,24 +373,57 @@ class Consumer:
         raise InvalidConfiguration(f"partition {index} is not part of {self._topic}")
 
     def _txn_ack(self, txn: Any, by_part: dict[_Partition, list[int]], apply, cumulative: int | None = None) -> None:
+        """ADD_SUBSCRIPTION (to the TC) and the PENDING_ACK writes (to the subscription's store) are
+        appends to different tables, so they run side by side: one append of latency, not two.
+
+        Why that is safe, though the pending ack may land before the TC lists the subscription:
+        * the ack returns (or the transaction can commit) only after both landed;
+        * a registration that fails (the transaction timed out, was fenced or ended; storage)
+          returns the pending acks just written at once, and the error is raised;
+        * a crash in between leaves pending acks of a transaction the TC does not list for this
+          subscription: once the TC has ended it (a timeout aborts it), consumer-side resolution
+          returns them (``_resolve_pending``), as the TC's participant call would have."""
         txn._check_usable()
-        for part in by_part:
-            # ADD_SUBSCRIPTION before the pending ack is written: the TC always knows where to end it.
-            txn._register_subscription(Subscription(str(part.topic), self._subscription))
+        subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
+        registering = txn._register_subscriptions(subs)
         k = txn_key(*txn.id.as_tuple())
-        for part, offs in by_part.items():
-            try:
-                part.store.update(lambda c, offs=offs: apply(c, k, offs))
-            except TransactionConflict as e:
-                txn._mark_conflict(e)
-                raise
-            with self._lock:
-                for o in offs:
-                    part.held.pop(o, None)
-                if cumulative is not None:
-                    for o in [o for o in part.held if o <= cumulative]:
-                        del part.held[o]
-                part.cursor = None
+        written: list[_Partition] = []
+        failed = True
+        try:
+            for part, offs in by_part.items():
+                try:
+                    part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                except TransactionConflict as e:
+                    txn._mark_conflict(e)
+                    raise
+                written.append(part)
+                with self._lock:
+                    for o in offs:
+                        part.held.pop(o, None)
+                    if cumulative is not None:
+                        for o in [o for o in part.held if o <= cumulative]:
+                            del part.held[o]
+                    part.cursor = None
+            failed = False
+        finally:
+            if registering is not None:
+                self._await_registration(txn, registering, written, raise_error=not failed)
+
+    def _await_registration(self, txn: Any, registering: Any, written: list[_Partition], raise_error: bool) -> None:
+        try:
+            registering.result()
+        except BaseException as e:
+            k = txn_key(*txn.id.as_tuple())
+            for part in written:  # the TC will not end them: return them now
+                try:
+                    part.store.update(lambda c: bool(c.abort(k)))
+                except PulsarException as undo:  # resolution returns them once the TC ended the txn
+                    log.warning("returning the pending acks of %s on %s after its failed registration "
+                                "failed (they return when the transaction ends): %s", txn.id, part.topic, undo)
+                with self._lock:
+                    part.cursor = None
+            if raise_error:
+                raise e from None
 
     def _flush_acks(self) -> None:
         # One flush at a time: the background thread and the caller's (close, seek, redeliver,
@@ -426,7 +472,7 @@ class Consumer:
                 if part.queue:
                     self._rr = (self._rr + i + 1) % n
                     msg = part.queue.popleft()
-                    part.held[msg.message_id().offset()] = time.monotonic()
+                    part.held[msg._offset] = time.monotonic()
                     return msg
         for part in self._parts:
             self._fill(part)
@@ -434,9 +480,9 @@ class Consumer:
             ready = [p for p in self._parts if p.queue]
             if not ready:
                 return None
-            part = min(ready, key=lambda p: (p.queue[0].publish_timestamp(), p.index))
+            part = ready[0] if len(ready) == 1 else min(ready, key=lambda p: (p.queue[0].publish_timestamp(), p.index))
             msg = part.queue.popleft()
-            part.held[msg.message_id().offset()] = time.monotonic()
+            part.held[msg._offset] = time.monotonic()
             return msg
 
     def _ensure_active(self) -> bool:
@@ -492,18 +538,23 @@ class Consumer:
             if not candidates:
                 return
         table = part.visible.log.read(candidates[0], candidates[-1] + 1)
-        wanted = set(candidates)
-        rows = part.visible.visible(table)
-        msgs = [m for m in messages_from_table(rows, str(part.topic.base), part.index)
-                if m.message_id().offset() in wanted]
-        delivered = {m.message_id().offset() for m in msgs}
-        skipped = [o for o in candidates if o not in delivered and o < limit]
+        records = Records(part.visible.visible(table), str(part.topic.base), part.index)
+        if candidates[-1] - candidates[0] + 1 == len(candidates):  # no gap: every record read is wanted
+            msgs = [Message(records, i, o) for i, o in enumerate(records.offsets)]
+        else:
+            wanted = set(candidates)
+            msgs = [Message(records, i, o) for i, o in enumerate(records.offsets) if o in wanted]
+        skipped = []
+        if len(msgs) < len(candidates):
+            delivered = {m._offset for m in msgs}
+            skipped = [o for o in candidates if o not in delivered and o < limit]
+        if cursor.redelivery:
+            for m in msgs:
+                m._redelivery_count = cursor.redelivery_count(m._offset)
         with self._lock:
             if skipped:
                 part.acks.extend(skipped)  # markers and invisible data: acked as we pass them
-            for m in msgs:
-                m._redelivery_count = cursor.redelivery_count(m.message_id().offset())
-                part.queue.append(m)
+            part.queue.extend(msgs)
 
     def _resolve_pending(self, part: _Partition, cursor: CursorState) -> None:
         """Consumer-side resolution: a pending ack of a transaction past its timeout would hold its
@@ -522,9 +573,15 @@ class Consumer:
         from pulsartx.coordinator.state import TxnAction, TxnStatus
         from pulsartx.subscription.store import end_transaction
 
-        for meta in _lookup(self._client._coordinators(), keys).values():
-            if meta is not None and meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
-                end_transaction(self._client.root, str(part.topic), self._subscription, meta.txn_id, TxnAction.ABORT)
+        mine = Subscription(str(part.topic), self._subscription)
+        for k, meta in _lookup(self._client._coordinators(), keys).items():
+            # Abort when the TC aborted it, and when it decided without this subscription among its
+            # participants (the list is fixed once COMMITTING is logged) or forgot it (finished and
+            # trimmed: had it been listed, its end here would have come before COMMITTED).
+            if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
+                    meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):
+                end_transaction(self._client.root, str(part.topic), self._subscription, TxnID(*key_txn(k)),
+                                TxnAction.ABORT)
 
     def _claim(self, part: _Partition, candidates: list[int], mark_delete: int) -> list[int]:
         """Shared: atomically claim the candidates no other live consumer holds. Claims expire
@@ -564,7 +621,7 @@ class Consumer:
             return
         for part in self._parts:
             with self._lock:
-                keep = set() if all_held else set(part.held) | {m.message_id().offset() for m in part.queue}
+                keep = set() if all_held else set(part.held) | {m._offset for m in part.queue}
 
             def change(claims: list[Claim], keep=keep) -> tuple[list[Claim], None]:
                 out = [c for c in claims if c.consumer != self._id]

@@ -6,7 +6,9 @@ Messages sent and acks made with ``txn=`` become visible/effective atomically at
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,19 @@ if TYPE_CHECKING:
     from pulsartx.log.partition import AppendResult
 
 log = logging.getLogger(__name__)
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
+_POOL_LOCK = threading.Lock()
+
+
+def helper_pool() -> ThreadPoolExecutor:
+    """The process's threads for protocol steps that run beside the caller's (a new one after a
+    fork: a parent's pool does not survive into the child)."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid():
+            _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="pulsartx-txn"), os.getpid()
+        return _POOL
 
 
 class TransactionState(Enum):
@@ -85,13 +100,21 @@ class Transaction:
         else:
             self._call(lambda: self._tc().check_usable(self.id))
 
-    def _register_subscription(self, sub: Subscription) -> None:
+    def _register_subscriptions(self, subs: set[Subscription]) -> Future[None] | None:
+        """ADD_SUBSCRIPTION for those of ``subs`` this transaction has not registered yet, started
+        on a helper thread (None when there is nothing to register): the caller writes its pending
+        acks meanwhile and then waits for the result (``Consumer._txn_ack`` says why that is safe)."""
         with self._lock:
-            known = sub in self._subscriptions
-        if not known:
-            self._call(lambda: self._tc().add_subscriptions(self.id, [sub]))
+            new = subs - self._subscriptions
+        if not new:
+            return None
+
+        def register() -> None:
+            self._call(lambda: self._tc().add_subscriptions(self.id, new))
             with self._lock:
-                self._subscriptions.add(sub)
+                self._subscriptions |= new
+
+        return helper_pool().submit(register)
 
     def _call(self, fn):
         try:

@@ -23,6 +23,9 @@ class DataFile:
     num_records: int
     min_publish_us: int | None = None
     max_publish_us: int | None = None
+    # True only when the file's statistics prove it holds no transactional record (a table made
+    # before txn_most_bits had statistics says nothing, and its files are read as before).
+    txn_free: bool = False
 
 
 # Delta statistics keep timestamps at millisecond precision and delta-rs truncates, so the true
@@ -47,8 +50,14 @@ def data_file_from_add(add: dict[str, Any]) -> DataFile | None:
     lo, hi = stats.get("minValues", {}), stats.get("maxValues", {})
     if "offset" not in lo or "offset" not in hi:
         return None  # an empty file carries no offsets
-    return DataFile(int(lo["offset"]), int(hi["offset"]), add["path"], int(add.get("size", 0)),
-                    int(stats.get("numRecords", 0)), _iso_to_us(lo.get("publish_time")), _max_us(_iso_to_us(hi.get("publish_time"))))
+    records = int(stats.get("numRecords", 0))
+    return DataFile(int(lo["offset"]), int(hi["offset"]), add["path"], int(add.get("size", 0)), records,
+                    _iso_to_us(lo.get("publish_time")), _max_us(_iso_to_us(hi.get("publish_time"))),
+                    _txn_free(stats.get("nullCount", {}).get("txn_most_bits"), records))
+
+
+def _txn_free(null_count: Any, records: int) -> bool:
+    return null_count is not None and records > 0 and int(null_count) == records
 
 
 class FileIndex:
@@ -68,10 +77,11 @@ class FileIndex:
                 continue
             pmin = acts.get("min.publish_time", [None] * n)[i]
             pmax = acts.get("max.publish_time", [None] * n)[i]
-            files.append(DataFile(int(lo), int(hi), acts["path"][i], int(acts["size_bytes"][i]),
-                                  int(acts.get("num_records", [0] * n)[i] or 0),
+            records = int(acts.get("num_records", [0] * n)[i] or 0)
+            files.append(DataFile(int(lo), int(hi), acts["path"][i], int(acts["size_bytes"][i]), records,
                                   None if pmin is None else int(pmin.timestamp() * 1_000_000),
-                                  None if pmax is None else _max_us(int(pmax.timestamp() * 1_000_000))))
+                                  None if pmax is None else _max_us(int(pmax.timestamp() * 1_000_000)),
+                                  _txn_free(acts.get("null_count.txn_most_bits", [None] * n)[i], records)))
         self._files = sorted(files)
         self._mins = [f.min_offset for f in self._files]
         self.version = table.version()

@@ -273,9 +273,14 @@ class PartitionLog:
     def end_offset(self, refresh: bool = True) -> int:
         return (self.refresh() if refresh else self.index).end_offset
 
-    def read(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """All records with ``start <= offset < end`` in offset order (every type, no isolation)."""
-        return read_files(self.root, self.segments, self.index.files_for(start, end), start, end, columns)
+    def read(self, start: int, end: int, columns: Sequence[str] | None = None, txn_only: bool = False) -> pa.Table:
+        """All records with ``start <= offset < end`` in offset order (every type, no isolation).
+        ``txn_only``: skip the files whose statistics prove they hold no transactional record (the
+        transaction buffer's fold, for which plain records only move the end)."""
+        files = self.index.files_for(start, end)
+        if txn_only:
+            files = [f for f in files if not f.txn_free]
+        return read_files(self.root, self.segments, files, start, end, columns)
 
 
 _SHARED: dict[tuple[str, str], PartitionLog] = {}
@@ -305,21 +310,17 @@ def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[Dat
                columns: Sequence[str] | None = None) -> pa.Table:
     """Read records in ``[start, end)`` from the given files. Shared by the client reader and by
     Spark executors, which receive the file list from the driver and never open the Delta log."""
-    import pyarrow.dataset as ds
-
     cols = list(columns) if columns is not None else RECORD_SCHEMA.names
     if "offset" not in cols:
         cols = ["offset", *cols]
-    schema = pa.schema([RECORD_SCHEMA.field(c) for c in cols])
-    if not files:
-        return schema.empty_table()
     paths = [root.fs_path(*segments, f.path) for f in files]
+    keep = None
+    if files and (start > files[0].min_offset or end <= files[-1].max_offset):
+        def keep(t: pa.Table) -> Any:
+            off = t.column("offset")
+            return pc.and_(pc.greater_equal(off, start), pc.less(off, end))
     try:
-        dataset = ds.dataset(paths, schema=RECORD_SCHEMA, format="parquet", filesystem=root.arrow_fs)
-        flt = None
-        if start > files[0].min_offset or end <= files[-1].max_offset:
-            flt = (pc.field("offset") >= start) & (pc.field("offset") < end)
-        table = dataset.to_table(columns=cols, filter=flt)
+        table = delta.read_parquet(root, paths, RECORD_SCHEMA, cols, keep)
     except FileNotFoundError as e:
         raise CorruptedLog(f"partition {'/'.join(segments[1:])}: a data file listed in the Delta log is missing: {e}") from e
     except (OSError, pa.ArrowInvalid) as e:

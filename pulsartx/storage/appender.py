@@ -22,8 +22,8 @@ response was lost and is retried finds its own commit (same unique ``txnId``) an
 
 State: ``version`` and the app-id versions set by commits after the DeltaTable handle's snapshot
 (``txn_version`` consults these first, then the handle), kept current by reading every commit
-after ``version`` in order (``catch_up``). Owners that keep derived state (a KeyedLog's rows) see
-each foreign commit through ``on_commit``.
+after ``version`` in order (``catch_up``). Owners that keep derived state (a KeyedLog's rows and
+files) see each commit through ``on_commit``, flagged when it is their own.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -144,7 +144,7 @@ class DeltaAppender:
     """The append path of one Delta table for one process (callers serialise their appends)."""
 
     def __init__(self, root: StorageRoot, segments: tuple[str, ...], table: Any, schema: pa.Schema,
-                 on_commit: Callable[[int, list[dict[str, Any]]], None] | None = None):
+                 on_commit: Callable[[int, list[dict[str, Any]], bool], None] | None = None):
         self.root = root
         self.segments = segments
         self.schema = schema
@@ -177,8 +177,8 @@ class DeltaAppender:
                 self._apps[a["txn"]["appId"]] = int(a["txn"]["version"])
         self.version = version
         self._synced = time.monotonic()
-        if foreign and self.on_commit is not None:
-            self.on_commit(version, actions)
+        if self.on_commit is not None:
+            self.on_commit(version, actions, not foreign)
 
     def catch_up(self) -> bool:
         """Apply every commit after :attr:`version`. False when the log no longer holds them (our
@@ -227,12 +227,20 @@ class DeltaAppender:
 
     # ---- appending -----------------------------------------------------------------------------
     def append(self, data: pa.Table, app_transactions: Mapping[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None) -> int:
+               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None,
+               removes: Iterable[str] = ()) -> int:
         """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
         commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries).
-        ``codecs``: parquet codecs of some columns (the payload's compression type); others zstd-1."""
+        ``codecs``: parquet codecs of some columns (the payload's compression type); others zstd-1.
+
+        ``removes``: data files (as of :attr:`version`) the same commit removes, which makes it a
+        compaction: a commit after our snapshot that removed one of them too (another compaction)
+        raises ConcurrentCommit; files others added meanwhile stay, as their rows are not in ours."""
         apps = {k: int(v) for k, v in (app_transactions or {}).items()}
+        removes = list(removes)
         if not self.fast:
+            if removes:
+                raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
             return self.write_with_deltalake(data, apps=apps, metadata=metadata)
         if time.monotonic() - self._synced > STALE_AFTER_S:
             self.reload()
@@ -240,14 +248,18 @@ class DeltaAppender:
         if data.schema != self.schema:
             data = data.cast(self.schema)
         now = int(time.time() * 1000)
-        commit_id = str(uuid.uuid4())
-        add = self._write_data_file(data, now, codecs)
+        commit_id = str(uuid.uuid4())  # also names the data file: both need a globally unique id
+        add = self._write_data_file(data, now, codecs, commit_id)
         actions: list[dict[str, Any]] = [
-            {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-                            "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE, "txnId": commit_id, **dict(metadata or {})}},
+            {"commitInfo": {"timestamp": now, "operation": "WRITE",
+                            "operationParameters": {"mode": "Overwrite" if removes else "Append"},
+                            "isBlindAppend": not removes, "engineInfo": ENGINE, "clientVersion": ENGINE,
+                            "txnId": commit_id, **dict(metadata or {})}},
             *({"txn": {"appId": k, "version": v, "lastUpdated": now}} for k, v in apps.items()),
+            *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}} for p in removes),
             {"add": add},
         ]
+        removing = set(removes)
         body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
         while True:
             version = self.version + 1
@@ -274,9 +286,13 @@ class DeltaAppender:
             if clash:
                 self._discard(add["path"])
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
+            if removing and any("remove" in a and a["remove"]["path"] in removing for a in theirs):
+                self._discard(add["path"])
+                raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
 
-    def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None) -> dict[str, Any]:
-        name = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+    def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None,
+                         unique: str) -> dict[str, Any]:
+        name = f"part-00000-{unique}-c000.zstd.parquet"
         size = self._io("write a data file to", lambda: delta.put_parquet(self.root, self.segments, name, data, codecs))
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}

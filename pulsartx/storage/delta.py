@@ -133,7 +133,6 @@ def retrying(what: str, uri: str, fn: Callable[[], T], *, root: StorageRoot | No
     """Run ``fn``, retrying transient faults with jittered exponential backoff until the policy's
     deadline, then raise :class:`StorageUnavailable` naming ``what`` and ``uri``. Other exceptions
     (including :class:`ConcurrentCommit`) propagate unchanged on the first occurrence."""
-    policy = policy or RetryPolicy.from_env()
     start = time.monotonic()
     attempt = 0
     while True:
@@ -142,6 +141,7 @@ def retrying(what: str, uri: str, fn: Callable[[], T], *, root: StorageRoot | No
         except Exception as e:
             if not is_transient(e):
                 raise
+            policy = policy or RetryPolicy.from_env()  # read on the first fault: every append passes here
             elapsed = time.monotonic() - start
             if elapsed >= policy.deadline_s:
                 raise StorageUnavailable(
@@ -299,6 +299,54 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     return body.size
 
 
+# Up to this many files on a local disk are read one by one; more (or several on an object store,
+# where a dataset reads them in parallel) go through one pyarrow.dataset scan.
+FEW_FILES = 4
+THREADED_READ_ROWS = 50_000
+
+
+def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns: list[str] | None = None,
+                 keep: Callable[[pa.Table], Any] | None = None) -> pa.Table:
+    """Read data files of one table as ``schema`` (``columns`` of it), keeping the rows for which
+    ``keep(table)`` (a boolean mask) is true.
+
+    Why not always pyarrow.dataset: for the one or few files of a protocol step or a consumer's
+    fetch, a dataset costs 1-2 ms more per call than opening the files (a 1 MB, 1,000-record
+    partition file: 2.6 ms against 1.15 ms), as does a thread pool for one small file."""
+    import pyarrow.parquet as pq
+
+    cols = list(columns) if columns is not None else schema.names
+    out_schema = pa.schema([schema.field(c) for c in cols])
+    if not paths:
+        return out_schema.empty_table()
+    if len(paths) == 1 or (root.is_local and len(paths) <= FEW_FILES):
+        fs = root.arrow_fs
+        tables = []
+        for path in paths:
+            with fs.open_input_file(path) as f:
+                pf = pq.ParquetFile(f, pre_buffer=False)
+                present = set(pf.schema_arrow.names)
+                # The thread pool only pays off for big files (a Spark task's), not for a fetch's.
+                t = pf.read(columns=[c for c in cols if c in present],
+                            use_threads=pf.metadata.num_rows >= THREADED_READ_ROWS)
+            for c in cols:
+                if c in present:
+                    continue
+                field = out_schema.field(c)
+                if not field.nullable:  # a file in another layout: the caller reports corruption
+                    raise pa.ArrowInvalid(f"data file {path} has no column {c!r}")
+                t = t.append_column(field, pa.nulls(t.num_rows, field.type))  # written before the column existed
+            tables.append(t.select(cols).cast(out_schema))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    else:
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(paths, schema=schema, format="parquet", filesystem=root.arrow_fs).to_table(columns=cols)
+    if keep is not None:
+        table = table.filter(keep(table))
+    return table
+
+
 def commit_file(version: int) -> str:
     """The name of a Delta commit in ``_delta_log``."""
     return f"{version:020d}.json"
@@ -421,10 +469,17 @@ def file_stats(table: pa.Table, columns: Iterable[str]) -> str:
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    small = table.num_rows <= SMALL_FILE_ROWS
     for name in columns:
         col = table.column(name)
         nulls[name] = col.null_count
         if col.null_count == len(col):
+            continue
+        if small and not pa.types.is_timestamp(col.type):
+            # A protocol step's file holds a row or a few: Python's min/max over them is 5x
+            # cheaper than a compute kernel call (0.03 against 0.15 ms per file, every append).
+            values = [v for v in col.to_pylist() if v is not None]
+            mins[name], maxs[name] = min(values), max(values)
             continue
         mm = pc.min_max(col)
         if pa.types.is_timestamp(col.type):

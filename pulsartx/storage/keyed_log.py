@@ -30,8 +30,6 @@ log = logging.getLogger(__name__)
 BUCKETS = 256
 SEQ = "seq"
 MAX_CAS_ATTEMPTS = 500
-# Up to this many local files are read one by one; more go through pyarrow.dataset (parallel reads).
-FEW_FILES = 4
 T = TypeVar("T")
 
 
@@ -53,6 +51,7 @@ class KeyedLog:
         self.rows: dict[str, dict[str, Any]] = {}
         self._appender: DeltaAppender | None = None
         self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
+        self._active: set[str] | None = None  # the table's data files as of our version (None: unknown)
         self.files_since_compaction = 0
         self.appended = 0
 
@@ -75,6 +74,7 @@ class KeyedLog:
         self._pending = []
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
         files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
+        self._active = set(files)
         self._apply(self._read_files(files))
         self.files_since_compaction = len(files)
         return self
@@ -90,28 +90,13 @@ class KeyedLog:
                 "use that version, or delete the table to start this state over")
 
     def _read_files(self, files: Iterable[str]) -> list[dict[str, Any]]:
-        import pyarrow.dataset as ds
-        import pyarrow.parquet as pq
-
         paths = [self.root.fs_path(*self.segments, f) for f in files]
         if not paths:
             return []
         uri = self.root.uri(*self.segments)
 
         def read() -> list[dict[str, Any]]:
-            if len(paths) == 1 or (self.root.is_local and len(paths) <= FEW_FILES):
-                # A file or a few (others' latest entries, the common case): opened one by one, as
-                # pyarrow.dataset costs 1-2 ms more per call than reading a one-row file itself
-                # (on object stores only a single file: the dataset reads several in parallel).
-                fs = self.root.arrow_fs
-                tables = []
-                for path in paths:
-                    with fs.open_input_file(path) as f:
-                        # No thread pool for a one-row file: 0.7-0.9 ms less per file.
-                        tables.append(pq.ParquetFile(f, pre_buffer=False).read(use_threads=False))
-                return pa.concat_tables(tables, promote_options="permissive").cast(self.schema).to_pylist()
-            return ds.dataset(paths, schema=self.schema, format="parquet",
-                              filesystem=self.root.arrow_fs).to_table().to_pylist()
+            return delta.read_parquet(self.root, paths, self.schema).to_pylist()
 
         try:
             # A network fault is retried, then StorageUnavailable; only what remains is corruption.
@@ -145,8 +130,13 @@ class KeyedLog:
         assert self._appender is not None
         return self._appender
 
-    def _on_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
+    def _on_commit(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
         adds = [a["add"]["path"] for a in actions if "add" in a]
+        if self._active is not None:
+            self._active.difference_update(a["remove"]["path"] for a in actions if "remove" in a)
+            self._active.update(adds)
+        if ours:
+            return
         if any("remove" in a for a in actions):
             self.files_since_compaction = len(adds)
         else:
@@ -235,18 +225,34 @@ class KeyedLog:
     def compact(self, keep: Callable[[dict[str, Any]], bool]) -> bool:
         """Rewrite the live rows (those ``keep`` accepts) as one file replacing every active file.
 
-        Correct under concurrency: the overwrite removes only the files of its own snapshot, so an
-        entry committed concurrently survives; if delta-rs reports a conflict we skip this round."""
+        Correct under concurrency: the commit removes only the files of its own snapshot, so an
+        entry committed concurrently survives; a concurrent compaction makes one of the two give up
+        (ConcurrentCommit), and we skip this round.
+
+        Written by our appender as one commit with the removes (a few ms). Through
+        ``write_deltalake(mode="overwrite")`` it cost ~120 ms (bringing the handle over the ~100-200
+        commits since the last compaction, then delta-rs's write), every 100-200 protocol steps:
+        2-3 ms on average added to each transactional acknowledgement (docs/NOTES-session7.md)."""
+        writer = self._writer()
         try:
-            self._writer().sync_handle()
-            self._flush()
-            live = [r for r in self.rows.values() if keep(r)]
-            self._writer().write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
+            if writer.fast and self._active is not None:
+                if not writer.catch_up():
+                    self.open()
+                self._flush()
+                live = [r for r in self.rows.values() if keep(r)]
+                writer.append(pa.Table.from_pylist(live, schema=self.schema), removes=sorted(self._active))
+            else:
+                writer.sync_handle()
+                self._flush()
+                live = [r for r in self.rows.values() if keep(r)]
+                writer.write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
+                self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
+                                .to_pylist()}
         except Exception as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
             log.info("%s compaction skipped (concurrent writer or storage fault): %s", self.name, e)
             return False
         self._flush()
         self.rows = {k: v for k, v in self.rows.items() if keep(v)}
-        self.files_since_compaction = 1
+        self.files_since_compaction = len(self._active) if self._active is not None else 1
         return True

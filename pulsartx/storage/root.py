@@ -7,6 +7,7 @@ had its own options, a credential or endpoint fixed in one place would silently 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import posixpath
@@ -36,6 +37,10 @@ def redact_options(options: dict[str, str]) -> dict[str, str]:
 
 
 _LOG_SECRETS: set[str] = set()
+# Names of the temporary files a local put-if-absent publishes from: unique per process (the pid
+# tells forked children apart) without a uuid4 per commit, which costs a getrandom call.
+_TMP_TAG = uuid.uuid4().hex[:12]
+_TMP_SEQ = itertools.count()
 _LOG_SECRETS_LOCK = threading.Lock()
 _MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
 
@@ -276,7 +281,7 @@ class StorageRoot:
         """
         path = self.fs_path(*segments)
         if self.is_local:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            tmp = f"{path}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}"
             with open(tmp, "wb") as f:
                 f.write(body)
             try:

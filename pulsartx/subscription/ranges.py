@@ -21,9 +21,16 @@ class RangeSet:
 
     @classmethod
     def of(cls, offsets: Iterable[int]) -> RangeSet:
+        """One pass over the sorted offsets: a consumer builds this from everything it holds on each
+        fetch, and adding offsets one by one cost ~3 us each (40,000 held: 0.1 s per fetch)."""
         rs = cls()
+        starts, ends = rs._starts, rs._ends
         for o in sorted(set(offsets)):
-            rs.add_range(o, o)
+            if ends and o == ends[-1] + 1:
+                ends[-1] = o
+            else:
+                starts.append(o)
+                ends.append(o)
         return rs
 
     def copy(self) -> RangeSet:
