@@ -259,11 +259,14 @@ def test_an_ack_whose_registration_fails_leaves_nothing_pending(client):
     client.admin.transactions.abort_transaction(txn.id)
     with pytest.raises(InvalidTxnStatusError):
         c.acknowledge_cumulative(m1, txn=txn)
+    with pytest.raises(InvalidTxnStatusError):
+        c.acknowledge(m2, txn=txn)
     [st] = pending_stats(client, IN, "s")
     assert (st["pendingAckCount"], st["markDeletePosition"]) == (0, -1)
+    assert drain(c) == []  # the consumer still holds all three, as if the acks were never tried
     c.redeliver_unacknowledged_messages()
     again = receive_n(c, 3)
-    assert vals(again) == ["m0", "m1", "m2"]
+    assert vals(again) == ["m0", "m1", "m2"] and [m.redelivery_count() for m in again] == [1, 1, 1]
     other = client.new_transaction()
     c.acknowledge_cumulative(again[-1], txn=other)  # no conflict left behind
     other.commit()
@@ -271,7 +274,7 @@ def test_an_ack_whose_registration_fails_leaves_nothing_pending(client):
     assert drain(c) == []
 
 
-@pytest.mark.parametrize("outcome", ["commit", "abort"])
+@pytest.mark.parametrize("outcome", ["commit", "abort", "commit, then trimmed"])
 def test_a_pending_ack_its_tc_never_listed_is_returned_once_the_txn_ends(client, outcome):
     """A process that died between its PENDING_ACK write and ADD_SUBSCRIPTION: the TC ends the
     transaction without this subscription, and consumer-side resolution returns the ack (a
@@ -288,8 +291,17 @@ def test_a_pending_ack_its_tc_never_listed_is_returned_once_the_txn_ends(client,
     assert pending_stats(client, IN, "s")[0]["pendingAckCount"] == 1
     [m1] = receive_n(c, 1)
     assert m1.data() == b"m1"  # m0 is PENDING_ACK
-    txn.commit() if outcome == "commit" else txn.abort()
+    txn.abort() if outcome == "abort" else txn.commit()
     assert client.admin.transactions.get_transaction_metadata(txn.id)["subscriptions"] == []
+    if outcome == "commit, then trimmed":  # the TC forgets finished transactions: that is no answer either
+        from pulsartx.coordinator.coordinator import now_ms
+        from pulsartx.exceptions import TransactionNotFound
+
+        tl = client._coordinators().for_txn(txn.id).txlog
+        tl.finished_retention_ms, tl.log.compact_every = 0, 1
+        assert tl.maybe_compact(now_ms())
+        with pytest.raises(TransactionNotFound, match="trimmed"):
+            client.admin.transactions.get_transaction_metadata(txn.id)
     c.acknowledge(m1)
     got = c.receive(timeout_millis=10_000)  # resolution runs on a fetch
     assert got.data() == b"m0" and got.redelivery_count() == 1

@@ -93,6 +93,21 @@ class _Partition:
         return self.topic.partition
 
 
+def _trimmed(client: Any, key: int) -> bool:
+    """Whether the transaction was issued and has been trimmed from its TC log, read afresh: a
+    process's copy of the log may miss a transaction another process began, and its pending acks
+    must not be taken for a dead transaction's."""
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    most, least = key_txn(key)
+    try:
+        fresh = TransactionLog(client.root, most).open()
+    except PulsarException as e:
+        log.debug("cannot read TC %d's log to resolve a pending ack: %s", most, e)
+        return False
+    return fresh.get(least) is None and least <= fresh.counter
+
+
 class Consumer:
     def __init__(self, client: Client, topic: str, subscription_name: str,
                  consumer_type: ConsumerType = ConsumerType.Exclusive,
@@ -387,7 +402,7 @@ class Consumer:
         subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
         registering = txn._register_subscriptions(subs)
         k = txn_key(*txn.id.as_tuple())
-        written: list[_Partition] = []
+        released: dict[_Partition, dict[int, float]] = {}  # per partition written: what left `held`
         failed = True
         try:
             for part, offs in by_part.items():
@@ -396,34 +411,40 @@ class Consumer:
                 except TransactionConflict as e:
                     txn._mark_conflict(e)
                     raise
-                written.append(part)
                 with self._lock:
-                    for o in offs:
-                        part.held.pop(o, None)
-                    if cumulative is not None:
-                        for o in [o for o in part.held if o <= cumulative]:
-                            del part.held[o]
+                    gone = [o for o in part.held if o <= cumulative] if cumulative is not None else offs
+                    released[part] = {o: part.held.pop(o) for o in gone if o in part.held}
                     part.cursor = None
             failed = False
         finally:
-            if registering is not None:
-                self._await_registration(txn, registering, written, raise_error=not failed)
+            for fut in registering:
+                self._await_registration(txn, fut, by_part, released, cumulative, raise_error=not failed)
 
-    def _await_registration(self, txn: Any, registering: Any, written: list[_Partition], raise_error: bool) -> None:
+    def _await_registration(self, txn: Any, registering: Any, by_part: dict[_Partition, list[int]],
+                            released: dict[_Partition, dict[int, float]], cumulative: int | None,
+                            raise_error: bool) -> None:
         try:
             registering.result()
-        except BaseException as e:
+        except Exception as e:
+            # The TC will not end what this call wrote: take it back (only this call's acks, and as
+            # if never made: the messages stay with this consumer, no redelivery is counted).
             k = txn_key(*txn.id.as_tuple())
-            for part in written:  # the TC will not end them: return them now
+            for part, held in list(released.items()):
+                offs = [] if cumulative is not None else by_part[part]
                 try:
-                    part.store.update(lambda c: bool(c.abort(k)))
+                    part.store.update(lambda c, offs=offs: c.withdraw(k, offs, cumulative))
                 except PulsarException as undo:  # resolution returns them once the TC ended the txn
-                    log.warning("returning the pending acks of %s on %s after its failed registration "
+                    log.warning("taking back the pending acks of %s on %s after its failed registration "
                                 "failed (they return when the transaction ends): %s", txn.id, part.topic, undo)
-                with self._lock:
+                    continue
+                del released[part]  # several registrations to wait for: take back once
+                with self._lock:  # held again, as before the call
+                    for o, t in held.items():
+                        part.held.setdefault(o, t)
                     part.cursor = None
             if raise_error:
                 raise e from None
+            log.debug("registration of %s's subscription also failed: %s", txn.id, e)
 
     def _flush_acks(self) -> None:
         # One flush at a time: the background thread and the caller's (close, seek, redeliver,
@@ -574,10 +595,14 @@ class Consumer:
         from pulsartx.subscription.store import end_transaction
 
         mine = Subscription(str(part.topic), self._subscription)
-        for k, meta in _lookup(self._client._coordinators(), keys).items():
-            # Abort when the TC aborted it, and when it decided without this subscription among its
-            # participants (the list is fixed once COMMITTING is logged) or forgot it (finished and
-            # trimmed: had it been listed, its end here would have come before COMMITTED).
+        metas = _lookup(self._client._coordinators(), keys)
+        for k, meta in metas.items():
+            # Abort when the TC aborted it, when it decided without this subscription among its
+            # participants (the list is fixed once COMMITTING is logged), or when it forgot it
+            # (finished and trimmed: had it been listed, its end here would have come before
+            # COMMITTED), which a fresh read of its log must confirm.
+            if meta is None and not _trimmed(self._client, k):
+                continue
             if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
                     meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):
                 end_transaction(self._client.root, str(part.topic), self._subscription, TxnID(*key_txn(k)),

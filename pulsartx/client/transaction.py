@@ -60,6 +60,7 @@ class Transaction:
         self.state = TransactionState.OPEN
         self._partitions: set[str] = set()
         self._subscriptions: set[Subscription] = set()
+        self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
         self._producers: list[Any] = []
         self._entries: dict[str, list[tuple[int, int]]] = {}
         self._conflict: BaseException | None = None
@@ -100,21 +101,40 @@ class Transaction:
         else:
             self._call(lambda: self._tc().check_usable(self.id))
 
-    def _register_subscriptions(self, subs: set[Subscription]) -> Future[None] | None:
+    def _register_subscriptions(self, subs: set[Subscription]) -> list[Future[None]]:
         """ADD_SUBSCRIPTION for those of ``subs`` this transaction has not registered yet, started
-        on a helper thread (None when there is nothing to register): the caller writes its pending
-        acks meanwhile and then waits for the result (``Consumer._txn_ack`` says why that is safe)."""
+        on a helper thread; returns what to wait for (nothing when all are registered). The caller
+        writes its pending acks meanwhile (``Consumer._txn_ack`` says why that is safe). Callers
+        acking on a subscription whose registration is under way wait for the same one, so they
+        all learn the same outcome."""
         with self._lock:
-            new = subs - self._subscriptions
-        if not new:
-            return None
+            waiting = {id(f): f for s in subs if (f := self._registering.get(s)) is not None}
+            new = subs - self._subscriptions - self._registering.keys()
+            if new:
+                fut: Future[None] = Future()
+                for s in new:
+                    self._registering[s] = fut
+                waiting[id(fut)] = fut
+        if new:
+            def register() -> None:
+                try:
+                    self._call(lambda: self._tc().add_subscriptions(self.id, new))
+                    with self._lock:
+                        self._subscriptions |= new
+                except BaseException as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(None)
+                finally:
+                    with self._lock:
+                        for s in new:
+                            self._registering.pop(s, None)
 
-        def register() -> None:
-            self._call(lambda: self._tc().add_subscriptions(self.id, new))
-            with self._lock:
-                self._subscriptions |= new
-
-        return helper_pool().submit(register)
+            try:
+                helper_pool().submit(register)
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                register()
+        return list(waiting.values())
 
     def _call(self, fn):
         try:

@@ -149,6 +149,9 @@ class DeltaAppender:
         self.segments = segments
         self.schema = schema
         self.on_commit = on_commit
+        # Called when this writer starts over from a fresh snapshot: the commits in between reach no
+        # on_commit, so an owner with derived state must rebuild it (KeyedLog reopens).
+        self.on_reload: Callable[[], None] | None = None
         self._tail = delta.LogTail(root, segments)
         self._reset(table)
 
@@ -203,6 +206,8 @@ class DeltaAppender:
         if table is None:
             table = delta.open_table(self.root, *self.segments)
         self._reset(table)
+        if self.on_reload is not None:
+            self.on_reload()
         return table
 
     def sync_handle(self) -> Any:

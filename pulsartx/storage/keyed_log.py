@@ -52,6 +52,7 @@ class KeyedLog:
         self._appender: DeltaAppender | None = None
         self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
         self._active: set[str] | None = None  # the table's data files as of our version (None: unknown)
+        self._reopen = False  # our writer lost track of the table (see _lost_track)
         self.files_since_compaction = 0
         self.appended = 0
 
@@ -73,6 +74,8 @@ class KeyedLog:
         self.rows = {}
         self._pending = []
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
+        self._appender.on_reload = self._lost_track
+        self._reopen = False
         files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
         self._active = set(files)
         self._apply(self._read_files(files))
@@ -117,9 +120,16 @@ class KeyedLog:
                 changed.append(r)
         return changed
 
+    def _lost_track(self) -> None:
+        """Our writer jumped to a fresh snapshot (its own was too old, or the table's metadata
+        changed): the commits in between were never applied here, so rows and files must be
+        reloaded before they are trusted again."""
+        self._reopen = True
+        self._active = None
+
     def refresh(self) -> list[dict[str, Any]]:
         """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
-        if self._appender is None or not self._appender.catch_up():
+        if self._appender is None or self._reopen or not self._appender.catch_up():
             self.open()
             return list(self.rows.values())
         return self._flush()
@@ -147,7 +157,14 @@ class KeyedLog:
         """Read the data files of the others' commits seen since the last flush, in one scan
         (replay order does not matter: the highest seq per key wins)."""
         files, self._pending = self._pending, []
-        return self._apply(self._read_files(files)) if files else []
+        if not files:
+            return []
+        try:
+            rows = self._read_files(files)
+        except Exception:
+            self._pending[:0] = files  # still to be read: a failed read must not lose their rows
+            raise
+        return self._apply(rows)
 
     def replaced(self) -> bool:
         """Whether the table was deleted (and perhaps re-created) since this log loaded it."""
@@ -233,11 +250,11 @@ class KeyedLog:
         ``write_deltalake(mode="overwrite")`` it cost ~120 ms (bringing the handle over the ~100-200
         commits since the last compaction, then delta-rs's write), every 100-200 protocol steps:
         2-3 ms on average added to each transactional acknowledgement (docs/NOTES-session7.md)."""
-        writer = self._writer()
         try:
+            if self._reopen or not self._writer().catch_up():
+                self.open()
+            writer = self._writer()
             if writer.fast and self._active is not None:
-                if not writer.catch_up():
-                    self.open()
                 self._flush()
                 live = [r for r in self.rows.values() if keep(r)]
                 writer.append(pa.Table.from_pylist(live, schema=self.schema), removes=sorted(self._active))

@@ -123,6 +123,18 @@ class CursorState:
                     f"cumulative ack at offset {position} covers messages pending in another transaction")
         self.pending_cumulative = (txn, position)
 
+    def withdraw(self, txn: int, offsets: list[int] = (), cumulative: int | None = None) -> None:
+        """Take back pending acks a transaction has just made, as if never made (no redelivery
+        counted): the acknowledgement that made them failed before it returned."""
+        rs = self.pending.get(txn)
+        if rs is not None:
+            for o in offsets:
+                rs.discard(o)
+            if not rs:
+                del self.pending[txn]
+        if cumulative is not None and self.pending_cumulative == (txn, cumulative):
+            self.pending_cumulative = None
+
     def commit(self, txn: int) -> bool:
         """TC commit: the transaction's pending acks become acknowledgements. Idempotent."""
         changed = False
