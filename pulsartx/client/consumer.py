@@ -394,7 +394,7 @@ class Consumer:
         Why that is safe, though the pending ack may land before the TC lists the subscription:
         * the ack returns (or the transaction can commit) only after both landed;
         * a registration that fails (the transaction timed out, was fenced or ended; storage)
-          returns the pending acks just written at once, and the error is raised;
+          withdraws the pending acks this call wrote, as if never made, and the error is raised;
         * a crash in between leaves pending acks of a transaction the TC does not list for this
           subscription: once the TC has ended it (a timeout aborts it), consumer-side resolution
           returns them (``_resolve_pending``), as the TC's participant call would have."""
