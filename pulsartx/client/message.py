@@ -18,7 +18,7 @@ class Records:
     is turned into a Python list the first time any message asks for it (a consumer that never
     looks at keys or properties never decodes them)."""
 
-    __slots__ = ("_table", "_cols", "topic", "partition", "offsets", "_values")
+    __slots__ = ("_table", "_cols", "topic", "partition", "offsets")
 
     def __init__(self, table: Any, topic: str, partition: int):
         self._table = table
@@ -26,13 +26,6 @@ class Records:
         self.topic = topic
         self.partition = partition
         self.offsets: list[int] = table.column("offset").to_pylist()
-        self._values: list | None = None  # the payloads: read by nearly every consumer, kept at hand
-
-    def values(self) -> list:
-        values = self._values
-        if values is None:
-            values = self._values = self.column("value")
-        return values
 
     def column(self, name: str) -> list:
         col = self._cols.get(name)
@@ -65,7 +58,7 @@ class Message:
         self._id: MessageId | None = None
 
     def data(self) -> bytes:
-        return self._rows.values()[self._i] or b""
+        return self._rows.column("value")[self._i] or b""
 
     def value(self) -> bytes:
         return self.data()

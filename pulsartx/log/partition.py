@@ -314,14 +314,11 @@ def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[Dat
     if "offset" not in cols:
         cols = ["offset", *cols]
     paths = [root.fs_path(*segments, f.path) for f in files]
-    keep = keep_expr = None
+    keep = None
     if files and (start > files[0].min_offset or end <= files[-1].max_offset):
-        def keep(t: pa.Table) -> Any:
-            off = t.column("offset")
-            return pc.and_(pc.greater_equal(off, start), pc.less(off, end))
-        keep_expr = (pc.field("offset") >= start) & (pc.field("offset") < end)
+        keep = (pc.field("offset") >= start) & (pc.field("offset") < end)
     try:
-        table = delta.read_parquet(root, paths, RECORD_SCHEMA, cols, keep, keep_expr)
+        table = delta.read_parquet(root, paths, RECORD_SCHEMA, cols, keep)
     except FileNotFoundError as e:
         raise CorruptedLog(f"partition {'/'.join(segments[1:])}: a data file listed in the Delta log is missing: {e}") from e
     except (OSError, pa.ArrowInvalid) as e:

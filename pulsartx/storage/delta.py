@@ -306,10 +306,9 @@ THREADED_READ_ROWS = 50_000
 
 
 def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns: list[str] | None = None,
-                 keep: Callable[[pa.Table], Any] | None = None, keep_expr: Any = None) -> pa.Table:
-    """Read data files of one table as ``schema`` (``columns`` of it), keeping the rows for which
-    ``keep(table)`` (a boolean mask) is true; ``keep_expr``, the same as a dataset expression, lets
-    a scan of many files skip row groups by their statistics.
+                 keep: Any = None) -> pa.Table:
+    """Read data files of one table as ``schema`` (``columns`` of it), keeping the rows the
+    expression ``keep`` accepts (a scan of many files also skips row groups by their statistics).
 
     Why not always pyarrow.dataset: for the one or few files of a protocol step or a consumer's
     fetch, a dataset costs 1-2 ms more per call than opening the files (a 1 MB, 1,000-record
@@ -343,12 +342,8 @@ def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns
         import pyarrow.dataset as ds
 
         dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=root.arrow_fs)
-        if keep_expr is not None:
-            return dataset.to_table(columns=cols, filter=keep_expr)
-        table = dataset.to_table(columns=cols)
-    if keep is not None:
-        table = table.filter(keep(table))
-    return table
+        return dataset.to_table(columns=cols, filter=keep)
+    return table if keep is None else table.filter(keep)
 
 
 def commit_file(version: int) -> str:

@@ -254,15 +254,15 @@ class KeyedLog:
             if self._reopen or not self._writer().catch_up():
                 self.open()
             writer = self._writer()
-            if writer.fast and self._active is not None:
-                self._flush()
-                live = [r for r in self.rows.values() if keep(r)]
-                writer.append(pa.Table.from_pylist(live, schema=self.schema), removes=sorted(self._active))
+            fast = writer.fast and self._active is not None
+            if not fast:
+                writer.sync_handle()  # delta-rs's overwrite removes the handle's files
+            self._flush()
+            live = pa.Table.from_pylist([r for r in self.rows.values() if keep(r)], schema=self.schema)
+            if fast:
+                writer.append(live, removes=sorted(self._active))
             else:
-                writer.sync_handle()
-                self._flush()
-                live = [r for r in self.rows.values() if keep(r)]
-                writer.write_with_deltalake(pa.Table.from_pylist(live, schema=self.schema), mode="overwrite")
+                writer.write_with_deltalake(live, mode="overwrite")
                 self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
                                 .to_pylist()}
         except Exception as e:

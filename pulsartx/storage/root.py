@@ -37,12 +37,12 @@ def redact_options(options: dict[str, str]) -> dict[str, str]:
 
 
 _LOG_SECRETS: set[str] = set()
+_LOG_SECRETS_LOCK = threading.Lock()
+_MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
 # Names of the temporary files a local put-if-absent publishes from: unique per process (the pid
 # tells forked children apart) without a uuid4 per commit, which costs a getrandom call.
 _TMP_TAG = uuid.uuid4().hex[:12]
 _TMP_SEQ = itertools.count()
-_LOG_SECRETS_LOCK = threading.Lock()
-_MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
 
 
 def scrub_logs_of(options: dict[str, str]) -> None:
