@@ -33,6 +33,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from pulsartx.exceptions import CorruptedLog, StorageError, causes
+from pulsartx.storage import faults
+from pulsartx.storage.faults import Op
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -186,6 +188,7 @@ def open_table(root: StorageRoot, *segments: str, version: int | None = None) ->
     options = _delta_options(root)
 
     def attempt() -> Any | None:
+        faults.before(Op.DELTA, uri)
         try:
             return dl.DeltaTable(uri, version=version, storage_options=options)
         except dl.exceptions.TableNotFoundError:
@@ -214,10 +217,15 @@ def create_table(root: StorageRoot, schema: pa.Schema, *segments: str,
 
         os.makedirs(uri, exist_ok=True)
     options = _delta_options(root)
+
+    def create() -> None:
+        faults.before(Op.DELTA, uri)
+        dl.DeltaTable.create(uri, schema, mode="error", name=name, configuration=dict(configuration or {}),
+                             storage_options=options)
+        faults.after(Op.DELTA, uri)
+
     try:
-        retrying("create Delta table", uri, lambda: dl.DeltaTable.create(
-            uri, schema, mode="error", name=name, configuration=dict(configuration or {}), storage_options=options),
-            root=root)
+        retrying("create Delta table", uri, create, root=root)
         return True
     except StorageError:
         raise
@@ -291,11 +299,13 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     pq.write_table(data, buf, **parquet_options(data.schema, codecs, data.num_rows))
     body = buf.getvalue()
     path = root.fs_path(*segments, name)
+    faults.before(Op.WRITE, path)
     if root.is_local:
         with open(path, "wb") as f:
             f.write(body)
     else:
         root.fs.pipe(path, body.to_pybytes())
+    faults.after(Op.WRITE, path)
     return body.size
 
 
@@ -319,6 +329,8 @@ def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns
     out_schema = pa.schema([schema.field(c) for c in cols])
     if not paths:
         return out_schema.empty_table()
+    for path in paths:
+        faults.before(Op.READ, path)
     if len(paths) == 1 or (root.is_local and len(paths) <= FEW_FILES):
         fs = root.arrow_fs
         tables = []
@@ -377,11 +389,13 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     )
 
     def attempt() -> None:
+        faults.before(Op.DELTA, table.table_uri)
         try:
             dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(),
                                commit_properties=props)
         except dl.exceptions.CommitFailedError as e:
             raise ConcurrentCommit(str(e)) from e
+        faults.after(Op.DELTA, table.table_uri)
 
     try:
         retrying("write to Delta table", table.table_uri, attempt)

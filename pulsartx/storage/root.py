@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pulsartx.exceptions import InvalidConfiguration, StorageError, causes
+from pulsartx.storage import faults
+from pulsartx.storage.faults import Op
 
 ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
 DEFAULT_SERVICE_URL = "./pulsartx-data"
@@ -232,10 +234,14 @@ class StorageRoot:
         and a Spark job's driver-side calls (``writer()``, ``commit()``, each micro-batch's
         ``streamWriter()``) often run in a fresh worker, where that import was the largest part of
         the job's fixed cost."""
+        faults.before(Op.READ, path)
         if self.is_local:
             with open(path, "rb") as f:
-                return f.read()
-        return self.fs.cat_file(path)
+                data = f.read()
+        else:
+            data = self.fs.cat_file(path)
+        faults.after(Op.READ, path)
+        return data
 
     # Small JSON documents (topic metadata). Object stores have no rename, so writes are whole-object puts.
     def read_text(self, *segments: str) -> str | None:
@@ -253,15 +259,19 @@ class StorageRoot:
         path = self.fs_path(*segments)
         if self.is_local:
             # Write-then-rename so a concurrent reader never sees half a file.
+            faults.before(Op.WRITE, path)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.tmp-{os.getpid()}-{id(text)}"
             with open(tmp, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
+            faults.after(Op.WRITE, path)
         else:
             def write() -> None:
+                faults.before(Op.WRITE, path)
                 with self.fs.open(path, "w") as f:
                     f.write(text)
+                faults.after(Op.WRITE, path)
 
             self._guarded("write", path, write)
 
@@ -281,23 +291,27 @@ class StorageRoot:
         """
         path = self.fs_path(*segments)
         if self.is_local:
+            faults.before(Op.CREATE, path)
             tmp = f"{path}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}"
             with open(tmp, "wb") as f:
                 f.write(body)
             try:
                 os.link(tmp, path)
-                return True
             except FileExistsError:
                 return False
             finally:
                 os.unlink(tmp)
+            faults.after(Op.CREATE, path)
+            return True
         if self.scheme != "s3":
             raise NotImplementedError(f"put-if-absent is not available for {self.scheme}:// roots")
 
         def put() -> bool:
             for attempt in range(20):
                 try:
+                    faults.before(Op.CREATE, path)
                     self.fs.pipe(path, body, mode="create")
+                    faults.after(Op.CREATE, path)
                     return True
                 except FileExistsError:
                     return False
@@ -318,23 +332,34 @@ class StorageRoot:
     def exists(self, *segments: str) -> bool:
         path = self.fs_path(*segments)
         if self.is_local:
+            faults.before(Op.LIST, path)
             return os.path.exists(path)
-        return self._guarded("check", path, lambda: self.fs.exists(path))
+
+        def check() -> bool:
+            faults.before(Op.LIST, path)
+            return self.fs.exists(path)
+
+        return self._guarded("check", path, check)
 
     def listdir(self, *segments: str) -> list[str]:
         """Names of the direct children of a folder (empty when it does not exist)."""
         path = self.fs_path(*segments)
-        try:
+        def ls() -> list[str]:
+            faults.before(Op.LIST, path)
             if self.is_local:
-                return sorted(os.listdir(path))
-            entries = self._guarded("list", path, lambda: self.fs.ls(path, detail=False))
+                return os.listdir(path)
+            return [posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(path, detail=False)]
+
+        try:
+            names = ls() if self.is_local else self._guarded("list", path, ls)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+        return faults.listing(path, sorted(names))
 
     def rm(self, *segments: str) -> None:
         """Delete a file or a whole folder; nothing if it does not exist."""
         path = self.fs_path(*segments)
+        faults.before(Op.DELETE, path)
         if self.is_local:
             with contextlib.suppress(FileNotFoundError):
                 if os.path.isdir(path) and not os.path.islink(path):
@@ -343,6 +368,7 @@ class StorageRoot:
                     os.remove(path)
         elif self.exists(*segments):
             self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
+        faults.after(Op.DELETE, path)
 
 
 def read_url_text(url: str) -> str:

@@ -1,0 +1,197 @@
+"""Fail points at the storage boundary: the last Python call before the disk or the object store.
+
+Why this exists: a protocol that is correct under process kills can still be wrong under storage
+faults (a read that fails after a durable write, a response lost after the write happened, a listing
+that misses an entry another process is creating). Those faults cannot be produced on demand by a
+real disk, so every storage primitive of :class:`~pulsartx.storage.root.StorageRoot` and the parquet
+reads and writes of :mod:`pulsartx.storage.delta` pass through :func:`before` / :func:`after`, as
+etcd's gofail and FreeBSD's fail(9) points do. Nothing of ours sits below them: whatever they inject,
+all of pulsartx above sees as the filesystem's own answer. (delta-rs talks to storage from Rust; on
+an object store, tests put a fault-injecting HTTP proxy in front of it instead.)
+
+Off unless a plan is installed, and then one global lookup per call. A plan is installed in-process
+with :func:`install`, or for a whole process tree through the ``PULSARTX_FAULTS`` environment
+variable (JSON, read at the first storage call of each process), so spawned and SIGKILLed children
+get it too. Each fired fault is appended to ``PULSARTX_FAULTS_LOG`` when set, so a test can assert
+that its fault really happened.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+ENV = "PULSARTX_FAULTS"
+LOG_ENV = "PULSARTX_FAULTS_LOG"
+
+
+class Op(StrEnum):
+    """What kind of storage call a fault applies to."""
+
+    READ = "read"      # reading a file: a commit, a data file, a small JSON document
+    LIST = "list"      # listing a folder, or checking whether a path exists
+    WRITE = "write"    # writing a whole file (data files, documents): last writer wins
+    CREATE = "create"  # put-if-absent: the Delta commit primitive
+    DELETE = "delete"
+    DELTA = "delta"    # a call into delta-rs (table open, create, write, checkpoint)
+
+
+class Mode(StrEnum):
+    ERROR = "error"      # fails before the call: nothing happened, the caller sees an I/O error
+    LOST = "lost"        # the call happened, then the caller sees an error (a lost response)
+    HTTP500 = "http500"  # an HTTP 500 answer; with ``after`` the write happened (ceph/ceph#71588)
+    DELAY = "delay"      # the call is delayed by ``delay_s`` (a slow store, a paused process)
+    HIDE = "hide"        # a listing misses the entries matching ``hide`` (a racing creator)
+
+
+@dataclass
+class Fault:
+    """Fire on the ``nth`` call (1-based) of kind ``op`` whose path contains ``match``, and on the
+    ``times - 1`` matching calls after it. ``transient``: the error looks like a network fault
+    (retried by our retry policy) rather than a permanent I/O error."""
+
+    op: Op
+    mode: Mode = Mode.ERROR
+    nth: int = 1
+    times: int = 1
+    match: str = ""
+    transient: bool = False
+    after: bool = False
+    delay_s: float = 0.0
+    hide: str = ""
+    seen: int = field(default=0, compare=False)
+    fired: int = field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        self.op, self.mode = Op(self.op), Mode(self.mode)
+        if self.mode is Mode.LOST:
+            self.after = True
+
+    def matches(self, op: Op, path: str) -> bool:
+        return op is self.op and self.match in path
+
+    def due(self) -> bool:
+        """Count this matching call; whether the fault fires on it."""
+        self.seen += 1
+        if self.seen >= self.nth and self.fired < self.times:
+            self.fired += 1
+            return True
+        return False
+
+
+class InjectedFault(OSError):
+    """A permanent injected I/O error (EIO): retrying does not make it go away."""
+
+
+class InjectedNetworkFault(ConnectionResetError):
+    """A transient injected fault: the connection dropped; a retry may succeed."""
+
+
+_plan: list[Fault] | None = None
+_loaded = False
+_lock = threading.Lock()
+
+
+def install(faults: Iterable[Fault]) -> None:
+    """Make ``faults`` this process's plan (replacing any other)."""
+    global _plan, _loaded
+    with _lock:
+        _plan = list(faults) or None
+        _loaded = True
+
+
+def clear() -> None:
+    install(())
+
+
+def env_value(faults: Iterable[Fault]) -> str:
+    """The ``PULSARTX_FAULTS`` value that installs ``faults`` in a child process."""
+    return json.dumps([{k: v for k, v in asdict(f).items() if k not in ("seen", "fired")} for f in faults])
+
+
+def plan() -> list[Fault]:
+    _load()
+    return list(_plan or ())
+
+
+def _load() -> None:
+    global _plan, _loaded
+    if _loaded:
+        return
+    with _lock:
+        if not _loaded:
+            raw = os.environ.get(ENV)
+            _plan = [Fault(**f) for f in json.loads(raw)] if raw else None
+            _loaded = True
+
+
+def _fire(op: Op, path: str, after: bool) -> Fault | None:
+    if not _loaded:
+        _load()
+    if _plan is None:
+        return None
+    with _lock:
+        for f in _plan:
+            if f.after == after and f.mode is not Mode.HIDE and f.matches(op, path) and f.due():
+                _record(f, op, path)
+                return f
+    return None
+
+
+def _record(f: Fault, op: Op, path: str) -> None:
+    target = os.environ.get(LOG_ENV)
+    if target:
+        with open(target, "a") as out:
+            out.write(json.dumps({"pid": os.getpid(), "op": op.value, "mode": f.mode.value, "after": f.after,
+                                  "path": path, "t": time.time()}) + "\n")
+
+
+def _raise(f: Fault, op: Op, path: str) -> None:
+    if f.mode is Mode.DELAY:
+        time.sleep(f.delay_s)
+        return
+    when = "after the call took effect" if f.after else "before the call"
+    if f.mode is Mode.HTTP500:
+        raise InjectedNetworkFault(f"injected HTTP 500 Internal Server Error on {op.value} {path} ({when})")
+    if f.transient:
+        raise InjectedNetworkFault(f"injected connection reset on {op.value} {path} ({when})")
+    raise InjectedFault(errno.EIO, f"injected I/O error on {op.value} {path} ({when})")
+
+
+def before(op: Op, path: str) -> None:
+    """Called before a storage call: may raise, or delay it."""
+    if _plan is None and _loaded:
+        return
+    f = _fire(op, path, after=False)
+    if f is not None:
+        _raise(f, op, path)
+
+
+def after(op: Op, path: str) -> None:
+    """Called once a storage call took effect: may raise as if its response was lost."""
+    if _plan is None and _loaded:
+        return
+    f = _fire(op, path, after=True)
+    if f is not None:
+        _raise(f, op, path)
+
+
+def listing(path: str, names: list[str]) -> list[str]:
+    """A folder listing as a racing creator's would look: entries a HIDE fault names are missing."""
+    if _plan is None and _loaded:
+        return names
+    if not _loaded:
+        _load()
+    if _plan is None:
+        return names
+    with _lock:
+        for f in _plan:
+            if f.mode is Mode.HIDE and f.matches(Op.LIST, path) and any(f.hide in n for n in names) and f.due():
+                _record(f, Op.LIST, path)
+                return [n for n in names if f.hide not in n]
+    return names

@@ -1,0 +1,107 @@
+"""The storage fail points (pulsartx.storage.faults) and what the lowest layers make of each fault:
+a failed or lost write is resolved by re-reading, never guessed; a hidden listing entry is a race,
+not corruption."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import deltalake as dl
+import pyarrow as pa
+import pytest
+
+from pulsartx.storage import delta, faults
+from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.faults import Fault, InjectedFault, Mode, Op
+from pulsartx.storage.root import StorageRoot
+
+SCHEMA = pa.schema([("seq", pa.int64(), False), ("name", pa.string())])
+
+
+def rows(*seqs: int) -> pa.Table:
+    return pa.table({"seq": list(seqs), "name": [f"n{s}" for s in seqs]}, schema=SCHEMA)
+
+
+@pytest.fixture(autouse=True)
+def no_faults():
+    faults.clear()
+    yield
+    faults.clear()
+
+
+@pytest.fixture
+def table(tmp_path):
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t")
+    return root, ("t",)
+
+
+def appender(table) -> DeltaAppender:
+    root, segments = table
+    return DeltaAppender(root, segments, delta.open_table(root, *segments), SCHEMA)
+
+
+def test_the_nth_matching_call_fails_and_only_it(table):
+    root, segments = table
+    root.write_text("x", "doc.json")
+    faults.install([Fault(Op.READ, nth=2, match="doc.json")])
+    assert root.read_text("doc.json") == "x"
+    with pytest.raises(InjectedFault, match="injected I/O error on read"):
+        root.read_text("doc.json")
+    assert root.read_text("doc.json") == "x"
+    assert faults.plan()[0].fired == 1
+
+
+def test_a_lost_commit_response_is_resolved_by_reading_the_commit_back(table):
+    """The commit file was created but the caller saw a (transient) error: the retry finds the
+    slot taken, reads it, recognises its own commit and reports that version, exactly once."""
+    a = appender(table)
+    faults.install([Fault(Op.CREATE, Mode.LOST, transient=True, match="_delta_log")])
+    assert a.append(rows(1), {"app.k": 1}) == 1
+    assert faults.plan()[0].fired == 1
+    t = dl.DeltaTable(a.uri)
+    assert t.version() == 1 and t.to_pyarrow_table().column("seq").to_pylist() == [1]
+    assert a.append(rows(2), {"app.k": 2}) == 2
+
+
+def test_an_http_500_after_a_conditional_put_took_effect_is_read_back(table):
+    """Ceph RGW may answer a conditional put race with 500 when the write happened
+    (ceph/ceph#71588): the outcome is unknown, so it is re-read."""
+    a = appender(table)
+    faults.install([Fault(Op.CREATE, Mode.HTTP500, after=True, match="_delta_log")])
+    assert a.append(rows(1)) == 1
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist() == [1]
+
+
+def test_a_permanent_write_failure_surfaces_and_leaves_the_table_unchanged(table):
+    a = appender(table)
+    faults.install([Fault(Op.CREATE, match="_delta_log")])
+    with pytest.raises(Exception, match="injected I/O error"):
+        a.append(rows(1))
+    assert dl.DeltaTable(a.uri).version() == 0
+    assert a.append(rows(2)) == 1
+
+
+def test_a_hidden_listing_entry_is_missing_from_that_listing_only(table):
+    root, _ = table
+    root.write_text("a", "d", "one")
+    root.write_text("b", "d", "two")
+    faults.install([Fault(Op.LIST, Mode.HIDE, hide="two", match="d")])
+    assert root.listdir("d") == ["one"]
+    assert root.listdir("d") == ["one", "two"]
+
+
+def test_a_plan_reaches_child_processes_through_the_environment(tmp_path):
+    log = tmp_path / "fired.jsonl"
+    doc = tmp_path / "doc.txt"
+    doc.write_text("x")
+    env = {**os.environ, faults.ENV: faults.env_value([Fault(Op.READ, match="doc.txt")]), faults.LOG_ENV: str(log)}
+    code = ("from pulsartx.storage.root import StorageRoot\n"
+            f"r = StorageRoot.resolve({str(tmp_path)!r})\n"
+            "try:\n    r.read_text('doc.txt')\nexcept OSError as e:\n    print('failed:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "failed: [Errno 5] injected I/O error on read" in out.stdout, out.stderr
+    fired = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(f["op"], f["mode"]) for f in fired] == [("read", "error")]
