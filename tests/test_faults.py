@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import deltalake as dl
 import pyarrow as pa
 import pytest
 
+from pulsartx.exceptions import CorruptedLog
 from pulsartx.storage import delta, faults
 from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.faults import Fault, InjectedFault, Mode, Op
@@ -105,3 +107,33 @@ def test_a_plan_reaches_child_processes_through_the_environment(tmp_path):
     assert "failed: [Errno 5] injected I/O error on read" in out.stdout, out.stderr
     fired = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(f["op"], f["mode"]) for f in fired] == [("read", "error")]
+
+
+def _versions(root: StorageRoot, n: int) -> None:
+    a = appender((root, ("t",)))
+    for i in range(n):
+        a.append(rows(i))
+
+
+def test_a_commit_missing_from_one_listing_is_reprobed_not_reported_as_corruption(table, tmp_path):
+    """A listing can miss a commit file another process is creating (POSIX readdir may skip entries
+    added during the scan; seen under 4 concurrent writers as "found gap 18068→18070" on a live
+    partition). Fails before the fix: the first open raised CorruptedLog at once."""
+    root, _ = table
+    _versions(root, 3)
+    commit = tmp_path / "t" / "_delta_log" / delta.commit_file(2)
+    aside = tmp_path / "aside.json"
+    os.rename(commit, aside)
+    threading.Timer(0.3, os.rename, (aside, commit)).start()
+    t = delta.open_table(root, "t")
+    assert t.version() == 3
+    assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == [0, 1, 2]
+
+
+def test_a_gap_that_persists_is_corruption_naming_the_missing_commit(table, tmp_path, monkeypatch):
+    root, _ = table
+    _versions(root, 3)
+    monkeypatch.setattr(delta, "LISTING_GAP_PATIENCE_S", 0.5)
+    os.remove(tmp_path / "t" / "_delta_log" / delta.commit_file(2))
+    with pytest.raises(CorruptedLog, match=r"commit 2 .*missing.*00000000000000000002\.json"):
+        delta.open_table(root, "t")

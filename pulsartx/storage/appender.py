@@ -214,7 +214,7 @@ class DeltaAppender:
         """Bring the DeltaTable handle to the latest version (for operations that need the whole
         snapshot: overwrites, file listings), applying the commits in between first."""
         self.catch_up()
-        delta.update(self.table)
+        delta.update(self.table, self.root, self.segments)
         self._rebase(self.table.version())
         return self.table
 

@@ -181,6 +181,54 @@ def _deltalake():
     return deltalake
 
 
+# delta-rs's answer when the commits it listed are not contiguous.
+_GAP = re.compile(r"Expected contiguous commit files, but found gap")
+_GAP_VERSIONS = re.compile(r"version: (\d+), file_type: Commit")
+# How long a gap in a listing may last before it is taken for a missing commit: a listing can miss
+# a commit file that another process is creating at that moment (POSIX readdir may skip entries
+# added during the scan), and an object store's listing can lag a PUT; both heal in milliseconds.
+LISTING_GAP_PATIENCE_S = 5.0
+
+
+def _gap(e: BaseException) -> tuple[int, int] | None:
+    """(last version before, first version after) of a gap delta-rs found in a listing."""
+    text = str(e)
+    if not _GAP.search(text):
+        return None
+    found = [int(v) for v in _GAP_VERSIONS.findall(text)]
+    return (found[0], found[-1]) if len(found) >= 2 else (-1, -1)
+
+
+def through_listing_gaps(root: StorageRoot, segments: tuple[str, ...], fn: Callable[[], T]) -> T:
+    """Run a delta-rs call that lists ``_delta_log``, re-probing a gap it reports: each missing commit
+    is read directly, and the call retried while the gap lasts. Only a gap that persists for
+    :data:`LISTING_GAP_PATIENCE_S` is corruption (:class:`CorruptedLog`, naming the missing files)."""
+    deadline = time.monotonic() + LISTING_GAP_PATIENCE_S
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            gap = _gap(e)
+            if gap is None:
+                raise
+            before, after = gap
+            tail = LogTail(root, segments)
+            missing = [v for v in range(before + 1, after) if tail.read_commit(v) is None]
+            if time.monotonic() >= deadline:
+                uri = root.uri(*segments)
+                files = ", ".join(root.fs_path(*segments, "_delta_log", commit_file(v)) for v in missing) or "?"
+                raise CorruptedLog(
+                    f"Delta table {uri}: commit {', '.join(map(str, missing)) or '?'} between versions {before} and "
+                    f"{after} is missing ({files}); it stayed missing for {LISTING_GAP_PATIENCE_S:g} s, so this is "
+                    "not a listing race") from e
+            log.info("%s: listing skipped commit(s) %s (%s now); re-listing", root.uri(*segments),
+                     list(range(before + 1, after)), "present" if not missing else f"{missing} still missing")
+            if missing:
+                backoff(attempt, base=0.01, cap=0.25)
+            attempt += 1
+
+
 def open_table(root: StorageRoot, *segments: str, version: int | None = None) -> Any | None:
     """The DeltaTable at ``segments``, or None when no table exists there."""
     dl = _deltalake()
@@ -190,7 +238,8 @@ def open_table(root: StorageRoot, *segments: str, version: int | None = None) ->
     def attempt() -> Any | None:
         faults.before(Op.DELTA, uri)
         try:
-            return dl.DeltaTable(uri, version=version, storage_options=options)
+            return through_listing_gaps(root, segments,
+                                        lambda: dl.DeltaTable(uri, version=version, storage_options=options))
         except dl.exceptions.TableNotFoundError:
             return None
 
@@ -407,9 +456,11 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     return table.version()
 
 
-def update(table: Any) -> None:
-    """``update_incremental`` with transient faults retried (see :func:`retrying`)."""
-    retrying("refresh Delta table", table.table_uri, table.update_incremental)
+def update(table: Any, root: StorageRoot, segments: tuple[str, ...]) -> None:
+    """``update_incremental`` with transient faults retried (see :func:`retrying`) and listing gaps
+    re-probed (:func:`through_listing_gaps`)."""
+    retrying("refresh Delta table", table.table_uri,
+             lambda: through_listing_gaps(root, segments, table.update_incremental), root=root)
 
 
 def txn_version(table: Any, app_id: str) -> int | None:
