@@ -137,3 +137,38 @@ def test_a_gap_that_persists_is_corruption_naming_the_missing_commit(table, tmp_
     os.remove(tmp_path / "t" / "_delta_log" / delta.commit_file(2))
     with pytest.raises(CorruptedLog, match=r"commit 2 .*missing.*00000000000000000002\.json"):
         delta.open_table(root, "t")
+
+
+def test_a_transient_fault_reading_a_partition_is_retried_not_reported_as_corruption(tmp_path):
+    """A dropped connection while reading a data file is a network fault: retried within the
+    storage retry budget. Fails before the fix: the reader raised CorruptedLog ("restore the file
+    from a backup") for the first connection reset."""
+    import pulsartx
+    from pulsartx import MessageId
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        for i in range(3):
+            p.send(f"m{i}".encode())
+        p.flush()
+        faults.install([Fault(Op.READ, transient=True, match="partition-0/part-", times=2)])
+        r = c.create_reader("t", MessageId.earliest)
+        got = [r.read_next(timeout_millis=5000).data() for _ in range(3)]
+        assert got == [b"m0", b"m1", b"m2"]
+        assert faults.plan()[0].fired == 2
+
+
+def test_a_permanent_read_error_names_the_partition_and_is_not_called_corruption(tmp_path):
+    import pulsartx
+    from pulsartx import MessageId
+    from pulsartx.exceptions import StorageError
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        c.create_producer("t").send(b"m0")
+        faults.install([Fault(Op.READ, match="partition-0/part-", times=100)])
+        r = c.create_reader("t", MessageId.earliest)
+        with pytest.raises(StorageError, match=r"partition public/default/t/partition-0: cannot read data files: .*injected I/O error") as err:
+            r.read_next(timeout_millis=2000)
+        assert not isinstance(err.value, CorruptedLog)

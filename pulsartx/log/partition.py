@@ -317,12 +317,19 @@ def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[Dat
     keep = None
     if files and (start > files[0].min_offset or end <= files[-1].max_offset):
         keep = (pc.field("offset") >= start) & (pc.field("offset") < end)
+    where = f"partition {'/'.join(segments[1:])}"
     try:
-        table = delta.read_parquet(root, paths, RECORD_SCHEMA, cols, keep)
+        # A network fault is retried, then StorageUnavailable; only unreadable content is corruption.
+        table = delta.retrying(f"read data files of {where} at", root.uri(*segments),
+                               lambda: delta.read_parquet(root, paths, RECORD_SCHEMA, cols, keep), root=root)
+    except StorageError:
+        raise
     except FileNotFoundError as e:
-        raise CorruptedLog(f"partition {'/'.join(segments[1:])}: a data file listed in the Delta log is missing: {e}") from e
-    except (OSError, pa.ArrowInvalid) as e:
-        raise CorruptedLog(f"partition {'/'.join(segments[1:])}: cannot read data files: {e}") from e
+        raise CorruptedLog(f"{where}: a data file listed in the Delta log is missing: {e}") from e
+    except pa.ArrowInvalid as e:
+        raise CorruptedLog(f"{where}: cannot read data files: {e}") from e
+    except OSError as e:
+        raise StorageError(f"{where}: cannot read data files: {delta.describe(e, delta.secrets_of(root))}") from e
     off = table.column("offset").to_numpy()
     if len(off) > 1 and not bool(np.all(off[1:] > off[:-1])):
         table = table.sort_by("offset")
