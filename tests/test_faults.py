@@ -172,3 +172,14 @@ def test_a_permanent_read_error_names_the_partition_and_is_not_called_corruption
         with pytest.raises(StorageError, match=r"partition public/default/t/partition-0: cannot read data files: .*injected I/O error") as err:
             r.read_next(timeout_millis=2000)
         assert not isinstance(err.value, CorruptedLog)
+
+
+def test_a_permanent_looking_error_after_the_commit_landed_is_read_back_not_reported(table):
+    """The outcome of a commit whose put raised is unknown whatever the error says: the slot is
+    read back. Fails before the fix: an EIO after the commit file was created surfaced as a failed
+    append, although the commit was durable (a retry would then append the rows twice)."""
+    a = appender(table)
+    faults.install([Fault(Op.CREATE, Mode.LOST, transient=False, match="_delta_log")])
+    assert a.append(rows(1), {"app.k": 1}) == 1
+    assert faults.plan()[0].fired == 1
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist() == [1]

@@ -253,7 +253,15 @@ class TransactionCoordinator:
                 return None
             return m.transition(action.final_status, now_ms()), MetadataOp.UPDATE
 
-        final = self._cas(meta.txn_id, finish)
+        try:
+            final = self._cas(meta.txn_id, finish)
+        except Exception as e:
+            # The outcome was decided (durably) and applied everywhere; only the bookkeeping record
+            # failed. Raising would report a decided transaction as failed (a Spark job would look
+            # failed while its data commits, and a re-run would write it twice): recovery writes it.
+            log.warning("TC %d: %s is %s on every participant, but its final record could not be written "
+                        "(recovery writes it): %s", self.tc_id, meta.txn_id, meta.status.value, e)
+            return meta
         self._emit(final.status.value.lower(), final)
         return final
 

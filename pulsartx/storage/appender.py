@@ -269,8 +269,11 @@ class DeltaAppender:
         while True:
             version = self.version + 1
             name = delta.commit_file(version)
-            created = self._io(f"commit version {version} to",
-                               lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
+            try:
+                created = self._io(f"commit version {version} to",
+                                   lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
+            except StorageError as e:
+                created = self._slot_after_failed_put(version, e)
             if created:
                 self._apply(version, actions, foreign=False)
                 if version % CHECKPOINT_INTERVAL == 0:
@@ -294,6 +297,22 @@ class DeltaAppender:
             if removing and any("remove" in a and a["remove"]["path"] in removing for a in theirs):
                 self._discard(add["path"])
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
+
+    def _slot_after_failed_put(self, version: int, error: StorageError) -> bool:
+        """A put that raised has an unknown outcome, whatever the error says (the write may have
+        happened and only its answer failed): the slot is read back, never guessed. Empty: the put
+        did not happen, and its error stands. Taken: False, and the caller's read-back tells our
+        own commit (a lost answer) from another writer's."""
+        try:
+            taken = self._tail.read_commit(version) is not None
+        except Exception as e:
+            raise delta.OutcomeUnknown(
+                f"{self.uri}: committing version {version} failed ({error}) and reading it back failed too "
+                f"({delta.describe(e, delta.secrets_of(self.root))}): whether it was written is unknown; "
+                "re-read the table before acting on it") from error
+        if not taken:
+            raise error
+        return False
 
     def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None,
                          unique: str) -> dict[str, Any]:

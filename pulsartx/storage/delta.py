@@ -44,6 +44,11 @@ class ConcurrentCommit(StorageError):
     """Another writer committed a conflicting version first; reload and retry."""
 
 
+class OutcomeUnknown(StorageError):
+    """A write failed and reading back whether it happened failed too: the caller must re-read
+    the table before deciding anything on the state it wrote."""
+
+
 class StorageUnavailable(StorageError):
     """The object store kept failing with transient errors (connection refused, timeouts, 5xx) for
     longer than the retry budget; the message names the operation and the table or file URI."""
