@@ -5,7 +5,9 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP_ID := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+RUNTIME := $(VENV)/.installed-runtime-$(STAMP_ID)
+DEV := $(VENV)/.installed-dev-$(STAMP_ID)
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SPARK_SUBMIT := $(BIN)/spark-submit --properties-file conf/spark-defaults.conf \
@@ -13,22 +15,30 @@ SPARK_SUBMIT := $(BIN)/spark-submit --properties-file conf/spark-defaults.conf \
 
 .PHONY: install demo test reliability lint bench pipeline clean
 
-$(STAMP): pyproject.toml
+# What the demo and the pipeline need: pulsartx and its runtime dependencies (pyspark alone is ~320 MB).
+$(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
-	rm -f $(VENV)/.installed-*; touch $(STAMP)
+	@echo ">> installing pulsartx into $(VENV) (pyspark, pyarrow, deltalake: 1-3 minutes on a fresh machine)"
+	$(BIN)/python -m pip install --upgrade --progress-bar on pip
+	$(BIN)/python -m pip install --progress-bar on -e . --config-settings editable_mode=compat
+	rm -f $(VENV)/.installed-runtime-*; touch $@
 
-install: $(STAMP)
+# The tests add pytest, hypothesis, chispa, ruff, s3fs and moto.
+$(DEV): $(RUNTIME)
+	@echo ">> installing the test tools into $(VENV)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]' --config-settings editable_mode=compat
+	rm -f $(VENV)/.installed-dev-*; touch $@
 
-demo: install
+install: $(DEV)
+
+demo: $(RUNTIME)
 	$(SPARK_SUBMIT) examples/quickstart.py
 
 # The README's streaming example: seeds a topic, then pulsartx -> transform -> pulsartx, exactly once.
-pipeline: install
+pipeline: $(RUNTIME)
 	$(SPARK_SUBMIT) examples/exactly_once_pipeline.py --seed 10000 --available-now
 
-test: install
+test: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -37,17 +47,17 @@ test: install
 # including the slow ones. `make test` runs the same suites at a smaller scale.
 RELIABILITY_ENV := PULSARTX_CRASH_SEEDS=20 PULSARTX_CRASH_SEEDS_RGW=20 PULSARTX_SOAK_SECONDS=300 \
 	PULSARTX_SOAK_STORAGE=all PULSARTX_TEST_RGW_FULL=1 PULSARTX_FUZZ_SCALE=10 PULSARTX_REPORT_COUNTS=1
-reliability: install
+reliability: $(DEV)
 	scripts/ceph-rgw.sh install
 	$(RELIABILITY_ENV) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability
 	$(RELIABILITY_ENV) PULSARTX_TEST_STORAGE=rgw $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/test_transactions.py tests/test_coordinator.py tests/test_pending_ack.py tests/test_partition_log.py \
 		tests/test_fencing.py tests/test_client.py tests/test_consumer.py tests/test_admin_subscriptions.py
 
-lint: install
+lint: $(DEV)
 	$(BIN)/ruff check .
 
-bench: install
+bench: $(DEV)
 	$(BIN)/python bench/append.py
 	$(BIN)/python bench/read.py
 
