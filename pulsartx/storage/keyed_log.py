@@ -48,7 +48,7 @@ class KeyedLog:
         self.key_of = key_of
         self.name = name
         self.compact_every = compact_every
-        self.rows: dict[str, dict[str, Any]] = {}
+        self._rows: dict[str, dict[str, Any]] = {}
         self._appender: DeltaAppender | None = None
         self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
         self._active: set[str] | None = None  # the table's data files as of our version (None: unknown)
@@ -71,7 +71,7 @@ class KeyedLog:
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
         self._check_schema(t)
-        self.rows = {}
+        self._rows = {}
         self._pending = []
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
         self._appender.on_reload = self._lost_track
@@ -102,23 +102,39 @@ class KeyedLog:
             return delta.read_parquet(self.root, paths, self.schema).to_pylist()
 
         try:
-            # A network fault is retried, then StorageUnavailable; only what remains is corruption.
+            # A network fault is retried, then StorageUnavailable; only unreadable content is corruption.
             return delta.retrying(f"read {self.name} data files of", uri, read, root=self.root)
         except StorageError:
             raise
-        except (OSError, ValueError) as e:  # ValueError: pa.ArrowInvalid, a file in another layout
+        except (FileNotFoundError, ValueError) as e:  # ValueError: pa.ArrowInvalid, a file in another layout
             raise CorruptedLog(f"{self.name} table {uri}: cannot read data files: "
+                               f"{delta.describe(e, delta.secrets_of(self.root))}") from e
+        except OSError as e:
+            raise StorageError(f"{self.name} table {uri}: cannot read data files: "
                                f"{delta.describe(e, delta.secrets_of(self.root))}") from e
 
     def _apply(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         changed = []
         for r in rows:
             k = self.key_of(r)
-            cur = self.rows.get(k)
+            cur = self._rows.get(k)
             if cur is None or r[SEQ] > cur[SEQ]:
-                self.rows[k] = r
+                self._rows[k] = r
                 changed.append(r)
         return changed
+
+    @property
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """The live row of every key, as of the writer's version. Settled first: commits our writer
+        stepped over but whose rows are not read yet are read now, and after a write whose outcome
+        was unknown the log reloads, so nothing is ever decided on rows that lag the log (one
+        decision on stale rows wrote a second outcome for a decided transaction). Raises when that
+        reading fails: no answer is better than a stale one."""
+        if self._reopen:
+            self.open()
+        elif self._pending:
+            self._flush()
+        return self._rows
 
     def _lost_track(self) -> None:
         """Our writer jumped to a fresh snapshot (its own was too old, or the table's metadata
@@ -131,7 +147,7 @@ class KeyedLog:
         """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
         if self._appender is None or self._reopen or not self._appender.catch_up():
             self.open()
-            return list(self.rows.values())
+            return list(self._rows.values())
         return self._flush()
 
     def _writer(self) -> DeltaAppender:
@@ -173,6 +189,11 @@ class KeyedLog:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
+    def _same_as_durable(self, rows: list[dict[str, Any]]) -> bool:
+        """Whether every row of ``rows`` is the live row of its key in the reloaded log."""
+        written = pa.Table.from_pylist(rows, schema=self.schema).to_pylist()  # as they read back
+        return all(self._rows.get(self.key_of(r)) == r for r in written)
+
     # ---- writing -------------------------------------------------------------------------------
     def put(self, rows: list[dict[str, Any]], extra_app_ids: Mapping[str, int] | None = None,
             metadata: Mapping[str, str] | None = None) -> None:
@@ -180,13 +201,35 @@ class KeyedLog:
         writer touched one of the keys' buckets since our snapshot; the caller refreshes and retries."""
         apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
         apps.update(extra_app_ids or {})
+        writer = self._writer()
         try:
-            self._writer().append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
-        finally:
-            self._flush()  # others' commits before ours (or before the conflicting one)
+            writer.append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
+        except delta.ConcurrentCommit:
+            raise  # not written; the commits up to the conflicting one are pending, read before any decision
+        except Exception as e:
+            # Written or not: unknown (the appender reads a slot back when it can; OutcomeUnknown when
+            # it cannot). Reload, and report what the log says, never a guess.
+            self._lost_track()
+            try:
+                self.open()
+            except Exception as reload_error:
+                raise delta.OutcomeUnknown(
+                    f"{self.name}: a write failed ({e}) and the table could not be re-read to learn whether it "
+                    f"landed ({reload_error}); it is re-read before the next decision") from e
+            if not self._same_as_durable(rows):
+                raise
+            log.info("%s: a write reported an error but landed (%s)", self.name, e)
+            self.appended += 1
+            return
+        # Durable: applied to memory now (write, then apply). Others' commits stepped over before
+        # ours are pending; reading them may fail, and they are then read before the next decision.
         self._apply(rows)
         self.files_since_compaction += 1
         self.appended += 1
+        try:
+            self._flush()
+        except Exception as e:
+            log.info("%s: reading other writers' commits failed (%s); retried before the next decision", self.name, e)
 
     def cas(self, key: str, change: Callable[[dict[str, Any] | None], tuple[dict[str, Any] | None, T]], *,
             what: str, optimistic: bool = False, keep: Callable[[dict[str, Any]], bool] | None = None) -> T:
@@ -199,7 +242,7 @@ class KeyedLog:
         a no-op or an exception computed from the cached state is re-checked on fresh state
         before it is returned or raised. ``keep``: when the log is due, compact it after the
         write, keeping the rows ``keep`` accepts."""
-        if not optimistic or self._appender is None:
+        if not optimistic or self._appender is None or self._reopen:
             self.refresh()
             optimistic = False
         for attempt in range(MAX_CAS_ATTEMPTS):
@@ -258,18 +301,23 @@ class KeyedLog:
             if not fast:
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
-            live = pa.Table.from_pylist([r for r in self.rows.values() if keep(r)], schema=self.schema)
+            live = pa.Table.from_pylist([r for r in self._rows.values() if keep(r)], schema=self.schema)
             if fast:
                 writer.append(live, removes=sorted(self._active))
             else:
                 writer.write_with_deltalake(live, mode="overwrite")
                 self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
                                 .to_pylist()}
-        except Exception as e:
+        except delta.ConcurrentCommit as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
-            log.info("%s compaction skipped (concurrent writer or storage fault): %s", self.name, e)
+            log.info("%s compaction skipped (concurrent compaction): %s", self.name, e)
+            return False
+        except Exception as e:
+            # A compaction commit with an unknown outcome may have removed our active files: reload.
+            self._lost_track()
+            log.info("%s compaction skipped (storage fault; reloading before the next decision): %s", self.name, e)
             return False
         self._flush()
-        self.rows = {k: v for k, v in self.rows.items() if keep(v)}
+        self._rows = {k: v for k, v in self._rows.items() if keep(v)}
         self.files_since_compaction = len(self._active) if self._active is not None else 1
         return True
