@@ -34,8 +34,9 @@ from pyspark.sql.datasource import WriterCommitMessage
 from commit_protocol import handoff
 from commit_protocol.job import JobTransaction
 from pulsartx.coordinator.coordinator import now_ms
+from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
-from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, PulsarException, TransactionNotFound
+from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, TransactionNotFound
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
 
@@ -119,16 +120,16 @@ class MicroBatchTransaction:
         keys = tcs.keys(tc_id)
         epoch, previous = keys.claim_connection(OWNER, key, connection or connection_id(checkpoint))
         if previous:
-            _fence(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
+            fence_all(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
         tc = tcs.tc(tc_id)
         meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch, partitions=partitions)
         try:
             earlier = keys.attach(OWNER, key, epoch, meta.txn_id)
         except NotAllowedError:
-            _fence(tcs, [meta.txn_id], f"fenced: transaction key {key!r} moved to a newer epoch")
+            fence_all(tcs, [meta.txn_id], f"fenced: transaction key {key!r} moved to a newer epoch")
             raise
         # One open transaction per key: an earlier batch left open (never committed nor aborted) goes.
-        _fence(tcs, [t for t in earlier if t != meta.txn_id], f"fenced: superseded by {meta.txn_id}")
+        fence_all(tcs, [t for t in earlier if t != meta.txn_id], f"fenced: superseded by {meta.txn_id}")
         prefix = producer_name or f"stream-{key}"
         return cls(JobTransaction(root, meta.txn_id, prefix, timeout_ms), key, epoch, checkpoint)
 
@@ -243,18 +244,3 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
                 targets.append((store, partition, end - 1))
     return targets
 
-
-def _fence(tcs, txn_ids, reason: str) -> None:
-    """Abort the key's OPEN transactions; roll decided but unfinished ones forward (a killed run's
-    COMMITTING batch: its markers and its input acknowledgement must not wait for an outside sweep,
-    or the subscription cursor stays behind the committed output)."""
-    for t in txn_ids:
-        try:
-            tc = tcs.for_txn(t)
-            meta = tc.fence(t, reason)
-            if meta.status is TxnStatus.COMMITTING:
-                tc.end_transaction(t, TxnAction.COMMIT)  # repeating the decision completes it
-            elif meta.status is TxnStatus.ABORTING:
-                tc.end_transaction(t, TxnAction.ABORT)
-        except PulsarException as e:
-            log.debug("fencing %s skipped: %s", t, e)

@@ -99,4 +99,10 @@ class ExpiredTransactionError(InvalidTxnStatusError):
     the general case keeps working."""
 
 
+class TransactionFenced(ProducerFenced, ExpiredTransactionError):
+    """The transaction's transaction key moved to a newer epoch (a newer client or run claimed
+    it): the transaction was aborted and may not commit. A ProducerFenced, as Kafka fences an old
+    producer epoch; also an ExpiredTransactionError, which fenced transactions raised before."""
+
+
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

@@ -14,10 +14,10 @@ from pulsartx.client.producer import Producer
 from pulsartx.client.reader import Reader
 from pulsartx.client.transaction import Transaction
 from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError, PulsarException
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError
 from pulsartx.log.message_id import MessageId
 from pulsartx.storage.root import StorageRoot
 
@@ -54,16 +54,11 @@ class Client:
     def _claim_transaction_key(self) -> None:
         """The proposal's "connection": bump the key's epoch and abort the previous epoch's txns."""
         tc_id = self._key_tc()
-        self.epoch, stale = self._coordinators().keys(tc_id).claim(self.owner, self.transaction_key)
-        self._abort_all(stale, f"fenced by epoch {self.epoch} of transaction key {self.transaction_key!r}")
+        keys = self._coordinators().keys(tc_id)
+        self.epoch, stale = keys.claim(self.owner, self.transaction_key)
+        fence_all(self._coordinators(), stale, f"fenced by epoch {self.epoch} of transaction key {self.transaction_key!r}")
+        keys.forget(self.owner, self.transaction_key, self.epoch, stale)
         log.info("claimed transaction key %r (owner %r) at epoch %d", self.transaction_key, self.owner, self.epoch)
-
-    def _abort_all(self, txn_ids: list[TxnID], reason: str) -> None:
-        for t in txn_ids:
-            try:
-                self._coordinators().for_txn(t).fence(t, reason)
-            except PulsarException as e:
-                log.debug("abort of %s (%s) skipped: %s", t, reason, e)
 
     def new_transaction(self, timeout_ms: int = 60000, properties: dict[str, str] | None = None) -> Transaction:
         """Begin a transaction on a TC (by hash of the transaction key, else round-robin)."""
@@ -87,10 +82,10 @@ class Client:
         try:
             earlier = keys.attach(self.owner, self.transaction_key, self.epoch, meta.txn_id)
         except NotAllowedError:
-            self._abort_all([meta.txn_id], f"fenced: transaction key {self.transaction_key!r} moved to a newer epoch")
+            fence_all(tcs, [meta.txn_id], f"fenced: transaction key {self.transaction_key!r} moved to a newer epoch")
             raise
         # One active transaction per key: an earlier one still open is superseded.
-        self._abort_all(earlier, f"fenced: superseded by {meta.txn_id} of the same transaction key")
+        fence_all(tcs, earlier, f"fenced: superseded by {meta.txn_id} of the same transaction key")
         return Transaction(self, meta)
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
 from pulsartx.coordinator.tclog import TransactionLog
@@ -22,6 +23,7 @@ from pulsartx.exceptions import (
     InvalidTxnStatusError,
     NotAllowedError,
     StorageError,
+    TransactionFenced,
     TransactionNotFound,
 )
 from pulsartx.storage import delta
@@ -54,11 +56,13 @@ class SweepResult:
 
 
 class TransactionCoordinator:
-    def __init__(self, root: StorageRoot, tc_id: int, config: CoordinatorConfig | None = None):
+    def __init__(self, root: StorageRoot, tc_id: int, config: CoordinatorConfig | None = None,
+                 keys: TransactionKeyStore | None = None):
         self.root = root
         self.tc_id = tc_id
         self.config = config or CoordinatorConfig()
         self.txlog = TransactionLog(root, tc_id, self.config.compact_every, self.config.finished_retention_ms)
+        self.keys = keys or TransactionKeyStore(root, tc_id)  # a keyed transaction's key lives on its TC
         self._lock = threading.RLock()
         self._opened = False
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
@@ -199,6 +203,9 @@ class TransactionCoordinator:
         ``properties`` are recorded in the deciding entry itself (e.g. a streaming batch id), so
         they are durable exactly when the outcome is."""
 
+        if action is TxnAction.COMMIT and not admin:
+            self._check_epoch(txn_id)
+
         def decide(meta: TxnMeta):
             # As Pulsar's TC: a transaction with an owner ends only by that owner's hand, or by an
             # admin; an owner-less client (owner "") is not a wildcard. Owner-less transactions are
@@ -240,6 +247,22 @@ class TransactionCoordinator:
         if before_participants is not None:
             before_participants(meta)
         return self._complete(meta)
+
+    def _check_epoch(self, txn_id: TxnID) -> None:
+        """A keyed transaction commits only while its epoch is the key's current one (Kafka's
+        producer epoch). A newer claim fences the transaction on this same TC entry, and the commit's
+        decision is a compare-and-set on it, so at most one of the two wins; this check also refuses a
+        commit whose fence has not run yet (the claimant died, or its fence failed)."""
+        with self._lock:
+            meta = self._require(txn_id)
+        if meta.transaction_key is None or meta.epoch is None or meta.status is not TxnStatus.OPEN:
+            return
+        current = self.keys.current_epoch(meta.owner, meta.transaction_key)
+        if current == meta.epoch:
+            return
+        reason = f"{REASON_FENCED}: transaction key {meta.transaction_key!r} is at epoch {current}"
+        self.fence(txn_id, reason)
+        raise _expired(self.get(txn_id), reason)
 
     def _complete(self, meta: TxnMeta) -> TxnMeta:
         """Roll a decided transaction forward: participants, then the final status."""
@@ -335,6 +358,9 @@ def _decide_and_finish(meta: TxnMeta, decide):
 
 
 def _expired(meta: TxnMeta, why: str) -> ExpiredTransactionError:
+    if why.startswith(REASON_FENCED):
+        return TransactionFenced(f"transaction {meta.txn_id} was fenced ({why}) and aborted: a newer client or run "
+                                 "holds its transaction key; this one may not commit")
     return ExpiredTransactionError(f"transaction {meta.txn_id} is expired: {why}; begin a new transaction")
 
 

@@ -94,13 +94,36 @@ class TransactionKeyStore:
         def change(old):
             # Never reused, even after a delete: a client fenced before it must stay fenced.
             epoch = 0 if old is None else old["epoch"] + 1
+            # The older epochs' transactions stay listed until the claimant has fenced them
+            # (:meth:`forget`): a claim whose fence failed leaves them for the next claim.
             return {"seq": (old["seq"] + 1) if old else 0, "owner": o, "transaction_key": name, "epoch": epoch,
-                    "txn_ids": [], "claimed_ms": now, "updated_ms": now, "deleted": False, "connection": None,
+                    "txn_ids": (old or {}).get("txn_ids") or [], "claimed_ms": now, "updated_ms": now,
+                    "deleted": False, "connection": None,
                     "fenced_connections": (old or {}).get("fenced_connections") or []}
 
         old, new = self._update(k, change)
         stale = [TxnID(t["most_bits"], t["least_bits"]) for t in (old or {}).get("txn_ids") or []]
         return new["epoch"], stale
+
+    def forget(self, owner: str | None, key: str, epoch: int, txn_ids: list[TxnID]) -> None:
+        """Drop fenced transactions of older epochs from the key (if ``epoch`` is still current)."""
+        k = full_key(owner, key)
+        gone = {(t.most_bits, t.least_bits) for t in txn_ids}
+        if not gone:
+            return
+
+        def change(old):
+            if old is None or old["deleted"] or old["epoch"] != epoch:
+                raise _Unchanged(old or {})
+            kept = [t for t in old["txn_ids"] or [] if (t["most_bits"], t["least_bits"]) not in gone]
+            if len(kept) == len(old["txn_ids"] or []):
+                raise _Unchanged(old)
+            return {**old, "seq": old["seq"] + 1, "txn_ids": kept, "updated_ms": int(time.time() * 1000)}
+
+        try:
+            self._update(k, change)
+        except _Unchanged:
+            pass
 
     def claim_connection(self, owner: str | None, key: str, connection: str) -> tuple[int, list[TxnID]]:
         """Claim the key for a long-lived connection (a streaming query run) that cannot keep the

@@ -82,7 +82,7 @@ class Coordinators:
         with self._lock:
             tc = self._tcs.get(tc_id)
             if tc is None:
-                tc = self._tcs[tc_id] = TransactionCoordinator(self.root, tc_id, self.config)
+                tc = self._tcs[tc_id] = TransactionCoordinator(self.root, tc_id, self.config, keys=self._key_store(tc_id))
         return tc.open(recover=self.recover_on_open) if not tc._opened else tc
 
     def for_txn(self, txn_id: TxnID) -> TransactionCoordinator:
@@ -90,9 +90,13 @@ class Coordinators:
 
     def keys(self, tc_id: int) -> TransactionKeyStore:
         with self._lock:
-            ks = self._keys.get(tc_id)
-            if ks is None:
-                ks = self._keys[tc_id] = TransactionKeyStore(self.root, tc_id)
+            return self._key_store(tc_id)
+
+    def _key_store(self, tc_id: int) -> TransactionKeyStore:
+        """One key store per TC in this process, shared with the TC's epoch check (callers hold the lock)."""
+        ks = self._keys.get(tc_id)
+        if ks is None:
+            ks = self._keys[tc_id] = TransactionKeyStore(self.root, tc_id)
         return ks
 
     def all(self) -> list[TransactionCoordinator]:
