@@ -334,3 +334,28 @@ def test_only_statistics_that_prove_it_make_a_file_transaction_free():
     assert not data_file_from_add(add({"offset": 0, "txn_most_bits": 2})).txn_free  # one transactional row
     assert not data_file_from_add(add({"offset": 0})).txn_free  # an older table: unknown
     assert not data_file_from_add(add({})).txn_free
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_offsets_continue_after_the_offset_app_id_expired(root, monkeypatch, checkpoint):
+    """Partition tables let idle app ids expire after 7 days (producer dedup state, as Pulsar
+    forgets idle producers), and delta-rs drops an expired one whenever it loads a snapshot. The
+    next offset must come from the log itself. Fails before the fix: appends made by a clock eight
+    days behind, then a fresh handle, and the next append started again at offset 0."""
+    import time
+
+    sroot = StorageRoot.resolve(root)
+    TopicsAdmin(sroot).create_topic("idle", 1)
+    topic = TopicName.parse("idle").with_partition(0)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 8 * 86400)
+    old = PartitionLog(sroot, topic)
+    assert old.append(build_records([b"a", b"b", b"c"])).entries == [(0, 2)]
+    monkeypatch.setattr(time, "time", real)
+    if checkpoint:
+        delta.open_table(sroot, *old.segments).create_checkpoint()
+    assert delta.open_table(sroot, *old.segments).transaction_version(OFFSET_APP_ID) is None  # expired
+    fresh = PartitionLog(sroot, topic)
+    assert fresh.append(build_records([b"d", b"e"])).entries == [(3, 4)]
+    rows = PartitionLog(sroot, topic).read(0, 10, ["offset", "value"]).to_pylist()
+    assert [(r["offset"], r["value"]) for r in rows] == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d"), (4, b"e")]

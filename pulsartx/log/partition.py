@@ -163,7 +163,7 @@ class PartitionLog:
             if t is None:
                 raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: "
                                     "create it with client.admin.create_topic() or `pulsartx topics create`")
-            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA)
+            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset")
         return self._writer
 
     def _catch_up(self, writer: DeltaAppender) -> None:
@@ -194,7 +194,7 @@ class PartitionLog:
         seqs = records.column("sequence_id").to_numpy() if producer_name else None
         app_id = producer_app_id(producer_name) if producer_name else None
         for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
-            next_offset = writer.txn_version(OFFSET_APP_ID) or 0
+            next_offset = _next_offset(writer)
             if guard_app_id is not None and writer.txn_version(guard_app_id) is not None:
                 return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
             keep = None
@@ -281,6 +281,15 @@ class PartitionLog:
         if txn_only:
             files = [f for f in files if not f.txn_free]
         return read_files(self.root, self.segments, files, start, end, columns)
+
+
+def _next_offset(writer: DeltaAppender) -> int:
+    """Where the log ends: the highest offset in its files' statistics, plus one. The offset app id
+    every append sets is the compare-and-set guard, but its value may expire with the table's
+    app-id retention (delta-rs drops it when it loads a snapshot after 7 idle days), so it is
+    only a lower bound here; the files never expire (retention keeps the newest one)."""
+    end = 0 if writer.max_value is None else writer.max_value + 1
+    return max(end, writer.txn_version(OFFSET_APP_ID) or 0)
 
 
 _SHARED: dict[tuple[str, str], PartitionLog] = {}

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from pulsartx.exceptions import StorageError
+from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
 
@@ -127,6 +127,20 @@ def _fast_capable(table: Any) -> bool:
     return not any("delta.invariants" in (getattr(f, "metadata", None) or {}) for f in fields)
 
 
+def _snapshot_max(table: Any, column: str, uri: str) -> int | None:
+    """The maximum of ``column`` over a snapshot's files, from their statistics (None: no files)."""
+    import pyarrow.compute as pc
+
+    adds = pa.table(table.get_add_actions(flatten=True))
+    if adds.num_rows == 0:
+        return None
+    name = f"max.{column}"
+    if name not in adds.column_names or adds.column(name).null_count:
+        raise CorruptedLog(f"Delta table {uri}: a data file has no {column!r} statistics, so where the log ends "
+                           f"cannot be told; rewrite it with its statistics (compaction does)")
+    return int(pc.max(adds.column(name)).as_py())
+
+
 def _stats_columns(table: Any, schema: pa.Schema) -> list[str]:
     configured = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
     names = [c.strip() for c in configured.split(",") if c.strip()] if configured else schema.names[:DEFAULT_STATS_COLUMNS]
@@ -144,11 +158,16 @@ class DeltaAppender:
     """The append path of one Delta table for one process (callers serialise their appends)."""
 
     def __init__(self, root: StorageRoot, segments: tuple[str, ...], table: Any, schema: pa.Schema,
-                 on_commit: Callable[[int, list[dict[str, Any]], bool], None] | None = None):
+                 on_commit: Callable[[int, list[dict[str, Any]], bool], None] | None = None,
+                 track_max: str | None = None):
         self.root = root
         self.segments = segments
         self.schema = schema
         self.on_commit = on_commit
+        # A statistics column whose maximum over every file added so far is kept (the partition
+        # log's offset: its end must come from the log itself, which never expires, not an app id).
+        self.track_max = track_max
+        self.max_value: int | None = None
         # Called when this writer starts over from a fresh snapshot: the commits in between reach no
         # on_commit, so an owner with derived state must rebuild it (KeyedLog reopens).
         self.on_reload: Callable[[], None] | None = None
@@ -162,6 +181,8 @@ class DeltaAppender:
         self.fast = self.root.has_put_if_absent and _fast_capable(table)
         self._stats = _stats_columns(table, self.schema)
         self._synced = time.monotonic()
+        if self.track_max is not None:
+            self.max_value = _snapshot_max(table, self.track_max, self.uri)
 
     @property
     def uri(self) -> str:
@@ -178,6 +199,10 @@ class DeltaAppender:
         for a in actions:
             if "txn" in a:
                 self._apps[a["txn"]["appId"]] = int(a["txn"]["version"])
+            elif "add" in a and self.track_max is not None:
+                v = delta.parse_stats(a["add"].get("stats")).get("maxValues", {}).get(self.track_max)
+                if v is not None and (self.max_value is None or int(v) > self.max_value):
+                    self.max_value = int(v)
         self.version = version
         self._synced = time.monotonic()
         if self.on_commit is not None:
