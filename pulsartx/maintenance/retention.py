@@ -1,13 +1,24 @@
 """Retention: delete a partition's oldest files by age or size, never past the slowest
-subscription's mark-delete position unless forced, then vacuum what is unreferenced."""
+subscription's mark-delete position unless forced, then vacuum what is unreferenced.
+
+Whatever the limits say, retention keeps what the rest of the log needs to be read correctly
+(:func:`_needed_by_the_log`): it never passes maxReadPosition (an open transaction's data stays
+until its outcome is known), and it never deletes the marker of a transaction that still has data
+after the new start (a straggler whose marker is gone would look like an open transaction to a
+fold of the remaining log, forever)."""
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
+
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.state import BufferState, txn_key_column
+from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog
-from pulsartx.log.schema import STATS_COLUMNS
+from pulsartx.log.schema import STATS_COLUMNS, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
@@ -40,6 +51,27 @@ def slowest_subscription(root: StorageRoot, partition: TopicName) -> tuple[str |
     return slowest
 
 
+def _needed_by_the_log(plog: PartitionLog, state: BufferState, doomed: list[DataFile]) -> list[DataFile]:
+    """The leading files of ``doomed`` that the rest of the log does not need (see the module)."""
+    doomed = [f for f in doomed if f.max_offset < state.read_limit]  # below maxReadPosition
+    if not doomed:
+        return doomed
+    start = doomed[-1].max_offset + 1
+    ended_below = {k: o for k, o in state.ended.items() if o < start}
+    if not ended_below:
+        return doomed
+    rows = plog.read(start, state.end_offset, ["type", "txn_most_bits", "txn_least_bits"], txn_only=True)
+    data = rows.filter(pc.and_(pc.equal(rows.column("type"), MessageType.DATA.value),
+                               pc.is_valid(rows.column("txn_most_bits"))))
+    stragglers = set(pc.unique(txn_key_column(data)).to_pylist()) & ended_below.keys()
+    if not stragglers:
+        return doomed
+    keep_from = min(ended_below[k] for k in stragglers)
+    log.info("retention on %s keeps offsets from %d: the marker of %d transaction(s) with data after it",
+             plog.topic, keep_from, len(stragglers))
+    return [f for f in doomed if f.max_offset < keep_from]
+
+
 def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | None = None,
                     max_bytes: int | None = None, force: bool = False) -> RetentionResult:
     plog = PartitionLog(root, partition)
@@ -58,6 +90,8 @@ def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | N
             break
         doomed.append(f)
         total -= f.size
+    buf = TransactionBuffer(plog)
+    doomed = _needed_by_the_log(plog, buf.state(), doomed)
     if not force and doomed:
         name, first_unacked = slowest_subscription(root, partition)
         if first_unacked is not None:
@@ -74,8 +108,6 @@ def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | N
     res.new_start_offset = plog.refresh().start_offset
     # The aborted set must not grow forever (PIP-196): forget what retention deleted. Readers drop
     # rows below the snapshot's horizon, so one still holding the old files stays correct.
-    from pulsartx.buffer.buffer import TransactionBuffer
-
     buf = TransactionBuffer(plog)
     buf.state().trim_below(res.new_start_offset)
     buf.take_snapshot()

@@ -1,0 +1,74 @@
+"""Retention keeps every outcome the remaining log needs: a transaction with data left in the log
+keeps its marker, and the log's start never passes maxReadPosition."""
+from __future__ import annotations
+
+import pulsartx
+from pulsartx import MessageId
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.snapshot import SnapshotStore
+from pulsartx.log.partition import PartitionLog, build_records
+from pulsartx.maintenance.retention import apply_retention
+from pulsartx.naming import TopicName
+
+PART = TopicName.parse("r-partition-0")
+
+
+def _committed(c: pulsartx.Client) -> list[bytes]:
+    r = c.create_reader("r", MessageId.earliest)
+    out = []
+    while r.has_message_available():
+        out.append(r.read_next(timeout_millis=3000).data())
+    return out
+
+
+def _fold_from_the_log(root) -> TransactionBuffer:
+    """A transaction buffer with no snapshot to start from (as after a snapshot write that failed):
+    the fold covers whatever the log still holds."""
+    store = SnapshotStore(root, PART)
+    root.rm(*store.segments)
+    return TransactionBuffer(PartitionLog(root, PART))
+
+
+def test_retention_keeps_the_marker_of_a_transaction_whose_straggler_remains(tmp_path):
+    """Fails before the fix: the file with T's abort marker was deleted while T's straggler (data
+    a zombie appended after the marker) stayed, so a fold of the remaining log saw T's data with
+    no marker: T looked OPEN forever and held maxReadPosition at the straggler."""
+    c = pulsartx.Client(str(tmp_path / "root"))
+    c.admin.create_topic("r", partitions=1)
+    p = c.create_producer("r")
+    txn = c.new_transaction()
+    p.send(b"t", txn=txn)
+    txn.abort()
+    plog = PartitionLog(c.root, PART)
+    plog.append(build_records([b"straggler"], txn=txn.id.as_tuple()))  # a zombie's late append
+    for v in (b"p1", b"p2"):
+        p.send(v)
+    files = plog.refresh().files  # t, the abort marker, the straggler, p1, p2: one file each
+    assert len(files) == 5
+    keep_last_three = sum(f.size for f in files[2:])
+    res = apply_retention(c.root, PART, max_bytes=keep_last_three, force=True)
+    state = _fold_from_the_log(c.root).state()
+    assert state.ongoing == {}
+    assert state.read_limit == state.end_offset == 5
+    assert res.new_start_offset <= 1  # the marker (offset 1) is kept
+    assert _committed(c) == [b"p1", b"p2"]
+    c.close()
+
+
+def test_retention_never_moves_the_start_past_max_read_position(tmp_path):
+    """Fails before the fix: with force (or no subscription), the files of an open transaction's
+    data were deleted, and its commit then showed nothing of what it sent there."""
+    c = pulsartx.Client(str(tmp_path / "root"))
+    c.admin.create_topic("r", partitions=1)
+    p = c.create_producer("r")
+    p.send(b"p0")
+    open_txn = c.new_transaction()
+    p.send(b"o1", txn=open_txn)
+    p.flush()
+    for v in (b"p1", b"p2"):
+        p.send(v)
+    res = apply_retention(c.root, PART, max_bytes=1, force=True)
+    assert res.new_start_offset <= 1  # o1, the open transaction's first data, stays
+    open_txn.commit()
+    assert _committed(c)[-3:] == [b"o1", b"p1", b"p2"]
+    c.close()
