@@ -100,15 +100,21 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _limit(self, p: TopicName) -> int:
         """The highest offset a batch may end at: maxReadPosition + 1 (or the end, uncommitted)."""
-        plog = self._log(p)
         if self.opts.read.isolation_level != "READ_COMMITTED":
-            return plog.end_offset()
+            return self._log(p).end_offset()
+        return self._filter(p).read_limit
+
+    def _filter(self, p: TopicName):
+        """The partition's READ_COMMITTED filter, ongoing transactions resolved through their TCs
+        (the client readers' path): an expired transaction is aborted, not waited for."""
         from pulsartx.buffer.buffer import TransactionBuffer
+        from pulsartx.buffer.reads import resolved_filter
+        from pulsartx.coordinator.registry import Coordinators
 
         key = str(p)
         if key not in self._buffers:
-            self._buffers[key] = TransactionBuffer(plog)
-        return self._buffers[key].state().read_limit
+            self._buffers[key] = TransactionBuffer(self._log(p))
+        return resolved_filter(Coordinators.shared(self.root), key, self._buffers[key].state())
 
     def _store(self, p: TopicName):
         from pulsartx.subscription.store import shared_store
@@ -185,8 +191,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("Trigger.AvailableNow: reading up to %s", self._available_now)
 
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
-        from pulsartx.buffer.buffer import TransactionBuffer
-
         planned: list[OffsetRangePartition] = []
         for topic, parts in end.items():
             for part, hi in parts.items():
@@ -206,10 +210,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if hi <= lo:
                     continue
                 if self.opts.read.isolation_level == "READ_COMMITTED":
-                    key = str(p)
-                    if key not in self._buffers:
-                        self._buffers[key] = TransactionBuffer(plog)
-                    visibility = Visibility("READ_COMMITTED", self._buffers[key].state().filter())
+                    visibility = Visibility("READ_COMMITTED", self._filter(p))
                 else:
                     visibility = Visibility(self.opts.read.isolation_level)
                 planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition))

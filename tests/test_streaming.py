@@ -511,3 +511,47 @@ def test_zombie_query_is_fenced_by_a_newer_one(spark: Any, client: Any, root: st
     assert Counter(m[3] for m in out) == Counter([f"B:m{i}" for i in range(40)] + ["B:late"])
     assert all(client.admin.transactions.get_transaction_metadata(str(m.txn_id))["status"] == "ABORTED"
                for m in a_txns)
+
+
+_OPEN_AND_WAIT = """
+import sys, time
+import pulsartx
+c = pulsartx.Client(sys.argv[1])
+p = c.create_producer("stall")
+txn = c.new_transaction(timeout_ms=1500)
+p.send(b"never-committed", txn=txn)
+p.flush()
+print("open", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stream_is_not_stalled_behind_an_expired_transaction(spark: Any, client: Any, root: str,
+                                                               tmp_path: Path) -> None:
+    """A producer SIGKILLed with an open transaction holds maxReadPosition until the transaction's
+    timeout; then the stream resolves it (aborts it through its TC) and reads on, with no sweeper
+    running anywhere, as the client reader does. Fails before the fix: the stream's read limit
+    came from the transaction buffer alone and stayed at the dead transaction's first offset."""
+    import signal
+    import subprocess
+    import sys
+
+    client.admin.create_topic("stall", 1)
+    send(client, "stall", ["before"])
+    proc = subprocess.Popen([sys.executable, "-c", _OPEN_AND_WAIT, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    send(client, "stall", ["after-1", "after-2"])
+    time.sleep(2.0)  # past the dead transaction's timeout
+
+    def start(attempt: int) -> Any:
+        return (stream(spark, root, topic="stall", startingOffsets="earliest").select(as_string("value"))
+                .writeStream.format("memory").queryName(f"stall{attempt}")
+                .option("checkpointLocation", str(tmp_path / f"ck-{attempt}")).trigger(availableNow=True).start())
+
+    q = run_to_end(start)
+    rows = [r.value for r in spark.table(q.name).collect()]
+    assert rows == ["before", "after-1", "after-2"]

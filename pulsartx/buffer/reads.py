@@ -91,6 +91,16 @@ def consistent_filters(coordinators: Any, states: Mapping[str, BufferState]) -> 
     return out
 
 
+def resolved_filter(coordinators: Any, name: str, state: BufferState) -> VisibilityFilter:
+    """One partition's READ_COMMITTED filter with its ongoing transactions resolved through their
+    TCs (an expired one aborted on the spot): the path every tailing reader takes, the client's
+    readers and consumers as well as Spark's stream reader, so a dead producer's transaction blocks
+    none of them past its timeout, with or without a sweeper."""
+    if not state.ongoing or coordinators is None:
+        return state.filter()
+    return consistent_filters(coordinators, {name: state})[name]
+
+
 def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) -> dict[str, VisibilityFilter]:
     """READ_COMMITTED filters for a read of several partitions that shows every transaction whole
     or not at all (the Spark batch read's guarantee), even while transactions commit during planning.
@@ -178,8 +188,7 @@ class VisibilityReader:
         elif self._filter is None or time.monotonic() - self._last_decide >= RESOLVE_EVERY_S:
             # Asking the TCs costs a log refresh each, so a polling reader does it at a bounded rate.
             self._last_decide = time.monotonic()
-            name = str(self.log.topic)
-            self._filter = consistent_filters(self.client._coordinators(), {name: state})[name]
+            self._filter = resolved_filter(self.client._coordinators(), str(self.log.topic), state)
         else:
             self._filter = self._refold(state)
         self._end = self._filter.read_limit
