@@ -141,6 +141,25 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.info("created subscription %r on %s at offset %d", self.opts.subscription, p, start)
         return cursor.mark_delete + 1
 
+    def _resume_from(self, p: TopicName, offset: int) -> int:
+        """``offset`` itself, unless it lies past the partition's end: the topic was deleted and
+        re-created since (its offsets restarted), so the checkpoint's offsets are the old topic's.
+        As Spark's Kafka source: an error with failOnDataLoss (the default), else the new topic
+        from its start."""
+        plog = self._log(p)
+        end = plog.end_offset()
+        if offset <= end:
+            return offset
+        if self.opts.fail_on_data_loss:
+            raise InvalidConfiguration(
+                f"topic partition {p} was deleted and re-created (or truncated): this query's checkpoint is at offset "
+                f"{offset}, past the partition's end {end}, so it belongs to the old topic; start from a new "
+                "checkpointLocation, or set option failOnDataLoss=false to read the new topic from its start")
+        start = plog.refresh().start_offset
+        log.warning("%s was re-created: its offsets restarted (checkpoint at %d, end now %d); reading it from %d",
+                    p, offset, end, start)
+        return start
+
     # ---- DataSourceStreamReader ---------------------------------------------------------------------
     def initialOffset(self) -> Offsets:
         partitions = self._partitions()
@@ -163,6 +182,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if s is None:  # a partition that appeared since the query started (topicsPattern, growth)
                 s = self._log(p).refresh().start_offset if self.opts.subscription is None else self._starting(p)
                 end.setdefault(p.base.short, {})[str(p.partition)] = s
+            elif s != (s := self._resume_from(p, s)):
+                end[p.base.short][str(p.partition)] = s
             limit = self._limit(p)
             if self._available_now is not None:
                 cap = _get(self._available_now, p)
@@ -200,6 +221,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 index = plog.refresh()
                 if lo is None:
                     lo = index.start_offset
+                lo = self._resume_from(p, lo)
                 if lo < index.start_offset:
                     if self.opts.fail_on_data_loss:
                         raise InvalidConfiguration(

@@ -555,3 +555,36 @@ def test_a_stream_is_not_stalled_behind_an_expired_transaction(spark: Any, clien
     q = run_to_end(start)
     rows = [r.value for r in spark.table(q.name).collect()]
     assert rows == ["before", "after-1", "after-2"]
+
+
+def test_a_stream_whose_source_topic_was_recreated_fails_clearly_or_starts_over(spark: Any, client: Any,
+                                                                                 root: str, tmp_path: Path) -> None:
+    """A checkpoint's offsets belong to the topic it read: after the topic is deleted and
+    re-created they point past the new log's end. Fails before the fix: the query waited silently
+    (no batch, no error) and would have skipped the new topic's first messages once it grew."""
+    client.admin.create_topic("rec", 1)
+    send(client, "rec", [f"old-{i}" for i in range(10)])
+
+    def start(fail: str, ck: str) -> Callable[[int], Any]:
+        return lambda attempt: (
+            stream(spark, root, topic="rec", startingOffsets="earliest", failOnDataLoss=fail)
+            .select(as_string("value")).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", ck).trigger(availableNow=True).start())
+
+    for fail in ("true", "false"):
+        shutil.rmtree(tmp_path / "ck", ignore_errors=True)
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        client.admin.delete_topic("rec")
+        client.admin.create_topic("rec", 1)
+        send(client, "rec", [f"old-{i}" for i in range(10)])
+        run_to_end(start(fail, str(tmp_path / "ck")))
+        client.admin.delete_topic("rec")
+        client.admin.create_topic("rec", 1)
+        send(client, "rec", ["new-0", "new-1", "new-2"])
+        if fail == "true":
+            with pytest.raises(Exception, match="re-created.*failOnDataLoss=false"):
+                run_to_end(start(fail, str(tmp_path / "ck")))
+        else:
+            run_to_end(start(fail, str(tmp_path / "ck")))
+            values = sorted(r.value for r in spark.read.parquet(str(tmp_path / "out")).collect())
+            assert values == ["new-0", "new-1", "new-2"] + [f"old-{i}" for i in range(10)]

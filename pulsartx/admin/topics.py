@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments
 from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
@@ -100,6 +101,8 @@ class TopicsAdmin:
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))
+        # Snapshots are per table (incarnation), so a re-created topic never loads these; they go too.
+        self.root.rm(*topic_snapshots(t))
         forget_shared(self.root, t)
         forget_shared_stores(self.root, t)
         log.info("deleted topic %s and its %d subscription(s)", t, subs)

@@ -28,12 +28,19 @@ class TransactionBuffer:
                  snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
                  snapshot_every_records: int = SNAPSHOT_EVERY_RECORDS):
         self.log = plog
-        self.snapshots = SnapshotStore(plog.root, plog.topic)
+        self._snapshots: SnapshotStore | None = None
         self.snapshot_every_txns = snapshot_every_txns
         self.snapshot_interval_s = snapshot_interval_s
         self.snapshot_every_records = snapshot_every_records
         self._state: BufferState | None = None
         self._last_snapshot_time = time.monotonic()
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        """The snapshots of this partition's current table (its incarnation)."""
+        if self._snapshots is None:
+            self._snapshots = SnapshotStore(self.log.root, self.log.topic, self.log.table_id)
+        return self._snapshots
 
     def state(self, refresh: bool = True) -> BufferState:
         if self._state is None:

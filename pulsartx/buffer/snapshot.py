@@ -12,6 +12,7 @@ import logging
 import pyarrow as pa
 
 from pulsartx.buffer.state import BufferState
+from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
@@ -27,8 +28,15 @@ SNAPSHOT_SCHEMA = pa.schema([
 ])
 
 
-def snapshot_segments(topic: TopicName) -> tuple[str, ...]:
-    return ("buffer-snapshots", *topic.path_segments(), f"partition-{topic.partition}")
+def snapshot_segments(topic: TopicName, incarnation: str) -> tuple[str, ...]:
+    """Snapshots of one incarnation of a partition (its Delta table's id): a deleted and
+    re-created topic's partition is a new table, which must never load the old one's state."""
+    return ("buffer-snapshots", *topic.path_segments(), f"partition-{topic.partition}", incarnation)
+
+
+def topic_snapshots(topic: TopicName) -> tuple[str, ...]:
+    """Where every snapshot of a topic's partitions lives (removed with the topic)."""
+    return ("buffer-snapshots", *topic.base.path_segments())
 
 
 def state_to_table(s: BufferState) -> pa.Table:
@@ -74,9 +82,12 @@ def table_to_state(t: pa.Table) -> BufferState:
 
 
 class SnapshotStore:
-    def __init__(self, root: StorageRoot, topic: TopicName):
+    def __init__(self, root: StorageRoot, topic: TopicName, incarnation: str | None = None):
+        """``incarnation``: the partition table's Delta id (default: the current table's)."""
         self.root = root
-        self.segments = snapshot_segments(topic)
+        if incarnation is None:
+            incarnation = PartitionLog(root, topic).table_id
+        self.segments = snapshot_segments(topic, incarnation)
 
     def load(self) -> BufferState | None:
         t = delta.open_table(self.root, *self.segments)

@@ -35,6 +35,7 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 MAX_APPEND_ATTEMPTS = 200
+INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
 
 
 def partition_segments(topic: TopicName) -> tuple[str, ...]:
@@ -149,6 +150,8 @@ class PartitionLog:
         self.segments = partition_segments(topic)
         self._writer: DeltaAppender | None = None
         self._index: FileIndex | None = None
+        self._table_id: str | None = None
+        self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.Lock()
 
@@ -259,6 +262,14 @@ class PartitionLog:
             return self._refresh()
 
     def _refresh(self) -> FileIndex:
+        if self._index is not None and time.monotonic() - self._identity_checked >= INCARNATION_CHECK_S:
+            # A long-lived reader must notice a topic deleted and re-created elsewhere: the new table's
+            # commits would otherwise be applied as if they continued the old one's log.
+            self._identity_checked = time.monotonic()
+            current = self._tail.table_id()
+            if current is not None and current != self._table_id:
+                log.info("%s was deleted and re-created since this process loaded it: starting over", self.topic)
+                self._index = None
         if self._index is None:
             t = delta.open_table(self.root, *self.segments)
             if t is None:
@@ -266,9 +277,19 @@ class PartitionLog:
             idx = FileIndex()
             idx.load_snapshot(t)
             self._index = idx
+            self._table_id = t.metadata().id
+            self._identity_checked = time.monotonic()
         for version, actions in self._tail.commits_after(self._index.version):
             self._index.apply_commit(version, actions)
         return self._index
+
+    @property
+    def table_id(self) -> str:
+        """The partition table's unique Delta id: its incarnation (a re-created topic is a new table)."""
+        if self._table_id is None:
+            self.refresh()
+        assert self._table_id is not None
+        return self._table_id
 
     def end_offset(self, refresh: bool = True) -> int:
         return (self.refresh() if refresh else self.index).end_offset

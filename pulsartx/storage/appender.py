@@ -222,9 +222,7 @@ class DeltaAppender:
         """Whether the table here is still the one this writer loaded, not one deleted and
         re-created under the same path since (version 0 carries the table's unique id): a
         process-wide writer kept across Spark tasks must not continue another table's log."""
-        first = self._tail.read_commit(0)
-        ids = [a["metaData"]["id"] for a in first or () if "metaData" in a]
-        return bool(ids) and ids[0] == self.table.metadata().id
+        return self._tail.table_id() == self.table.metadata().id
 
     def reload(self, table: Any | None = None) -> Any:
         """Start over from a fresh snapshot (``table``, or the latest one); returns the handle."""

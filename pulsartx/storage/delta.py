@@ -508,6 +508,13 @@ class LogTail:
             raise CorruptedLog(f"commit {version} of {self.root.uri(*self.segments)} is not valid JSON "
                                f"({path}): {e}") from e
 
+    def table_id(self) -> str | None:
+        """The table's unique id, from version 0 (None: no version 0, the table is gone or its
+        first commits were cleaned up after a checkpoint). A table deleted and re-created under the
+        same path has a new one."""
+        ids = [a["metaData"]["id"] for a in self.read_commit(0) or () if "metaData" in a]
+        return ids[0] if ids else None
+
     def commits_after(self, version: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         v = version + 1
         while True:

@@ -1,0 +1,72 @@
+"""A deleted and re-created topic is a new topic: nothing of the old one (transaction-buffer
+snapshots, cursors, cached handles) shapes what the new one shows."""
+from __future__ import annotations
+
+import pulsartx
+from pulsartx import MessageId
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.log.partition import PartitionLog
+from pulsartx.naming import TopicName
+
+PART = TopicName.parse("inc-partition-0")
+
+
+def _committed(c: pulsartx.Client) -> list[bytes]:
+    r = c.create_reader("inc", MessageId.earliest)
+    out = []
+    while r.has_message_available():
+        out.append(r.read_next(timeout_millis=3000).data())
+    return out
+
+
+def test_a_recreated_topic_never_trusts_the_old_topics_buffer_snapshot(tmp_path):
+    """Fails before the fix: the snapshot of the old topic (folded to offset 10) survived the
+    delete, and the new topic's readers trusted its horizon: the new topic's aborted and still
+    open transactions' messages below offset 10 were shown."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("inc", partitions=1)
+        p = c.create_producer("inc")
+        for i in range(10):
+            p.send(f"old-{i}".encode())
+        buf = TransactionBuffer(PartitionLog(c.root, PART))
+        assert buf.state().end_offset == 10 and buf.take_snapshot()
+        p.close()
+        c.admin.delete_topic("inc")
+        c.admin.create_topic("inc", partitions=1)
+        p = c.create_producer("inc")
+        p.send(b"plain")
+        aborted = c.new_transaction()
+        p.send(b"aborted", txn=aborted)
+        aborted.abort()
+        still_open = c.new_transaction(timeout_ms=600_000)
+        p.send(b"open", txn=still_open)
+        p.flush()
+    with pulsartx.Client(root) as fresh:
+        assert _committed(fresh) == [b"plain"]
+        state = TransactionBuffer(PartitionLog(fresh.root, PART)).state()
+        assert (state.end_offset, len(state.ongoing), len(state.aborted)) == (4, 1, 1)
+
+
+def test_a_long_lived_partition_handle_notices_a_recreated_topic(tmp_path, monkeypatch):
+    """A reader process that loaded the partition before another process deleted and re-created
+    the topic. Fails before the fix: it applied the new table's commits as if they continued the
+    old log, and kept the old end (10), so it showed nothing of the new topic."""
+    import pulsartx.log.partition as partition_mod
+
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("inc", partitions=1)
+        p = c.create_producer("inc")
+        for i in range(10):
+            p.send(f"old-{i}".encode())
+        p.close()
+        reader_side = PartitionLog(c.root, PART)
+        assert reader_side.end_offset() == 10
+    with pulsartx.Client(root) as other:  # another process's doing
+        other.admin.delete_topic("inc")
+        other.admin.create_topic("inc", partitions=1)
+        other.create_producer("inc").send(b"new-0")
+    assert reader_side.end_offset() == 1
+    assert reader_side.read(0, 1, ["value"]).column("value").to_pylist() == [b"new-0"]
