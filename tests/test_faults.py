@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import deltalake as dl
 import pyarrow as pa
@@ -183,3 +184,36 @@ def test_a_permanent_looking_error_after_the_commit_landed_is_read_back_not_repo
     assert a.append(rows(1), {"app.k": 1}) == 1
     assert faults.plan()[0].fired == 1
     assert dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist() == [1]
+
+
+def test_a_slot_that_answers_taken_but_reads_missing_is_not_retried_forever(table, tmp_path):
+    """A conditional put answered "exists" and the commit then reads as missing (a deleted
+    table, a store's stale answer). Fails before the fix: the commit loop retried the same slot
+    forever (this test timed out)."""
+    from pulsartx.exceptions import StorageError
+
+    a = appender(table)
+    faults.install([Fault(Op.CREATE, Mode.EXISTS, match="_delta_log", times=1_000_000)])
+    with pytest.raises(StorageError, match="version 1 .*answered that it exists but it cannot be read"):
+        a.append(rows(1))
+    assert faults.plan()[0].fired < 50
+
+
+def test_tc_count_is_decided_once_by_the_first_writer(tmp_path):
+    """Two first users racing on a fresh root with different TC counts. Fails before the fix: each
+    wrote _coordinators.json (last writer wins) and re-read its own value, so the two processes
+    used different counts, hence different TCs for the same transaction keys."""
+    from pulsartx.coordinator.registry import Coordinators
+
+    root = StorageRoot.resolve(str(tmp_path / "fresh"))
+    faults.install([Fault(Op.WRITE, Mode.DELAY, match="_coordinators.json", delay_s=1.0),
+                    Fault(Op.CREATE, Mode.DELAY, match="_coordinators.json", delay_s=1.0)])
+    counts: dict[str, int] = {}
+    slow = threading.Thread(target=lambda: counts.__setitem__("slow", Coordinators(root, 4).count))
+    slow.start()
+    time.sleep(0.3)  # the slow one has read "absent" and is about to write
+    faults.clear()
+    counts["fast"] = Coordinators(root, 8).count
+    slow.join()
+    assert counts["slow"] == counts["fast"] == 8
+    assert Coordinators(root).count == 8

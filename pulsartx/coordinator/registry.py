@@ -15,7 +15,7 @@ import zlib
 from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import InvalidConfiguration, TransactionCoordinatorNotFoundError
+from pulsartx.exceptions import InvalidConfiguration, StorageError, TransactionCoordinatorNotFoundError
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,20 @@ class Coordinators:
                 log.warning("num_coordinators=%d ignored: %s already has %d TCs", count, self.root.url, stored)
             return stored
         n = count or DEFAULT_COORDINATORS
-        self.root.write_text(json.dumps({"count": n}), *META)
-        # Two first users racing may both write; re-read so everyone agrees on one value.
-        return int(json.loads(self.root.read_text(*META) or json.dumps({"count": n}))["count"])
+        body = json.dumps({"count": n})
+        if self.root.has_put_if_absent:
+            # The first of several first users wins; everyone then uses its count (a plain write
+            # let the last writer win after the others had already read back their own value).
+            self.root.put_if_absent(body.encode(), *META)
+        else:
+            self.root.write_text(body, *META)
+        text = self.root.read_text(*META)
+        if text is None:
+            raise StorageError(f"{self.root.uri(*META)} was written but cannot be read back")
+        stored = int(json.loads(text)["count"])
+        if count is not None and count != stored:
+            log.warning("num_coordinators=%d ignored: %s already has %d TCs", count, self.root.url, stored)
+        return stored
 
     def pick(self, key: str | None = None) -> int:
         """A client's TC: by hash of its transaction key when it has one, else round-robin."""

@@ -46,6 +46,7 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger(__name__)
 ENGINE = "pulsartx"
 CHECKPOINT_INTERVAL = 100
+MAX_VANISHED_SLOTS = 5  # a commit slot that is taken but unreadable, this many times in a row: give up
 # A writer that has not looked at the log for this long re-reads the table before writing: the
 # Delta log's JSON commits may be cleaned up after 30 days (delta.logRetentionDuration), and a put
 # at a version that was cleaned up would succeed where it must conflict.
@@ -288,6 +289,7 @@ class DeltaAppender:
             {"add": add},
         ]
         removing = set(removes)
+        vanished = 0
         body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
         while True:
             version = self.version + 1
@@ -304,7 +306,16 @@ class DeltaAppender:
                 return version
             theirs = self._tail.read_commit(version)
             if theirs is None:
-                continue  # vanished between put and read (cannot happen on Delta stores; retry the slot)
+                # Taken, yet nothing to read: a put racing a delete, or a store answering
+                # inconsistently. Retried a few times, never forever.
+                vanished += 1
+                if vanished >= MAX_VANISHED_SLOTS:
+                    self._discard(add["path"])
+                    raise StorageError(
+                        f"{self.uri}: version {version} answered that it exists but it cannot be read ({vanished} "
+                        "times): the table was deleted, or the store does not answer consistently; open it again")
+                delta.backoff(vanished, base=0.01, cap=0.2)
+                continue
             if any(a.get("commitInfo", {}).get("txnId") == commit_id for a in theirs):
                 self._apply(version, actions, foreign=False)  # our own put, whose response was lost
                 return version

@@ -47,6 +47,7 @@ class Mode(StrEnum):
     HTTP500 = "http500"  # an HTTP 500 answer; with ``after`` the write happened (ceph/ceph#71588)
     DELAY = "delay"      # the call is delayed by ``delay_s`` (a slow store, a paused process)
     HIDE = "hide"        # a listing misses the entries matching ``hide`` (a racing creator)
+    EXISTS = "exists"    # a put-if-absent answers "already exists" (412) though nothing was written
 
 
 @dataclass
@@ -156,6 +157,8 @@ def _raise(f: Fault, op: Op, path: str) -> None:
         time.sleep(f.delay_s)
         return
     when = "after the call took effect" if f.after else "before the call"
+    if f.mode is Mode.EXISTS:
+        raise FileExistsError(errno.EEXIST, f"injected: {path} answered 'already exists' ({when})")
     if f.mode is Mode.HTTP500:
         raise InjectedNetworkFault(f"injected HTTP 500 Internal Server Error on {op.value} {path} ({when})")
     if f.transient:

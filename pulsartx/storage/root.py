@@ -291,9 +291,17 @@ class StorageRoot:
         """
         path = self.fs_path(*segments)
         if self.is_local:
-            faults.before(Op.CREATE, path)
+            try:
+                faults.before(Op.CREATE, path)
+            except FileExistsError:
+                return False
             tmp = f"{path}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}"
-            with open(tmp, "wb") as f:
+            try:
+                f = open(tmp, "wb")
+            except FileNotFoundError:  # the first file of its folder (commits always have theirs)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                f = open(tmp, "wb")
+            with f:
                 f.write(body)
             try:
                 os.link(tmp, path)
@@ -309,7 +317,7 @@ class StorageRoot:
         def put() -> bool:
             for attempt in range(20):
                 try:
-                    faults.before(Op.CREATE, path)
+                    faults.before(Op.CREATE, path)  # FileExistsError: an injected 412
                     self.fs.pipe(path, body, mode="create")
                     faults.after(Op.CREATE, path)
                     return True
