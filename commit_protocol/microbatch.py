@@ -36,7 +36,7 @@ from commit_protocol.job import JobTransaction
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
-from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, TransactionNotFound
+from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
 
@@ -154,23 +154,21 @@ class MicroBatchTransaction:
         return f"{query_id(self.checkpoint)}:{batch_id}"
 
     def committed_by(self, batch_id: int) -> str | None:
-        """The transaction of this key that already committed ``batch_id``, if any."""
+        """The transaction of this key that already committed ``batch_id``, if any.
+
+        Searched in the key's TC log, which holds every transaction of the key still retained, and
+        whose compaction always keeps the key's latest committed one: the only batch Spark replays
+        is the latest, so its committing transaction is found however many transactions the key
+        began since (the key row lists only the last few: a crash loop pushed it off that list)."""
         from pulsartx.coordinator.keys import full_key
 
         tcs = self._tcs()
-        refreshed: set[int] = set()  # one TC-log refresh per TC, not one per listed transaction
-        for t in tcs.keys(tcs.pick(full_key(OWNER, self.key))).txn_ids(OWNER, self.key):
-            if t == self.job.txn_id:
-                continue
-            try:
-                meta = tcs.for_txn(t).get(t, refresh=t.most_bits not in refreshed)
-            except TransactionNotFound:
-                continue  # trimmed: finished long ago; the key's last committed txn is never trimmed
-            finally:
-                refreshed.add(t.most_bits)
-            if meta.properties.get(BATCH_PROPERTY) == self.batch_token(batch_id) and meta.status in (
-                    TxnStatus.COMMITTING, TxnStatus.COMMITTED):
-                return str(t)
+        token = self.batch_token(batch_id)
+        for meta in tcs.tc(tcs.pick(full_key(OWNER, self.key))).transactions(refresh=True):
+            if (meta.transaction_key == self.key and meta.owner == OWNER and meta.txn_id != self.job.txn_id
+                    and meta.properties.get(BATCH_PROPERTY) == token
+                    and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)):
+                return str(meta.txn_id)
         return None
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
