@@ -114,7 +114,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         key = str(p)
         if key not in self._buffers:
             self._buffers[key] = TransactionBuffer(self._log(p))
-        return resolved_filter(Coordinators.shared(self.root), key, self._buffers[key].state())
+        return resolved_filter(Coordinators.shared(self.root), self._buffers[key])
 
     def _store(self, p: TopicName):
         from pulsartx.subscription.store import shared_store

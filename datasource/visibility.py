@@ -3,7 +3,7 @@
 
 The driver decides *what is visible* when it plans: it folds every partition of the read, then
 asks the TCs about every transaction still ongoing in any of them
-(:func:`pulsartx.buffer.reads.consistent_filters`). The result, one picklable
+(:func:`pulsartx.buffer.reads.resolved_filter`). The result, one picklable
 :class:`~pulsartx.buffer.state.VisibilityFilter` per partition, travels in the input partition;
 the executor applies it to the raw records of its range and nothing else decides visibility.
 Because all partitions share one set of TC decisions, a read never returns part of a

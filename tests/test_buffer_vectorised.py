@@ -46,6 +46,7 @@ def fold_rows(s: BufferState, records: pa.Table) -> BufferState:
         for k, t, o, e in zip(keys, types, offs, entries, strict=True):
             if t == MessageType.DATA.value:
                 if k in s.ended:
+                    s.add_stragglers([(o, o)])
                     continue
                 if k not in s.ongoing:
                     s.ongoing[k] = o
@@ -156,7 +157,7 @@ def table(rows: list[tuple], start: int = 0, chunks: int = 1) -> pa.Table:
 def fields(s: BufferState) -> dict:
     return {"end_offset": s.end_offset, "ongoing": s.ongoing, "aborted": s.aborted, "ended": s.ended,
             "ranges": s.ranges, "last_data": s.last_data, "markers": s.markers_since_snapshot,
-            "plain_ended": list(s.plain_ended)}
+            "plain_ended": list(s.plain_ended), "stragglers": s.stragglers}
 
 
 @settings(max_examples=120, deadline=None)

@@ -72,3 +72,59 @@ def test_retention_never_moves_the_start_past_max_read_position(tmp_path):
     open_txn.commit()
     assert _committed(c)[-3:] == [b"o1", b"p1", b"p2"]
     c.close()
+
+
+def test_a_straggler_of_a_committed_transaction_trimmed_from_the_ended_set_stays_hidden(tmp_path, monkeypatch):
+    """The buffer remembers only the MAX_ENDED latest plain commits; a straggler (data a zombie
+    appended after its transaction's own marker) of an older one looks like a new open
+    transaction, which its TC reports COMMITTED. Fails before the fix: the reader then showed the
+    straggler, as if it had been part of the commit."""
+    import pulsartx.buffer.state as state_mod
+
+    monkeypatch.setattr(state_mod, "MAX_ENDED", 2)
+    c = pulsartx.Client(str(tmp_path / "root"))
+    c.admin.create_topic("r", partitions=1)
+    p = c.create_producer("r")
+    old = c.new_transaction()
+    p.send(b"old", txn=old)
+    old.commit()
+    for i in range(3):  # three newer plain commits push `old` out of the ended set
+        t = c.new_transaction()
+        p.send(f"n{i}".encode(), txn=t)
+        t.commit()
+    PartitionLog(c.root, PART).append(build_records([b"straggler"], txn=old.id.as_tuple()))
+    p.send(b"after")
+    assert _committed(c) == [b"old", b"n0", b"n1", b"n2", b"after"]
+    with pulsartx.Client(str(tmp_path / "root")) as fresh:
+        assert _committed(fresh) == [b"old", b"n0", b"n1", b"n2", b"after"]
+    c.close()
+
+
+def test_a_straggler_folded_after_its_transaction_was_forgotten_stays_hidden(tmp_path, monkeypatch):
+    """The same straggler, met by a buffer that had already forgotten its transaction: the fold
+    sees an open transaction, its TC says COMMITTED (every marker written), and the state folded
+    after that lookup still has no marker for it, so the data came after its own marker."""
+    import pulsartx.buffer.state as state_mod
+    from pulsartx.buffer.reads import resolved_filter
+
+    monkeypatch.setattr(state_mod, "MAX_ENDED", 2)
+    c = pulsartx.Client(str(tmp_path / "root"))
+    c.admin.create_topic("r", partitions=1)
+    p = c.create_producer("r")
+    old = c.new_transaction()
+    p.send(b"old", txn=old)
+    old.commit()
+    for i in range(3):
+        t = c.new_transaction()
+        p.send(f"n{i}".encode(), txn=t)
+        t.commit()
+    buf = TransactionBuffer(PartitionLog(c.root, PART))
+    assert buf.state().ongoing == {}  # `old` already forgotten here
+    PartitionLog(c.root, PART).append(build_records([b"straggler"], txn=old.id.as_tuple()))
+    p.send(b"after")
+    assert list(buf.state().ongoing.values()) == [8]
+    f = resolved_filter(c._coordinators(), buf)
+    assert f.read_limit == 10
+    rows = f.apply(PartitionLog(c.root, PART).read(0, f.read_limit))
+    assert rows.column("value").to_pylist() == [b"old", b"n0", b"n1", b"n2", b"after"]
+    c.close()

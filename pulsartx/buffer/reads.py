@@ -5,7 +5,7 @@ maxReadPosition, minus aborted transactions, minus entries a commit marker left 
 transaction's stragglers after its own marker. Markers are never returned.
 
 Markers are written only after the TC logged COMMITTING/ABORTING, so the TC record is the
-decision and a marker merely materialises it. Readers use that (:func:`consistent_filters`):
+decision and a marker merely materialises it. Readers use that (:func:`resolved_filter`):
 for every transaction still ongoing in the partitions being read, they ask its TC once, after
 folding all partitions:
   * decided COMMIT: visible in every partition alike, marker written or not: a read of several
@@ -67,38 +67,46 @@ def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
     return out
 
 
-def consistent_filters(coordinators: Any, states: Mapping[str, BufferState]) -> dict[str, VisibilityFilter]:
-    """READ_COMMITTED filters for several partitions that agree on every transaction's outcome."""
+def _decisions(metas: Mapping[int, Any], name: str, state: BufferState) -> dict[int, Decision]:
+    """Outcomes for the transactions still ongoing in ``state`` that their TCs decided."""
     from pulsartx.coordinator.state import TxnStatus
 
-    keys = set().union(*(s.ongoing.keys() for s in states.values())) if states else set()
-    metas = _lookup(coordinators, keys) if keys and coordinators is not None else {}
-    out = {}
-    for name, s in states.items():
-        decided: dict[int, Decision] = {}
-        for k in s.ongoing:
-            if k not in metas:
-                continue
-            m = metas[k]
-            if m is None or m.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
-                decided[k] = Decision(False)
-            elif m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
-                ranges = None
-                if m.commit_entries is not None:
-                    ranges = tuple((a, b) for p, a, b in m.commit_entries if p == name)
-                decided[k] = Decision(True, ranges)
-        out[name] = s.filter(decided)
-    return out
+    decided: dict[int, Decision] = {}
+    for k, first in state.ongoing.items():
+        if k not in metas:
+            continue
+        m = metas[k]
+        if m is None or m.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
+            decided[k] = Decision(False)
+        elif m.status is TxnStatus.COMMITTED and m.commit_entries is None:
+            # COMMITTED is logged after every marker was written, and the state was folded after
+            # this was read: data still without a marker lies after its own marker, which the
+            # bounded ended set forgot (a straggler), or in a partition the transaction never
+            # registered. It was never part of the commit.
+            decided[k] = Decision(True, stragglers_from=first)
+        elif m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            ranges = None
+            if m.commit_entries is not None:
+                ranges = tuple((a, b) for p, a, b in m.commit_entries if p == name)
+            decided[k] = Decision(True, ranges)
+    return decided
 
 
-def resolved_filter(coordinators: Any, name: str, state: BufferState) -> VisibilityFilter:
+def resolved_filter(coordinators: Any, buffer: TransactionBuffer) -> VisibilityFilter:
     """One partition's READ_COMMITTED filter with its ongoing transactions resolved through their
     TCs (an expired one aborted on the spot): the path every tailing reader takes, the client's
     readers and consumers as well as Spark's stream reader, so a dead producer's transaction blocks
-    none of them past its timeout, with or without a sweeper."""
+    none of them past its timeout, with or without a sweeper. A decided COMMIT shows its data in
+    every partition alike, marker written or not (no fractured reads)."""
+    state = buffer.state()
     if not state.ongoing or coordinators is None:
         return state.filter()
-    return consistent_filters(coordinators, {name: state})[name]
+    from pulsartx.coordinator.state import TxnStatus
+
+    metas = _lookup(coordinators, set(state.ongoing))
+    if any(m is not None and m.status is TxnStatus.COMMITTED for m in metas.values()):
+        state = buffer.state()  # folded after the lookup: every marker written before COMMITTED is in
+    return state.filter(_decisions(metas, str(buffer.log.topic), state))
 
 
 def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) -> dict[str, VisibilityFilter]:
@@ -159,6 +167,7 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
             if m is not None and m.status in committed and m.commit_entries is not None:
                 ranges[k] = [(a, b) for p, a, b in m.commit_entries if p == name]
         out[name] = VisibilityFilter(limits[name], dict(s.aborted), dict(s.ended), ranges, cut=cut,
+                                     stragglers=tuple(s.stragglers),
                                      min_offset=s.trimmed_below)
     return out
 
@@ -188,7 +197,7 @@ class VisibilityReader:
         elif self._filter is None or time.monotonic() - self._last_decide >= RESOLVE_EVERY_S:
             # Asking the TCs costs a log refresh each, so a polling reader does it at a bounded rate.
             self._last_decide = time.monotonic()
-            self._filter = resolved_filter(self.client._coordinators(), str(self.log.topic), state)
+            self._filter = resolved_filter(self.client._coordinators(), self.buffer)
         else:
             self._filter = self._refold(state)
         self._end = self._filter.read_limit

@@ -20,7 +20,7 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger(__name__)
 
 SNAPSHOT_SCHEMA = pa.schema([
-    pa.field("kind", pa.string(), False),  # META, ONGOING, ENDED, ABORTED, RANGE
+    pa.field("kind", pa.string(), False),  # META, ONGOING, ENDED, ABORTED, RANGE, STRAGGLERS
     pa.field("txn_key", pa.int64()),
     pa.field("offset", pa.int64()),
     pa.field("first_offset", pa.int64()),
@@ -51,6 +51,8 @@ def state_to_table(s: BufferState) -> pa.Table:
     # A commit that listed no entries here shows nothing: kept as a RANGE row without offsets.
     rows += [{"kind": "RANGE", "txn_key": k, "offset": None, "first_offset": None, "last_offset": None}
              for k, rs in s.ranges.items() if not rs]
+    rows += [{"kind": "STRAGGLERS", "txn_key": None, "offset": None, "first_offset": a, "last_offset": b}
+             for a, b in s.stragglers]
     return pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA)
 
 
@@ -76,6 +78,8 @@ def table_to_state(t: pa.Table) -> BufferState:
             rs = s.ranges.setdefault(k, [])
             if first is not None:
                 rs.append((first, last))
+        elif kind == "STRAGGLERS":
+            s.stragglers.append((first, last))
     s.rebuild_plain_ended()
     s.snapshot_offset = s.end_offset
     return s

@@ -6,13 +6,17 @@ Folding a record batch in offset order maintains:
   * ``aborted``: transactions whose TXN_ABORT marker is in the partition (offset of the marker);
   * ``ended``: every transaction whose marker was seen (commit or abort), with the marker offset:
     data of a transaction after its own marker (a straggler) is never visible;
-  * ``ranges``: for commit markers that list their entries, the exact visible offset ranges.
+  * ``ranges``: for commit markers that list their entries, the exact visible offset ranges;
+  * ``stragglers``: offset ranges of data written after its own transaction's marker, recorded
+    when folded (while the marker is known), so they stay hidden after the bounded ended set
+    forgets the transaction.
 maxReadPosition is the offset just before the first message of the earliest ongoing transaction,
 or the last offset of the log when none is ongoing.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,6 +101,8 @@ class BufferState:
     trimmed_below: int = 0
     # Plain committed transactions (neither aborted nor range-limited), oldest marker first.
     plain_ended: deque[int] = field(default_factory=deque, repr=False, compare=False)
+    # Data written after its own transaction's marker: merged, sorted (first, last) offset ranges.
+    stragglers: list[tuple[int, int]] = field(default_factory=list)
     snapshot_offset: int = -1
 
     @property
@@ -148,6 +154,12 @@ class BufferState:
                 # it ended earlier (stragglers).
                 cutoff = np.array([-1 if k in self.ended else first_marker.get(k, big) for k in ukeys], np.int64)
                 live = run_first[data_runs] < cutoff[inv]
+                if not live.all():
+                    # The rows themselves: a run of one transaction's rows may span other rows' offsets.
+                    late_run = np.zeros(len(starts), dtype=bool)
+                    late_run[data_runs[~live]] = True
+                    late = offs[np.repeat(late_run, np.diff(np.concatenate((starts, [n]))))].tolist()
+                    self.add_stragglers((o, o) for o in late)
                 if live.any():
                     lk = inv[live]
                     first = np.full(len(ukeys), big, np.int64)
@@ -200,10 +212,21 @@ class BufferState:
         self.plain_ended = deque(k for _, k in plain)
         self._trim()
 
+    def add_stragglers(self, runs: Iterable[tuple[int, int]]) -> None:
+        """Record offset ranges of data past its own marker (kept merged and sorted)."""
+        merged: list[list[int]] = []
+        for a, b in sorted([*self.stragglers, *runs]):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.stragglers = [(a, b) for a, b in merged]
+
     def trim_below(self, start_offset: int) -> int:
         """Forget aborted/ranged transactions whose data retention removed (PIP-196's lesson: the
         aborted set must not grow forever). Returns how many entries were dropped."""
         self.trimmed_below = max(self.trimmed_below, start_offset)
+        self.stragglers = [(a, b) for a, b in self.stragglers if b >= start_offset]
         drop = [k for k, m in self.ended.items() if m < start_offset]
         for k in drop:
             self.ended.pop(k, None)
@@ -217,14 +240,17 @@ class BufferState:
         still ongoing here (markers not written yet); they no longer block maxReadPosition."""
         if not decided:
             return VisibilityFilter(self.read_limit, dict(self.aborted), dict(self.ended), dict(self.ranges),
-                                    min_offset=self.trimmed_below)
+                                    min_offset=self.trimmed_below, stragglers=tuple(self.stragglers))
         aborted = dict(self.aborted)
         ranges = dict(self.ranges)
+        ended = dict(self.ended)
         commits = set()
         for k, d in decided.items():
             if k not in self.ongoing:
                 continue
-            if d.commit:
+            if d.stragglers_from is not None:
+                ended[k] = d.stragglers_from - 1
+            elif d.commit:
                 commits.add(k)
                 if d.ranges is not None:
                     ranges[k] = list(d.ranges)
@@ -232,8 +258,8 @@ class BufferState:
                 aborted[k] = self.end_offset
         blocking = [o for k, o in self.ongoing.items() if k not in decided]
         limit = min(blocking) if blocking else self.end_offset
-        return VisibilityFilter(limit, aborted, dict(self.ended), ranges, frozenset(commits),
-                                min_offset=self.trimmed_below)
+        return VisibilityFilter(limit, aborted, ended, ranges, frozenset(commits), min_offset=self.trimmed_below,
+                                stragglers=tuple(self.stragglers))
 
 
 @dataclass(frozen=True)
@@ -242,6 +268,9 @@ class Decision:
 
     commit: bool
     ranges: tuple[tuple[int, int], ...] | None = None  # the commit's entries in this partition
+    # The transaction's marker here lies before this offset (forgotten by the bounded ended set):
+    # its data from here on came after its own marker, and is never visible.
+    stragglers_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +316,7 @@ class VisibilityFilter:
     # Retention horizon: rows below it belong to deleted files whose aborted transactions the state
     # no longer remembers, so a reader still holding those files must not show them.
     min_offset: int = 0
+    stragglers: tuple[tuple[int, int], ...] = ()  # offsets never shown: data past its own marker
 
     def apply(self, table: pa.Table) -> pa.Table:
         """Keep visible DATA rows of ``table`` (already bounded by ``read_limit``).
@@ -303,6 +333,10 @@ class VisibilityFilter:
             keys = txn_key_column(table)
             if keys.null_count != len(keys):
                 keep &= self._txn_rows_visible(offs, keys)
+                if self.stragglers:
+                    s = np.array(self.stragglers, np.int64)
+                    i = np.searchsorted(s[:, 0], offs, side="right") - 1
+                    keep &= ~((i >= 0) & (offs <= s[np.maximum(i, 0), 1]))
         return keep_rows(table, keep)
 
     def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
