@@ -217,3 +217,45 @@ def test_tc_count_is_decided_once_by_the_first_writer(tmp_path):
     slow.join()
     assert counts["slow"] == counts["fast"] == 8
     assert Coordinators(root).count == 8
+
+
+def test_a_store_that_ignores_put_if_absent_is_refused_before_anything_is_written(tmp_path):
+    """Fails before the fix: nothing checked the store, and a server ignoring If-None-Match would
+    have let two writers both 'win' one commit slot, losing a commit without an error."""
+    import pulsartx
+    from pulsartx.exceptions import StorageError
+
+    faults.install([Fault(Op.CREATE, Mode.OVERWRITE, match="put-if-absent-probe", times=10)])
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        with pytest.raises(StorageError, match="does not honour conditional writes.*PULSARTX_UNSAFE_SKIP"):
+            c.admin.create_topic("t", partitions=1)
+            c.create_producer("t").send(b"x")
+
+
+def test_the_put_if_absent_check_can_be_skipped_loudly(tmp_path, monkeypatch, caplog):
+    import pulsartx
+    from pulsartx.storage.root import UNSAFE_SKIP_CHECK_ENV
+
+    monkeypatch.setenv(UNSAFE_SKIP_CHECK_ENV, "1")
+    faults.install([Fault(Op.CREATE, Mode.OVERWRITE, match="put-if-absent-probe", times=10)])
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        c.create_producer("t").send(b"x")
+    assert faults.plan()[0].fired == 0  # not probed
+    assert any("NOT checking" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_on_ceph_rgw_the_probe_passes_and_a_500_after_a_conditional_put_is_read_back(rgw_server):
+    """The same unknown-outcome answer on a real S3 server: the commit landed, the client saw
+    HTTP 500 (ceph/ceph#71588), and the appender reads the slot back instead of guessing."""
+    url, options = rgw_server.new_root("faults500")
+    root = StorageRoot.resolve(url, options)
+    delta.create_table(root, SCHEMA, "t")
+    a = appender((root, ("t",)))
+    faults.install([Fault(Op.CREATE, Mode.HTTP500, after=True, match="t/_delta_log")])
+    assert a.append(rows(1), {"app.k": 1}) == 1
+    assert faults.plan()[0].fired == 1
+    faults.clear()
+    assert a.append(rows(2), {"app.k": 2}) == 2
+    t = delta.open_table(root, "t")
+    assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == [1, 2]

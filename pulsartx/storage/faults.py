@@ -48,6 +48,7 @@ class Mode(StrEnum):
     DELAY = "delay"      # the call is delayed by ``delay_s`` (a slow store, a paused process)
     HIDE = "hide"        # a listing misses the entries matching ``hide`` (a racing creator)
     EXISTS = "exists"    # a put-if-absent answers "already exists" (412) though nothing was written
+    OVERWRITE = "overwrite"  # a put-if-absent ignores its condition: a blind write (a store without it)
 
 
 @dataclass
@@ -153,6 +154,8 @@ def _record(f: Fault, op: Op, path: str) -> None:
 
 
 def _raise(f: Fault, op: Op, path: str) -> None:
+    if f.mode is Mode.OVERWRITE:
+        return  # applied by the call itself (see blind)
     if f.mode is Mode.DELAY:
         time.sleep(f.delay_s)
         return
@@ -173,6 +176,22 @@ def before(op: Op, path: str) -> None:
     f = _fire(op, path, after=False)
     if f is not None:
         _raise(f, op, path)
+
+
+def blind(op: Op, path: str) -> bool:
+    """Whether this conditional write must ignore its condition (an OVERWRITE fault fires)."""
+    if _plan is None and _loaded:
+        return False
+    if not _loaded:
+        _load()
+    if _plan is None:
+        return False
+    with _lock:
+        for f in _plan:
+            if f.mode is Mode.OVERWRITE and f.matches(op, path) and f.due():
+                _record(f, op, path)
+                return True
+    return False
 
 
 def after(op: Op, path: str) -> None:

@@ -45,6 +45,8 @@ _MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated
 # tells forked children apart) without a uuid4 per commit, which costs a getrandom call.
 _TMP_TAG = uuid.uuid4().hex[:12]
 _TMP_SEQ = itertools.count()
+UNSAFE_SKIP_CHECK_ENV = "PULSARTX_UNSAFE_SKIP_PUT_IF_ABSENT_CHECK"
+_PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
 
 
 def scrub_logs_of(options: dict[str, str]) -> None:
@@ -289,12 +291,48 @@ class StorageRoot:
         False); a retried PUT whose first response was lost also answers False, so callers compare
         what is there with what they wrote.
         """
-        path = self.fs_path(*segments)
+        self.check_put_if_absent()
+        return self._put_if_absent(body, self.fs_path(*segments))
+
+    def check_put_if_absent(self) -> None:
+        """Refuse a store that ignores put-if-absent, once per root and process: every compare-and-
+        set of pulsartx (each Delta commit) relies on it, and a store that silently overwrites
+        (some S3-compatible servers ignore ``If-None-Match``) would lose commits without an error.
+        The second conditional put of a scratch key must fail."""
+        if not self.has_put_if_absent or self.url in _PUT_IF_ABSENT_CHECKED:
+            return
+        if os.environ.get(UNSAFE_SKIP_CHECK_ENV, "").strip().lower() in ("1", "true", "yes"):
+            logging.getLogger(__name__).warning(
+                "%s=%s: NOT checking that %s honours put-if-absent; if it does not, concurrent commits are lost "
+                "silently", UNSAFE_SKIP_CHECK_ENV, os.environ[UNSAFE_SKIP_CHECK_ENV], self.url)
+            _PUT_IF_ABSENT_CHECKED.add(self.url)
+            return
+        path = self.fs_path("_pulsartx", f"put-if-absent-probe-{uuid.uuid4().hex}")
+        try:
+            first = self._put_if_absent(b"1", path)
+            second = self._put_if_absent(b"2", path)
+        finally:
+            with contextlib.suppress(Exception):
+                self.rm("_pulsartx", posixpath.basename(path))
+        if not first or second:
+            raise StorageError(
+                f"{self.url} does not honour conditional writes (put-if-absent: a second create of one key "
+                f"{'succeeded' if second else 'was refused although the key was new'}), which every pulsartx commit "
+                "relies on: use a store that supports them (S3's If-None-Match: AWS S3, Ceph RGW, recent MinIO), "
+                f"or, knowing that concurrent writers will then lose data, set {UNSAFE_SKIP_CHECK_ENV}=1")
+        _PUT_IF_ABSENT_CHECKED.add(self.url)
+
+    def _put_if_absent(self, body: bytes, path: str) -> bool:
         if self.is_local:
             try:
                 faults.before(Op.CREATE, path)
             except FileExistsError:
                 return False
+            if faults.blind(Op.CREATE, path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(body)
+                return True
             tmp = f"{path}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}"
             try:
                 f = open(tmp, "wb")
@@ -318,7 +356,7 @@ class StorageRoot:
             for attempt in range(20):
                 try:
                     faults.before(Op.CREATE, path)  # FileExistsError: an injected 412
-                    self.fs.pipe(path, body, mode="create")
+                    self.fs.pipe(path, body, mode="overwrite" if faults.blind(Op.CREATE, path) else "create")
                     faults.after(Op.CREATE, path)
                     return True
                 except FileExistsError:
