@@ -259,3 +259,25 @@ def test_on_ceph_rgw_the_probe_passes_and_a_500_after_a_conditional_put_is_read_
     assert a.append(rows(2), {"app.k": 2}) == 2
     t = delta.open_table(root, "t")
     assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == [1, 2]
+
+
+def test_local_fsync_when_asked_flushes_data_and_commit_before_publishing(tmp_path, monkeypatch):
+    """PULSARTX_LOCAL_FSYNC=1: the data file and the commit are fsynced, then the _delta_log entry."""
+    import pulsartx.storage.delta as delta_mod
+    import pulsartx.storage.root as root_mod
+
+    calls: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("file"), real_fsync(fd))[1])
+    monkeypatch.setattr(root_mod, "fsync_dir", lambda p: calls.append(f"dir:{os.path.basename(p)}"))
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t")
+    root.check_put_if_absent()  # the once-per-root probe, outside what is counted
+    a = appender((root, ("t",)))
+    monkeypatch.setenv(root_mod.LOCAL_FSYNC_ENV, "1")
+    a.append(rows(1))
+    assert calls == ["file", "file", "dir:_delta_log"]
+    calls.clear()
+    monkeypatch.setenv(root_mod.LOCAL_FSYNC_ENV, "0")
+    a.append(rows(2))
+    assert calls == [] and delta_mod.local_fsync() is False

@@ -35,7 +35,7 @@ import pyarrow as pa
 from pulsartx.exceptions import CorruptedLog, StorageError, causes
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
-from pulsartx.storage.root import StorageRoot
+from pulsartx.storage.root import StorageRoot, local_fsync
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +357,8 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     if root.is_local:
         with open(path, "wb") as f:
             f.write(body)
+            if local_fsync():  # before the commit that references it is published
+                os.fsync(f.fileno())
     else:
         root.fs.pipe(path, body.to_pybytes())
     faults.after(Op.WRITE, path)

@@ -46,6 +46,24 @@ _MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated
 _TMP_TAG = uuid.uuid4().hex[:12]
 _TMP_SEQ = itertools.count()
 UNSAFE_SKIP_CHECK_ENV = "PULSARTX_UNSAFE_SKIP_PUT_IF_ABSENT_CHECK"
+LOCAL_FSYNC_ENV = "PULSARTX_LOCAL_FSYNC"
+
+
+def local_fsync() -> bool:
+    """Whether local writes are flushed to the disk before a commit is published (off unless
+    ``PULSARTX_LOCAL_FSYNC=1``: it costs 2.7x per protocol step, docs/design/local-fsync.md). Off, a
+    process crash loses nothing, but a machine or OS crash may lose the last commits, or leave a
+    commit whose data file is empty."""
+    return os.environ.get(LOCAL_FSYNC_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's new entries durable (a created or linked file is not, until then)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 _PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
 
 
@@ -339,14 +357,19 @@ class StorageRoot:
             except FileNotFoundError:  # the first file of its folder (commits always have theirs)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 f = open(tmp, "wb")
+            durable = local_fsync()
             with f:
                 f.write(body)
+                if durable:
+                    os.fsync(f.fileno())
             try:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
             finally:
                 os.unlink(tmp)
+            if durable:
+                fsync_dir(os.path.dirname(path))
             faults.after(Op.CREATE, path)
             return True
         if self.scheme != "s3":
