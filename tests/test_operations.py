@@ -133,7 +133,10 @@ def test_compaction_under_load_keeps_reads_identical_and_shrinks_disk(tmp_path):
     after = _read_all(client, "c")
     assert [x for x in after if x[1] <= before[-1][1]] == before  # same messages, same offsets
     assert sorted(x[2] for x in after if x[2].startswith(b"late")) == sorted(written)
-    assert PartitionLog(client.root, part).refresh().size_bytes() < disk_before
+    # The range compaction rewrote (the offsets that existed before it) takes less space; the load's
+    # own appends after it are left out, as their number depends on how busy the machine is.
+    last_before = PartitionLog(client.root, part).refresh()
+    assert sum(f.size for f in last_before.files if f.min_offset <= before[-1][1]) < disk_before
     # raw data of aborted transactions is gone from the compacted range
     uncommitted = {x[2] for x in _read_all(client, "c", "READ_UNCOMMITTED")}
     assert not any(f"t{i}".encode() * 50 in uncommitted for i in range(0, 40, 2))

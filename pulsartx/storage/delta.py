@@ -501,7 +501,14 @@ class LogTail:
             except FileNotFoundError:
                 return None
 
-        raw = retrying(f"read commit {version} of", self.root.uri(*self.segments), attempt, root=self.root)
+        uri = self.root.uri(*self.segments)
+        try:
+            raw = retrying(f"read commit {version} of", uri, attempt, root=self.root)
+        except StorageError:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot read commit {version} of Delta table {uri}: "
+                               f"{describe(e, secrets_of(self.root))}") from e
         if raw is None:
             return None
         try:
