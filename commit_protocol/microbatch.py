@@ -39,6 +39,7 @@ from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.resolution import pending_keys, resolve_pending
 
 log = logging.getLogger("pulsartx.commit_protocol")
 BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
@@ -213,12 +214,17 @@ class MicroBatchTransaction:
             log.warning("batch %d: input hand-off is ambiguous (%s); the source's commit will acknowledge instead",
                         batch_id, [s for s, _ in plans])
             return
-        tc = self._tcs().for_txn(txn)
+        tcs = self._tcs()
+        tc = tcs.for_txn(txn)
         k = txn_key(txn.most_bits, txn.least_bits)
         for sub, stores in plans:
             if stores:
                 tc.add_subscriptions(txn, [Subscription(str(partition), sub) for _, partition, _ in stores])
-            for store, _, pos in stores:
+            for store, partition, pos in stores:
+                # Another transaction's pending ack here (a fenced batch's, landed after its abort)
+                # would refuse this one: return the ones their TCs can no longer commit first.
+                others = pending_keys(store.cursor(), exclude=[k])
+                resolve_pending(root, tcs, str(partition), sub, others)
                 store.update(lambda c, pos=pos: c.txn_ack_cumulative(k, pos))
 
 

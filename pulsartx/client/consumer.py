@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from pulsartx.buffer.reads import VisibilityReader, _lookup
-from pulsartx.buffer.state import key_txn, txn_key
+from pulsartx.buffer.reads import VisibilityReader
+from pulsartx.buffer.state import txn_key
 from pulsartx.client.message import Message, Records
 from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S, check_isolation
 from pulsartx.coordinator.state import Subscription
-from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -42,6 +41,7 @@ from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.ranges import RangeSet
+from pulsartx.subscription.resolution import pending_keys, resolve_pending
 from pulsartx.subscription.store import Claim, SubscriptionStore, shared_store
 
 if TYPE_CHECKING:
@@ -91,21 +91,6 @@ class _Partition:
     def index(self) -> int:
         assert self.topic.partition is not None
         return self.topic.partition
-
-
-def _trimmed(client: Any, key: int) -> bool:
-    """Whether the transaction was issued and has been trimmed from its TC log, read afresh: a
-    process's copy of the log may miss a transaction another process began, and its pending acks
-    must not be taken for a dead transaction's."""
-    from pulsartx.coordinator.tclog import TransactionLog
-
-    most, least = key_txn(key)
-    try:
-        fresh = TransactionLog(client.root, most).open()
-    except PulsarException as e:
-        log.debug("cannot read TC %d's log to resolve a pending ack: %s", most, e)
-        return False
-    return fresh.get(least) is None and least <= fresh.counter
 
 
 class Consumer:
@@ -585,28 +570,11 @@ class Consumer:
         fence racing ``acknowledge(txn=...)``): the abort's pass over the subscription came too
         early to return it, and nobody would again. Apply the decided abort here (idempotent, as
         the TC's participant call)."""
-        keys = set(cursor.pending)
-        if cursor.pending_cumulative is not None:
-            keys.add(cursor.pending_cumulative[0])
+        keys = pending_keys(cursor)
         if not keys or time.monotonic() - part.last_resolve < RESOLVE_EVERY_S:
             return
         part.last_resolve = time.monotonic()
-        from pulsartx.coordinator.state import TxnAction, TxnStatus
-        from pulsartx.subscription.store import end_transaction
-
-        mine = Subscription(str(part.topic), self._subscription)
-        metas = _lookup(self._client._coordinators(), keys)
-        for k, meta in metas.items():
-            # Abort when the TC aborted it, when it decided without this subscription among its
-            # participants (the list is fixed once COMMITTING is logged), or when it forgot it
-            # (finished and trimmed: had it been listed, its end here would have come before
-            # COMMITTED), which a fresh read of its log must confirm.
-            if meta is None and not _trimmed(self._client, k):
-                continue
-            if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
-                    meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):
-                end_transaction(self._client.root, str(part.topic), self._subscription, TxnID(*key_txn(k)),
-                                TxnAction.ABORT)
+        resolve_pending(self._client.root, self._client._coordinators(), str(part.topic), self._subscription, keys)
 
     def _claim(self, part: _Partition, candidates: list[int], mark_delete: int) -> list[int]:
         """Shared: atomically claim the candidates no other live consumer holds. Claims expire

@@ -1,0 +1,67 @@
+"""Returning the pending acks of transactions that can no longer commit them.
+
+A pending ack is normally ended by its transaction's TC (the participant call of COMMIT/ABORT).
+It can outlive that call: an acknowledgement that lands after its transaction was aborted
+elsewhere (a timeout or a fence racing it), a transaction that died OPEN with no sweeper running,
+or one that was decided without this subscription among its participants. Whoever next meets the
+subscription (a consumer, or a streaming batch about to acknowledge) asks the TCs and applies the
+decided abort here, idempotently, as the TC's participant call would have. Otherwise those
+messages stay held, and a pending cumulative ack blocks every later batch of the subscription.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pulsartx.buffer.reads import _lookup
+from pulsartx.buffer.state import key_txn
+from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
+from pulsartx.coordinator.tclog import TransactionLog
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import PulsarException
+from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.store import end_transaction
+
+log = logging.getLogger(__name__)
+
+
+def pending_keys(cursor: CursorState, exclude: Iterable[int] = ()) -> set[int]:
+    """The transactions holding pending acks (individual or cumulative) on ``cursor``."""
+    keys = set(cursor.pending)
+    if cursor.pending_cumulative is not None:
+        keys.add(cursor.pending_cumulative[0])
+    return keys - set(exclude)
+
+
+def trimmed(root: StorageRoot, key: int) -> bool:
+    """Whether the transaction was issued and has been trimmed from its TC log, read afresh: a
+    process's copy of the log may miss a transaction another process began, and its pending acks
+    must not be taken for a dead transaction's."""
+    most, least = key_txn(key)
+    try:
+        fresh = TransactionLog(root, most).open()
+    except PulsarException as e:
+        log.debug("cannot read TC %d's log to resolve a pending ack: %s", most, e)
+        return False
+    return fresh.get(least) is None and least <= fresh.counter
+
+
+def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscription: str, keys: set[int]) -> int:
+    """Abort, on this subscription, the pending acks of the transactions in ``keys`` that their TC
+    aborted (an expired one is aborted now), decided without this subscription among its
+    participants (the list is fixed once COMMITTING is logged), or forgot (finished and trimmed:
+    had it been listed, its end here would have come before COMMITTED). Returns how many."""
+    if not keys:
+        return 0
+    mine = Subscription(topic, subscription)
+    ended = 0
+    for k, meta in _lookup(coordinators, keys).items():
+        if meta is None and not trimmed(root, k):
+            continue
+        if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
+                meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):
+            end_transaction(root, topic, subscription, TxnID(*key_txn(k)), TxnAction.ABORT)
+            ended += 1
+    return ended
