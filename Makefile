@@ -42,11 +42,13 @@ test: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# Issue 8 at full scale: crash matrix 10 points x 20 seeds on local disk and on Ceph RGW, the 8-process
-# soak for 5 minutes on both, storage faults after every marker, 10x fuzzing, the core modules on RGW
+# The reliability suites at full scale: crash matrix 10 points x 20 seeds on local disk and on Ceph RGW,
+# the 8-process soak for 5 minutes on both, the storage-fault matrix (every fault class, 45 s each, on
+# both), storage faults after every marker, 10x fuzzing and model checking, the core modules on RGW
 # including the slow ones. `make test` runs the same suites at a smaller scale.
 RELIABILITY_ENV := PULSARTX_CRASH_SEEDS=20 PULSARTX_CRASH_SEEDS_RGW=20 PULSARTX_SOAK_SECONDS=300 \
-	PULSARTX_SOAK_STORAGE=all PULSARTX_TEST_RGW_FULL=1 PULSARTX_FUZZ_SCALE=10 PULSARTX_REPORT_COUNTS=1
+	PULSARTX_SOAK_STORAGE=all PULSARTX_TEST_RGW_FULL=1 PULSARTX_FUZZ_SCALE=10 PULSARTX_REPORT_COUNTS=1 \
+	PULSARTX_FAULT_MATRIX=all
 reliability: $(DEV)
 	scripts/ceph-rgw.sh install
 	$(RELIABILITY_ENV) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability

@@ -281,3 +281,26 @@ def test_local_fsync_when_asked_flushes_data_and_commit_before_publishing(tmp_pa
     monkeypatch.setenv(root_mod.LOCAL_FSYNC_ENV, "0")
     a.append(rows(2))
     assert calls == [] and delta_mod.local_fsync() is False
+
+
+def test_a_batch_receive_that_fails_midway_returns_what_it_took(tmp_path):
+    """batch_receive moves each message it takes to the consumer's held set. Fails before the fix:
+    when fetching more failed (a storage fault) after some were taken, the error discarded them:
+    held, never delivered, and the consumer went on with later offsets (out of order)."""
+    import pulsartx
+    from pulsartx import ConsumerType, InitialPosition
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        for i in range(5):
+            p.send(f"m{i}".encode())
+        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest,
+                           receiver_queue_size=2)
+        faults.install([Fault(Op.READ, match="partition-0/part-", nth=3, times=50)])  # the 2nd fetch (a file per send)
+        got = [m.data() for m in cons.batch_receive(10, timeout_millis=2000)]
+        assert got == [b"m0", b"m1"]
+        faults.clear()
+        while len(got) < 5:
+            got += [m.data() for m in cons.batch_receive(10, timeout_millis=2000)]
+        assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]

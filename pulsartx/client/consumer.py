@@ -209,7 +209,17 @@ class Consumer:
         out: list[Message] = []
         deadline = time.monotonic() + timeout_millis / 1000.0
         while len(out) < limit:
-            msg = self._next()
+            try:
+                msg = self._next()
+            except PulsarException as e:
+                if not out:
+                    raise
+                # The messages taken are held for this caller: returned, not dropped with the error
+                # (they would stay held, undelivered, while later offsets went out). A fault that
+                # lasts surfaces on the next call.
+                log.info("batch_receive on %s returns %d message(s); fetching more failed: %s", self._topic,
+                         len(out), e)
+                break
             if msg is not None:
                 out.append(msg)
                 continue

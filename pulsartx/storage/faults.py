@@ -54,8 +54,9 @@ class Mode(StrEnum):
 @dataclass
 class Fault:
     """Fire on the ``nth`` call (1-based) of kind ``op`` whose path contains ``match``, and on the
-    ``times - 1`` matching calls after it. ``transient``: the error looks like a network fault
-    (retried by our retry policy) rather than a permanent I/O error."""
+    ``times - 1`` matching calls after it; with ``every``, on every ``every``-th matching call
+    instead (a steady fault rate for soak runs). ``transient``: the error looks like a network
+    fault (retried by our retry policy) rather than a permanent I/O error."""
 
     op: Op
     mode: Mode = Mode.ERROR
@@ -66,6 +67,7 @@ class Fault:
     after: bool = False
     delay_s: float = 0.0
     hide: str = ""
+    every: int = 0
     seen: int = field(default=0, compare=False)
     fired: int = field(default=0, compare=False)
 
@@ -80,6 +82,11 @@ class Fault:
     def due(self) -> bool:
         """Count this matching call; whether the fault fires on it."""
         self.seen += 1
+        if self.every > 0:
+            if self.seen % self.every == 0:
+                self.fired += 1
+                return True
+            return False
         if self.seen >= self.nth and self.fired < self.times:
             self.fired += 1
             return True

@@ -46,9 +46,20 @@ def _stopping(stop_path: str, deadline: float) -> bool:
 
 
 def worker(role: str, url: str, options: dict | None, hist_dir: str, stop_path: str, go_path: str,
-           deadline: float, seed: int) -> None:
-    """Entry point of every soak process: writes ``<role>.result.json`` then leaves with os._exit."""
+           deadline: float, seed: int, fault_env: str | None = None, skew_s: float = 0.0) -> None:
+    """Entry point of every soak process: writes ``<role>.result.json`` then leaves with os._exit.
+    ``fault_env``: a storage fault plan (``PULSARTX_FAULTS`` value) for this process; ``skew_s``:
+    how far this process's wall clock is off (a clock that jumped)."""
     out: dict[str, Any]
+    if fault_env:
+        import logging
+
+        os.environ["PULSARTX_FAULTS"] = fault_env
+        os.environ["PULSARTX_FAULTS_LOG"] = os.path.join(hist_dir, f"{role}.faults.log")
+        logging.getLogger("pulsartx").setLevel(logging.ERROR)  # thousands of expected fault warnings
+    if skew_s:
+        real = time.time
+        time.time = lambda: real() + skew_s  # noqa: E731  (every wall-clock read of this process)
     try:
         out = {"ok": True, "result": ROLE_FNS[role.split("-")[0]](role, url, options, hist_dir, stop_path, go_path,
                                                                    deadline, seed)}
@@ -64,11 +75,22 @@ def worker(role: str, url: str, options: dict | None, hist_dir: str, stop_path: 
 def _setup(role: str, url: str, options: dict | None, hist_dir: str, go_path: str, recovery_grace_ms: int = 5000):
     from .final import client
 
-    c = client(url, options, recovery_grace_ms=recovery_grace_ms)
+    c = _retry(lambda: client(url, options, recovery_grace_ms=recovery_grace_ms))
     h = History(os.path.join(hist_dir, f"{role}.jsonl"), role)
     while not os.path.exists(go_path):
         time.sleep(0.01)
     return c, h
+
+
+def _retry(fn: Any, attempts: int = 20) -> Any:
+    """A setup step under injected storage faults: tried again until it works."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.05)
 
 
 def _send(h: History, producer: Any, topic: str, value: str, txn: Any = None, key: str | None = None) -> None:
@@ -98,11 +120,14 @@ def _end(h: History, txn: Any, action: str) -> bool:
 def txn_producer(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
     rng = random.Random(seed)
     c, h = _setup(role, url, options, hist_dir, go_path)
-    p = c.create_producer(ORDERS)
+    p = _retry(lambda: c.create_producer(ORDERS))
     n = committed = 0
     while not _stopping(stop_path, deadline):
         tiny = rng.random() < 0.1
-        txn = c.new_transaction(timeout_ms=TINY_TIMEOUT_MS if tiny else TXN_TIMEOUT_MS)
+        try:
+            txn = c.new_transaction(timeout_ms=TINY_TIMEOUT_MS if tiny else TXN_TIMEOUT_MS)
+        except Exception:
+            continue  # a storage fault: no transaction began (or one that will time out)
         h.ok("begin", txn=txn_list(txn))
         try:
             for _ in range(rng.randint(1, 4)):
@@ -119,7 +144,7 @@ def txn_producer(role, url, options, hist_dir, stop_path, go_path, deadline, see
 def plain_producer(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
     rng = random.Random(seed)
     c, h = _setup(role, url, options, hist_dir, go_path)
-    p = c.create_producer(ORDERS)
+    p = _retry(lambda: c.create_producer(ORDERS))
     n = 0
     while not _stopping(stop_path, deadline):
         n += 1
@@ -138,18 +163,27 @@ def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed
     i = int(role.split("-")[1])
     sub, out = f"x{i}", OUTS[i]
     c, h = _setup(role, url, options, hist_dir, go_path)
-    cons = c.subscribe(ORDERS, sub, consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
-    p = c.create_producer(out)
+    cons = _retry(lambda: c.subscribe(ORDERS, sub, consumer_type=ConsumerType.Exclusive,
+                                      initial_position=InitialPosition.Earliest))
+    p = _retry(lambda: c.create_producer(out))
     epoch = committed = aborted = 0
     while not _stopping(stop_path, deadline):
-        msgs = cons.batch_receive(rng.randint(1, 8), timeout_millis=200)
+        try:
+            msgs = cons.batch_receive(rng.randint(1, 8), timeout_millis=200)
+        except Exception:
+            continue  # a storage fault while fetching: nothing was delivered
         if not msgs:
             continue
         for m in msgs:
             mid = m.message_id()
             h.ok("poll", consumer=role, epoch=epoch, topic=ORDERS, sub=sub,
                  msgs=[[mid.partition(), mid.offset(), m.data().decode()]])
-        txn = c.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
+        try:
+            txn = c.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
+        except Exception:
+            epoch += 1
+            cons.redeliver_unacknowledged_messages()
+            continue
         h.ok("begin", txn=txn_list(txn))
         try:
             for m in msgs:  # values stay unique across retries; acks catch double processing
@@ -178,18 +212,21 @@ def reader(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> 
     from .final import batch_read, blocked_at
 
     c, h = _setup(role, url, options, hist_dir, go_path)
-    r = c.create_reader(ORDERS, MessageId.earliest)
-    reads = samples = 0
+    r = _retry(lambda: c.create_reader(ORDERS, MessageId.earliest))
+    reads = samples = failed = 0
     topics = [ORDERS, *OUTS.values()]
     while not _stopping(stop_path, deadline):
-        for ts in ([ORDERS], list(OUTS.values())):
-            h.ok("read", topics=ts, msgs=[list(x) for x in batch_read(c, ts)])
-            reads += 1
-        for t in topics:
-            now = time.time()
-            for part, at in blocked_at(c, t).items():
-                h.ok("mrp", topic=t, partition=part, blocked_at=at, t=now)
-                samples += 1
+        try:  # a read that failed on a storage fault observed nothing
+            for ts in ([ORDERS], list(OUTS.values())):
+                h.ok("read", topics=ts, msgs=[list(x) for x in batch_read(c, ts)])
+                reads += 1
+            for t in topics:
+                now = time.time()
+                for part, at in blocked_at(c, t).items():
+                    h.ok("mrp", topic=t, partition=part, blocked_at=at, t=now)
+                    samples += 1
+        except Exception:
+            failed += 1
         got = []
         try:
             while len(got) < 200:
@@ -197,9 +234,11 @@ def reader(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> 
                 got.append([m.message_id().partition(), m.message_id().offset(), m.data().decode()])
         except Timeout:
             pass
+        except Exception:
+            failed += 1
         if got:
             h.ok("poll", consumer=role, epoch=0, topic=ORDERS, msgs=got)
-    return {"batch_reads": reads, "mrp_samples": samples}
+    return {"batch_reads": reads, "mrp_samples": samples, "failed_reads": failed}
 
 
 def service(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
@@ -210,7 +249,10 @@ def service(role, url, options, hist_dir, stop_path, go_path, deadline, seed) ->
     longest = 0.0
     while not _stopping(stop_path, deadline):
         t0 = time.monotonic()
-        svc.run_pass()
+        try:
+            svc.run_pass()
+        except Exception:
+            svc.stats.failed += 1  # the service logs and goes on; so does this loop
         svc.stats.passes += 1
         longest = max(longest, time.monotonic() - t0)
         time.sleep(max(0.0, SERVICE_INTERVAL_S - (time.monotonic() - t0)))
@@ -227,7 +269,7 @@ def maintenance(role, url, options, hist_dir, stop_path, go_path, deadline, seed
     c, _h = _setup(role, url, options, hist_dir, go_path)
     compactions = dropped = snapshots = 0
     errors: list[str] = []
-    parts = [p for t in (ORDERS, *OUTS.values()) for p in c.admin.partitions_of(t)]
+    parts = _retry(lambda: [p for t in (ORDERS, *OUTS.values()) for p in c.admin.partitions_of(t)])
     i = 0
     while not _stopping(stop_path, deadline):
         part = parts[i % len(parts)]
@@ -267,7 +309,10 @@ class SoakResult:
         return self.committed_txns / self.seconds if self.seconds else 0.0
 
 
-def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str) -> SoakResult:
+def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, fault_env: str | None = None,
+             skew: dict[str, float] | None = None) -> SoakResult:
+    """``fault_env``: a storage fault plan every worker runs under; ``skew``: role -> seconds its
+    clock is off. The recovery and the final read run without faults, as a repaired system would."""
     from .checker import check
     from .crash import context
     from .final import client, collect_final
@@ -283,7 +328,8 @@ def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str) -> S
     procs = []
     deadline = time.time() + seconds + 60  # a hard bound; the stop file normally ends them
     for i, role in enumerate(ROLES):
-        pr = ctx.Process(target=worker, args=(role, url, options, hist_dir, stop, go, deadline, 1000 + i), daemon=True)
+        pr = ctx.Process(target=worker, args=(role, url, options, hist_dir, stop, go, deadline, 1000 + i, fault_env,
+                                              (skew or {}).get(role, 0.0)), daemon=True)
         pr.start()
         procs.append(pr)
     time.sleep(2.0)  # let every process open its client before the clock starts
