@@ -47,6 +47,8 @@ class FinalState:
     txn_status: dict[Txn, str] = field(default_factory=dict)  # from the TC logs
     ongoing: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # first offsets still ongoing
     drained: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (topic, sub) -> values delivered
+    # (topic, partition) -> first offset still in the log: retention deleted what lay below it
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -207,15 +209,21 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
         t = value_txn.get(v)
         if (t is not None and outcome(t) == ABORTED) or (t is None and v in plain_failed):
             a.add("aborted_read", (v, t, src))
+    def retained(v: str) -> bool:
+        """Deleted by retention: written below its partition's final start (and so acknowledged by
+        every subscription, which bounds retention)."""
+        pos = sent_ok.get(v)
+        return pos is not None and pos[2] < final.starts.get((pos[0], pos[1]), 0)
+
     for t in txns:
         if outcome(t) != COMMITTED:
             continue
         missing = sorted(v for v in txn_values.get(t, ()) if v not in final_visible
-                         and (v in sent_ok or v in stored_values))
+                         and (v in sent_ok or v in stored_values) and not retained(v))
         if missing:
             a.add("lost_write", (t, missing[:5]), len(missing))
     for v in sent_ok:
-        if value_txn.get(v) is None and v not in final_visible:
+        if value_txn.get(v) is None and v not in final_visible and not retained(v):
             a.add("lost_write", (v, "plain send acknowledged"))
 
     # ---- consumers: monotonic, no skips -------------------------------------------------------------

@@ -157,6 +157,14 @@ def pmap(fn: Any, items: Iterable[Any], workers: int = 4) -> list[Any]:
         return list(pool.map(fn, items))
 
 
+def starts(c: Any, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the first offset still in the log (0 unless retention ran)."""
+    from pulsartx.log.partition import PartitionLog
+
+    return {(t, p.partition): PartitionLog(c.root, p).refresh().start_offset
+            for t in topics for p in _partitions(c, t)}
+
+
 def collect_final(url: str, storage_options: dict[str, str] | None, topics: Iterable[str],
                   subscriptions: Iterable[tuple[str, str]] = (), drain_with_consumer: bool = True,
                   workers: int = 4) -> FinalState:
@@ -168,7 +176,7 @@ def collect_final(url: str, storage_options: dict[str, str] | None, topics: Iter
         per_topic = pmap(lambda t: (visible(c, t), stored(c, t), ongoing(c, t)), topics, workers)
         fs = FinalState(visible={t: r[0] for t, r in zip(topics, per_topic, strict=True)},
                         stored={t: r[1] for t, r in zip(topics, per_topic, strict=True)},
-                        txn_status=txn_status(c))
+                        txn_status=txn_status(c), starts=starts(c, topics))
         for r in per_topic:
             fs.ongoing.update(r[2])
         subscriptions = list(subscriptions)

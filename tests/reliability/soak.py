@@ -46,10 +46,12 @@ def _stopping(stop_path: str, deadline: float) -> bool:
 
 
 def worker(role: str, url: str, options: dict | None, hist_dir: str, stop_path: str, go_path: str,
-           deadline: float, seed: int, fault_env: str | None = None, skew_s: float = 0.0) -> None:
+           deadline: float, seed: int, fault_env: str | None = None, skew_s: float = 0.0,
+           retention: bool = False) -> None:
     """Entry point of every soak process: writes ``<role>.result.json`` then leaves with os._exit.
     ``fault_env``: a storage fault plan (``PULSARTX_FAULTS`` value) for this process; ``skew_s``:
-    how far this process's wall clock is off (a clock that jumped)."""
+    how far this process's wall clock is off (a clock that jumped); ``retention``: the maintenance
+    role also applies retention (bounded by the subscriptions) beside the live transactions."""
     out: dict[str, Any]
     if fault_env:
         import logging
@@ -57,6 +59,8 @@ def worker(role: str, url: str, options: dict | None, hist_dir: str, stop_path: 
         os.environ["PULSARTX_FAULTS"] = fault_env
         os.environ["PULSARTX_FAULTS_LOG"] = os.path.join(hist_dir, f"{role}.faults.log")
         logging.getLogger("pulsartx").setLevel(logging.ERROR)  # thousands of expected fault warnings
+    if retention:
+        os.environ["PULSARTX_SOAK_RETENTION"] = "1"
     if skew_s:
         real = time.time
         time.time = lambda: real() + skew_s  # noqa: E731  (every wall-clock read of this process)
@@ -262,12 +266,15 @@ def service(role, url, options, hist_dir, stop_path, go_path, deadline, seed) ->
 
 
 def maintenance(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
+    from pulsartx.admin.subscriptions import subscription_names
     from pulsartx.buffer.buffer import TransactionBuffer
     from pulsartx.log.partition import PartitionLog
     from pulsartx.maintenance.compaction import compact_partition
+    from pulsartx.maintenance.retention import apply_retention
 
+    retain = os.environ.get("PULSARTX_SOAK_RETENTION") == "1"
     c, _h = _setup(role, url, options, hist_dir, go_path)
-    compactions = dropped = snapshots = 0
+    compactions = dropped = snapshots = retained = 0
     errors: list[str] = []
     parts = _retry(lambda: [p for t in (ORDERS, *OUTS.values()) for p in c.admin.partitions_of(t)])
     i = 0
@@ -282,10 +289,15 @@ def maintenance(role, url, options, hist_dir, stop_path, go_path, deadline, seed
             tb = TransactionBuffer(PartitionLog(c.root, part))
             tb.state()
             snapshots += bool(tb.take_snapshot())
+            # The subscribed topic, once both subscriptions exist: they bound what retention deletes.
+            if retain and part.base.short.endswith(ORDERS) and {f"x{i}" for i in OUTS} <= set(
+                    subscription_names(c.root, [part])):
+                retained += apply_retention(c.root, part, max_bytes=1).files_deleted
         except Exception as e:
             errors.append(f"{part}: {type(e).__name__}: {e}"[:400])
         time.sleep(0.2)
-    return {"compactions": compactions, "rows_dropped": dropped, "snapshots": snapshots, "errors": len(errors),
+    return {"compactions": compactions, "rows_dropped": dropped, "snapshots": snapshots,
+            "retention_files_deleted": retained, "errors": len(errors),
             "first_errors": errors[:3]}
 
 
@@ -310,7 +322,7 @@ class SoakResult:
 
 
 def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, fault_env: str | None = None,
-             skew: dict[str, float] | None = None) -> SoakResult:
+             skew: dict[str, float] | None = None, retention: bool = False) -> SoakResult:
     """``fault_env``: a storage fault plan every worker runs under; ``skew``: role -> seconds its
     clock is off. The recovery and the final read run without faults, as a repaired system would."""
     from .checker import check
@@ -329,7 +341,7 @@ def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, faul
     deadline = time.time() + seconds + 60  # a hard bound; the stop file normally ends them
     for i, role in enumerate(ROLES):
         pr = ctx.Process(target=worker, args=(role, url, options, hist_dir, stop, go, deadline, 1000 + i, fault_env,
-                                              (skew or {}).get(role, 0.0)), daemon=True)
+                                              (skew or {}).get(role, 0.0), retention), daemon=True)
         pr.start()
         procs.append(pr)
     time.sleep(2.0)  # let every process open its client before the clock starts

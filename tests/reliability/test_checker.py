@@ -108,6 +108,17 @@ def test_lost_write_of_acknowledged_commit_and_plain_send():
     assert counts(events, final) == {"lost_write": 1}
 
 
+def test_what_retention_deleted_below_the_start_is_no_lost_write_but_above_it_is():
+    events, final = base()
+    final.visible["in"].remove((1, 0, "b"))
+    final.stored["in"].remove((1, 0, "b", T1))
+    final.drained[("in", "s")].remove("b")
+    final.starts[("in", 1)] = 1  # retention deleted offset 0 of partition 1
+    assert counts(events, final) == {}
+    final.starts[("in", 1)] = 0  # ...but not when the log still starts at 0
+    assert counts(events, final) == {"lost_write": 1}
+
+
 def test_committed_in_tc_but_not_all_stored_rows_visible():
     """A transaction nobody saw commit (killed), COMMITTED by recovery: all its rows must show."""
     events, final = base()

@@ -15,6 +15,8 @@ lost-responses     every 30th create takes effect, then the caller sees an error
 http500            every 30th create takes effect, then answers HTTP 500 (Ceph RGW's answer to a race)
 clock-jumps        the coordinator service's clock 8 days ahead (every open transaction looks expired to
                    it), a transactional producer's 8 days behind (its app ids expire at once)
+retention          retention deletes the subscribed topic's acknowledged files beside the live
+                   transactions, compaction and snapshots (no storage faults)
 mixed              all of the storage faults above at once, at half their rates
 =================  ===================================================================================
 
@@ -43,6 +45,7 @@ CLASSES: dict[str, tuple[list[Fault], dict[str, float]]] = {
     "lost-responses": ([Fault(Op.CREATE, Mode.LOST, every=30)], {}),
     "http500": ([Fault(Op.CREATE, Mode.HTTP500, after=True, every=30)], {}),
     "clock-jumps": ([], {"service": 8 * DAY, "txn-1": -8 * DAY}),
+    "retention": ([], {}),
     "mixed": ([Fault(Op.READ, transient=True, every=50), Fault(Op.READ, every=120), Fault(Op.LIST, every=40),
                Fault(Op.CREATE, every=80), Fault(Op.CREATE, Mode.LOST, every=60),
                Fault(Op.CREATE, Mode.HTTP500, after=True, every=70), Fault(Op.WRITE, every=80)], {}),
@@ -77,7 +80,8 @@ def test_fault_class(fault_class, storage, tmp_path, request):
     else:
         url, options = rgw_root(request, f"faults-{fault_class}")
     hist = str(tmp_path / "histories")
-    res = soak.run_soak(url, options, SECONDS, hist, fault_env=env_value(plan) if plan else None, skew=skew)
+    res = soak.run_soak(url, options, SECONDS, hist, fault_env=env_value(plan) if plan else None, skew=skew,
+                        retention=fault_class == "retention")
     rep = res.report
     faults = fired(hist)
     print(f"\nfault class {fault_class} on {storage}: {res.seconds:.0f} s, {res.committed_txns} committed "
@@ -88,3 +92,5 @@ def test_fault_class(fault_class, storage, tmp_path, request):
     assert res.committed_txns > 0 and rep.stats["polled"] > 0
     if plan:
         assert sum(faults.values()) > 0, "no fault fired: the class tested nothing"
+    if fault_class == "retention":
+        assert res.results["maint"]["retention_files_deleted"] > 0, "retention deleted nothing"
