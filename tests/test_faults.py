@@ -304,3 +304,28 @@ def test_a_batch_receive_that_fails_midway_returns_what_it_took(tmp_path):
         while len(got) < 5:
             got += [m.data() for m in cons.batch_receive(10, timeout_millis=2000)]
         assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_redelivery_after_an_abort_whose_subscription_step_failed_keeps_the_order(tmp_path):
+    """The abort was decided, but its pass over the subscription failed (a storage fault), so the
+    aborted acks stayed pending. Fails before the fix: redeliver_unacknowledged_messages() could not
+    bring those messages back; later offsets went out first and the aborted ones came back after
+    them, out of order, once resolution returned them."""
+    import pulsartx
+    from pulsartx import ConsumerType, InitialPosition
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        for i in range(5):
+            p.send(f"m{i}".encode())
+        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        first = [cons.receive(timeout_millis=2000) for _ in range(2)]
+        txn = c.new_transaction()
+        cons.acknowledge(first, txn=txn)
+        faults.install([Fault(Op.CREATE, match="subscriptions/public/default/t/s/partition-0/_delta_log", times=50)])
+        txn.abort()  # decided; the pending acks could not be returned
+        faults.clear()
+        cons.redeliver_unacknowledged_messages()
+        got = [cons.receive(timeout_millis=3000).data() for _ in range(5)]
+        assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]

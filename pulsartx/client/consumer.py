@@ -288,6 +288,17 @@ class Consumer:
                 part.nacked = {o: t for o, t in part.nacked.items() if o not in offs}
         self._flush_acks()
         self._release_claims()
+        # An aborted transaction's acks that are still pending (its pass over the subscription
+        # failed) come back now, not when resolution next runs: else later offsets go out first.
+        for part in self._parts:
+            try:
+                cursor = part.store.cursor()
+                if cursor is not None and pending_keys(cursor):
+                    part.last_resolve = 0.0
+                    self._resolve_pending(part, cursor)
+                    part.cursor = None
+            except PulsarException as e:  # resolution runs again on the next fetch
+                log.info("returning aborted pending acks of %s on redelivery failed: %s", part.topic, e)
 
     def seek(self, message_id: MessageId) -> None:
         """Reset the subscription: the next message delivered is ``message_id`` (or the

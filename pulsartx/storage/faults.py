@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import threading
 import time
 from collections.abc import Iterable
@@ -54,8 +55,8 @@ class Mode(StrEnum):
 @dataclass
 class Fault:
     """Fire on the ``nth`` call (1-based) of kind ``op`` whose path contains ``match``, and on the
-    ``times - 1`` matching calls after it; with ``every``, on every ``every``-th matching call
-    instead (a steady fault rate for soak runs). ``transient``: the error looks like a network
+    ``times - 1`` matching calls after it; with ``every``, on one matching call in ``every`` instead,
+    at random (a steady fault rate for soak runs). ``transient``: the error looks like a network
     fault (retried by our retry policy) rather than a permanent I/O error."""
 
     op: Op
@@ -83,7 +84,12 @@ class Fault:
         """Count this matching call; whether the fault fires on it."""
         self.seen += 1
         if self.every > 0:
-            if self.seen % self.every == 0:
+            # Random at that rate, seeded per process: a fixed period would resonate with calls
+            # that come in groups (a read of 25 files retried, with every=25, failed every time).
+            rng = self.__dict__.get("_rng")
+            if rng is None:
+                rng = self.__dict__["_rng"] = random.Random(os.getpid() * 1_000_003 + self.every)
+            if rng.random() * self.every < 1:
                 self.fired += 1
                 return True
             return False

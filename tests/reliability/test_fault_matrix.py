@@ -3,16 +3,16 @@ plain producers, consume-transform-produce, readers, the coordinator service, co
 snapshots) with storage faults injected under every process, then the Jepsen-style checker.
 
 Faults come from the storage fail points (pulsartx/storage/faults.py), installed in each process
-through ``PULSARTX_FAULTS``, at a steady rate (every N-th call of a kind), so they land inside every
-step of produce, commit, abort, acknowledgement and compaction. A fault class is one soak run:
+through ``PULSARTX_FAULTS``, at a steady rate (one call of a kind in N, at random), so they land
+inside every step of produce, commit, abort, acknowledgement and compaction. A fault class is one soak run:
 
 =================  ===================================================================================
-transient-reads    a dropped connection on every 25th read (retried within the retry budget)
-read-errors        a permanent I/O error on every 60th read: operations fail, state must not diverge
-list-errors        an I/O error on every 20th listing or existence check
-write-errors       an I/O error on every 40th create and every 40th whole-file write
-lost-responses     every 30th create takes effect, then the caller sees an error
-http500            every 30th create takes effect, then answers HTTP 500 (Ceph RGW's answer to a race)
+transient-reads    a dropped connection on one read in 25 (retried within the retry budget)
+read-errors        a permanent I/O error on one read in 60: operations fail, state must not diverge
+list-errors        an I/O error on one listing or existence check in 20
+write-errors       an I/O error on one create in 40 and one whole-file write in 40
+lost-responses     one create in 30 takes effect, then the caller sees an error
+http500            one create in 30 takes effect, then answers HTTP 500 (Ceph RGW's answer to a race)
 clock-jumps        the coordinator service's clock 8 days ahead (every open transaction looks expired to
                    it), a transactional producer's 8 days behind (its app ids expire at once)
 retention          retention deletes the subscribed topic's acknowledged files beside the live
