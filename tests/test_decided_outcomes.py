@@ -5,10 +5,10 @@ data commits, and a re-run would write it twice."""
 from __future__ import annotations
 
 import pytest
-from reliability.final import config  # tests/ is on sys.path (conftest)
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+from reliability.final import config
 
 import pulsartx
-from pulsartx import MessageId
 from pulsartx.coordinator.state import TxnStatus
 from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.storage import faults
@@ -20,14 +20,6 @@ def no_faults():
     faults.clear()
     yield
     faults.clear()
-
-
-def _read_all(c: pulsartx.Client, topic: str) -> list[bytes]:
-    r = c.create_reader(topic, MessageId.earliest)
-    out = []
-    while r.has_message_available():
-        out.append(r.read_next(timeout_millis=2000).data())
-    return out
 
 
 @pytest.mark.parametrize("action", ["commit", "abort"])
@@ -50,7 +42,7 @@ def test_a_failed_final_record_after_a_durable_decision_reports_the_decision(tmp
         assert txn.state.name == ("COMMITTING" if action == "commit" else "ABORTING")  # decided; completion pending
         faults.clear()
         expected = [b"m0", b"m1", b"m2", b"m3"] if action == "commit" else []
-        assert sorted(_read_all(c, "t")) == expected
+        assert sorted(committed_values(c, "t")) == expected
         tc = c._coordinators().for_txn(txn.id)
         decided = TxnStatus.COMMITTING if action == "commit" else TxnStatus.ABORTING
         assert tc.get(txn.id, refresh=True).status is decided
@@ -58,4 +50,4 @@ def test_a_failed_final_record_after_a_durable_decision_reports_the_decision(tmp
         final = TxnStatus.COMMITTED if action == "commit" else TxnStatus.ABORTED
         assert tc.get(txn.id, refresh=True).status is final
     with pulsartx.Client(root) as fresh:
-        assert sorted(_read_all(fresh, "t")) == expected
+        assert sorted(committed_values(fresh, "t")) == expected

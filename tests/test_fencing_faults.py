@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from reliability.final import config  # tests/ is on sys.path (conftest)
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+from reliability.final import config
 
 import pulsartx
-from pulsartx import MessageId
 from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.exceptions import ExpiredTransactionError, ProducerFenced, StorageError
 from pulsartx.storage import faults
@@ -22,14 +22,6 @@ def no_faults():
     faults.clear()
     yield
     faults.clear()
-
-
-def _values(c: pulsartx.Client, topic: str) -> list[bytes]:
-    r = c.create_reader(topic, MessageId.earliest)
-    out = []
-    while r.has_message_available():
-        out.append(r.read_next(timeout_millis=2000).data())
-    return out
 
 
 def _connect(root: str) -> pulsartx.Client:
@@ -54,7 +46,7 @@ def test_a_claim_whose_fence_fails_does_not_succeed_and_the_zombie_cannot_commit
     assert isinstance(err.value, ExpiredTransactionError)  # what fenced transactions raised before
     successor = _connect(root)  # the retried claim fences what the failed one could not
     assert successor.epoch == 2
-    assert _values(successor, "out") == []
+    assert committed_values(successor, "out") == []
     info = successor.admin.transactions.get_transaction_key(KEY, owner=OWNER)
     assert info["txn_ids"] == []
     for c in (zombie, successor):
@@ -74,7 +66,7 @@ def test_a_transient_fence_failure_is_retried_and_the_claim_succeeds(tmp_path):
     faults.clear()
     with pytest.raises(ProducerFenced):
         txn.commit()
-    assert _values(successor, "out") == []
+    assert committed_values(successor, "out") == []
     zombie.close()
     successor.close()
 
@@ -95,5 +87,5 @@ def test_a_commit_after_the_key_moved_on_is_fenced_even_if_the_fence_never_ran(t
     tcs.keys(zombie._key_tc()).claim(OWNER, KEY)  # a claim that died before its fence
     with pytest.raises(ProducerFenced):
         txn.commit()
-    assert _values(zombie, "out") == []
+    assert committed_values(zombie, "out") == []
     zombie.close()

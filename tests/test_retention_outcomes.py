@@ -2,8 +2,9 @@
 keeps its marker, and the log's start never passes maxReadPosition."""
 from __future__ import annotations
 
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+
 import pulsartx
-from pulsartx import MessageId
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.snapshot import SnapshotStore
 from pulsartx.log.partition import PartitionLog, build_records
@@ -11,14 +12,6 @@ from pulsartx.maintenance.retention import apply_retention
 from pulsartx.naming import TopicName
 
 PART = TopicName.parse("r-partition-0")
-
-
-def _committed(c: pulsartx.Client) -> list[bytes]:
-    r = c.create_reader("r", MessageId.earliest)
-    out = []
-    while r.has_message_available():
-        out.append(r.read_next(timeout_millis=3000).data())
-    return out
 
 
 def _fold_from_the_log(root) -> TransactionBuffer:
@@ -51,7 +44,7 @@ def test_retention_keeps_the_marker_of_a_transaction_whose_straggler_remains(tmp
     assert state.ongoing == {}
     assert state.read_limit == state.end_offset == 5
     assert res.new_start_offset <= 1  # the marker (offset 1) is kept
-    assert _committed(c) == [b"p1", b"p2"]
+    assert committed_values(c, "r") == [b"p1", b"p2"]
     c.close()
 
 
@@ -70,7 +63,7 @@ def test_retention_never_moves_the_start_past_max_read_position(tmp_path):
     res = apply_retention(c.root, PART, max_bytes=1, force=True)
     assert res.new_start_offset <= 1  # o1, the open transaction's first data, stays
     open_txn.commit()
-    assert _committed(c)[-3:] == [b"o1", b"p1", b"p2"]
+    assert committed_values(c, "r")[-3:] == [b"o1", b"p1", b"p2"]
     c.close()
 
 
@@ -94,9 +87,9 @@ def test_a_straggler_of_a_committed_transaction_trimmed_from_the_ended_set_stays
         t.commit()
     PartitionLog(c.root, PART).append(build_records([b"straggler"], txn=old.id.as_tuple()))
     p.send(b"after")
-    assert _committed(c) == [b"old", b"n0", b"n1", b"n2", b"after"]
+    assert committed_values(c, "r") == [b"old", b"n0", b"n1", b"n2", b"after"]
     with pulsartx.Client(str(tmp_path / "root")) as fresh:
-        assert _committed(fresh) == [b"old", b"n0", b"n1", b"n2", b"after"]
+        assert committed_values(fresh, "r") == [b"old", b"n0", b"n1", b"n2", b"after"]
     c.close()
 
 

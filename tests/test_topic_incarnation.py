@@ -2,21 +2,14 @@
 snapshots, cursors, cached handles) shapes what the new one shows."""
 from __future__ import annotations
 
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+
 import pulsartx
-from pulsartx import MessageId
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 
 PART = TopicName.parse("inc-partition-0")
-
-
-def _committed(c: pulsartx.Client) -> list[bytes]:
-    r = c.create_reader("inc", MessageId.earliest)
-    out = []
-    while r.has_message_available():
-        out.append(r.read_next(timeout_millis=3000).data())
-    return out
 
 
 def test_a_recreated_topic_never_trusts_the_old_topics_buffer_snapshot(tmp_path):
@@ -43,7 +36,7 @@ def test_a_recreated_topic_never_trusts_the_old_topics_buffer_snapshot(tmp_path)
         p.send(b"open", txn=still_open)
         p.flush()
     with pulsartx.Client(root) as fresh:
-        assert _committed(fresh) == [b"plain"]
+        assert committed_values(fresh, "inc") == [b"plain"]
         state = TransactionBuffer(PartitionLog(fresh.root, PART)).state()
         assert (state.end_offset, len(state.ongoing), len(state.aborted)) == (4, 1, 1)
 
