@@ -23,7 +23,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
@@ -191,20 +191,25 @@ def before(op: Op, path: str) -> None:
         _raise(f, op, path)
 
 
+def _special(mode: Mode, op: Op, path: str, applies: Callable[[Fault], bool] = lambda f: True) -> Fault | None:
+    """The fault of ``mode`` (one the caller applies itself) that fires on this call, if any."""
+    if not _loaded:
+        _load()
+    if _plan is None:
+        return None
+    with _lock:
+        for f in _plan:
+            if f.mode is mode and f.matches(op, path) and applies(f) and f.due():
+                _record(f, op, path)
+                return f
+    return None
+
+
 def blind(op: Op, path: str) -> bool:
     """Whether this conditional write must ignore its condition (an OVERWRITE fault fires)."""
     if _plan is None and _loaded:
         return False
-    if not _loaded:
-        _load()
-    if _plan is None:
-        return False
-    with _lock:
-        for f in _plan:
-            if f.mode is Mode.OVERWRITE and f.matches(op, path) and f.due():
-                _record(f, op, path)
-                return True
-    return False
+    return _special(Mode.OVERWRITE, op, path) is not None
 
 
 def after(op: Op, path: str) -> None:
@@ -220,13 +225,5 @@ def listing(path: str, names: list[str]) -> list[str]:
     """A folder listing as a racing creator's would look: entries a HIDE fault names are missing."""
     if _plan is None and _loaded:
         return names
-    if not _loaded:
-        _load()
-    if _plan is None:
-        return names
-    with _lock:
-        for f in _plan:
-            if f.mode is Mode.HIDE and f.matches(Op.LIST, path) and any(f.hide in n for n in names) and f.due():
-                _record(f, Op.LIST, path)
-                return [n for n in names if f.hide not in n]
-    return names
+    f = _special(Mode.HIDE, Op.LIST, path, lambda f: any(f.hide in n for n in names))
+    return names if f is None else [n for n in names if f.hide not in n]
