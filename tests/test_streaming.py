@@ -588,3 +588,33 @@ def test_a_stream_whose_source_topic_was_recreated_fails_clearly_or_starts_over(
             run_to_end(start(fail, str(tmp_path / "ck")))
             values = sorted(r.value for r in spark.read.parquet(str(tmp_path / "out")).collect())
             assert values == ["new-0", "new-1", "new-2"] + [f"old-{i}" for i in range(10)]
+
+
+def test_a_running_stream_fails_clearly_when_its_source_topic_is_recreated(spark: Any, client: Any, root: str,
+                                                                            tmp_path: Path) -> None:
+    """The topic is deleted and re-created while the query runs: the query stops with a clear
+    error (the topic is gone; or, once it is back, its source notices the new table, a partition
+    handle re-checking its identity, and names failOnDataLoss) instead of reading the new topic on
+    from the old one's offsets."""
+    client.admin.create_topic("live", 1)
+    send(client, "live", [f"old-{i}" for i in range(10)])
+
+    def start(attempt: int) -> Any:
+        return (stream(spark, root, topic="live", startingOffsets="earliest").select(as_string("value"))
+                .writeStream.format("memory").queryName(f"live{attempt}")
+                .option("checkpointLocation", str(tmp_path / f"ck-{attempt}"))
+                .trigger(processingTime="500 milliseconds").start())
+
+    with started(start, ready=lambda q: len(memory_rows(spark, q.name)) >= 10) as q:
+        client.admin.delete_topic("live")
+        client.admin.create_topic("live", 1)
+        send(client, "live", ["new-0"])
+        deadline = time.monotonic() + WAIT_S
+        while q.isActive:
+            assert time.monotonic() < deadline, "the query went on reading the re-created topic"
+            time.sleep(0.5)
+        error = getattr(q.exception(), "_desc", None) or str(q.exception())
+        # Which of the two it meets depends on when its next batch is planned: the topic gone, or
+        # the new one past which its offsets lie.
+        assert "does not exist" in error or "failOnDataLoss=false" in error, error[-2000:]
+        assert sorted(r["value"] for r in memory_rows(spark, q.name)) == sorted(f"old-{i}" for i in range(10))
