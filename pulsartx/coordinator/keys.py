@@ -9,6 +9,7 @@ old client sees the new epoch and is refused: no transaction of a fenced epoch s
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,10 +121,8 @@ class TransactionKeyStore:
                 raise _Unchanged(old)
             return {**old, "seq": old["seq"] + 1, "txn_ids": kept, "updated_ms": int(time.time() * 1000)}
 
-        try:
+        with contextlib.suppress(_Unchanged):  # nothing to drop, or the key moved on
             self._update(k, change)
-        except _Unchanged:
-            pass
 
     def claim_connection(self, owner: str | None, key: str, connection: str) -> tuple[int, list[TxnID]]:
         """Claim the key for a long-lived connection (a streaming query run) that cannot keep the

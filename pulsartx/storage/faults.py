@@ -186,9 +186,7 @@ def before(op: Op, path: str) -> None:
     """Called before a storage call: may raise, or delay it."""
     if _plan is None and _loaded:
         return
-    f = _fire(op, path, after=False)
-    if f is not None:
-        _raise(f, op, path)
+    _point(op, path, after=False)
 
 
 def _special(mode: Mode, op: Op, path: str, applies: Callable[[Fault], bool] = lambda f: True) -> Fault | None:
@@ -216,7 +214,11 @@ def after(op: Op, path: str) -> None:
     """Called once a storage call took effect: may raise as if its response was lost."""
     if _plan is None and _loaded:
         return
-    f = _fire(op, path, after=True)
+    _point(op, path, after=True)
+
+
+def _point(op: Op, path: str, after: bool) -> None:
+    f = _fire(op, path, after)
     if f is not None:
         _raise(f, op, path)
 
