@@ -189,10 +189,19 @@ class KeyedLog:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
-    def _same_as_durable(self, rows: list[dict[str, Any]]) -> bool:
-        """Whether every row of ``rows`` is the live row of its key in the reloaded log."""
+    def _landed(self, rows: list[dict[str, Any]]) -> bool | None:
+        """Whether ``rows`` (one commit) are in the reloaded log: True (each is its key's live row),
+        False (a key's live row is older, or another writer's at the same seq), or None when a key
+        has moved on past them, so the rows cannot tell."""
         written = pa.Table.from_pylist(rows, schema=self.schema).to_pylist()  # as they read back
-        return all(self._rows.get(self.key_of(r)) == r for r in written)
+        answers = set()
+        for r in written:
+            cur = self._rows.get(self.key_of(r))
+            if cur is not None and cur[SEQ] > r[SEQ]:
+                answers.add(None)
+            else:
+                answers.add(cur == r)
+        return answers.pop() if len(answers) == 1 else None
 
     # ---- writing -------------------------------------------------------------------------------
     def put(self, rows: list[dict[str, Any]], extra_app_ids: Mapping[str, int] | None = None,
@@ -216,7 +225,12 @@ class KeyedLog:
                 raise delta.OutcomeUnknown(
                     f"{self.name}: a write failed ({e}) and the table could not be re-read to learn whether it "
                     f"landed ({reload_error}); it is re-read before the next decision") from e
-            if not self._same_as_durable(rows):
+            landed = self._landed(rows)
+            if landed is None:
+                raise delta.OutcomeUnknown(
+                    f"{self.name}: a write failed ({e}) and other writers have moved its keys on since, so whether "
+                    "it landed first cannot be told from the rows; re-read before deciding on it") from e
+            if not landed:
                 raise
             log.info("%s: a write reported an error but landed (%s)", self.name, e)
             self.appended += 1
