@@ -28,7 +28,7 @@ TOPIC = "persistent://public/default/in"
 class Proc(Child):
     """A child running ``command(**args)`` from this file's :data:`COMMANDS`."""
 
-    def __init__(self, command: str, **args: Any):  # noqa: super().__init__ would start _procs.py
+    def __init__(self, command: str, **args: Any):  # no super().__init__(): it would start _procs.py
         self.command = command
         self.proc = subprocess.Popen([sys.executable, HERE, command, json.dumps(args)], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
