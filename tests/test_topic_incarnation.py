@@ -63,3 +63,41 @@ def test_a_long_lived_partition_handle_notices_a_recreated_topic(tmp_path, monke
         other.create_producer("inc").send(b"new-0")
     assert reader_side.end_offset() == 1
     assert reader_side.read(0, 1, ["value"]).column("value").to_pylist() == [b"new-0"]
+
+
+def test_a_consumer_across_a_delete_and_recreate_shows_nothing_stale(tmp_path):
+    """A consumer subscribed while another process deletes and re-creates its topic: its
+    subscription went with the old topic, so it receives nothing more (never the new topic's
+    messages through the old cursor, nor old ones again), and subscribing again starts the new
+    topic's subscription from the beginning."""
+    from pulsartx import ConsumerType, InitialPosition, Timeout
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("inc", partitions=1)
+        p = c.create_producer("inc")
+        for i in range(3):
+            p.send(f"old-{i}".encode())
+        cons = c.subscribe("inc", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        first = cons.receive(timeout_millis=3000)
+        cons.acknowledge(first)
+        with pulsartx.Client(root) as other:  # another process's doing
+            other.admin.delete_topic("inc")
+            other.admin.create_topic("inc", partitions=1)
+            q = other.create_producer("inc")
+            for v in (b"new-0", b"new-1"):
+                q.send(v)
+        late = []
+        try:
+            while True:
+                late.append(cons.receive(timeout_millis=1500).data())
+        except Timeout:
+            pass
+        assert all(v.startswith(b"old-") for v in late) and b"old-0" not in late
+        cons.close()
+    with pulsartx.Client(root) as fresh:
+        again = fresh.subscribe("inc", "s", consumer_type=ConsumerType.Exclusive,
+                                initial_position=InitialPosition.Earliest)
+        got = [again.receive(timeout_millis=3000).data() for _ in range(2)]
+        assert got == [b"new-0", b"new-1"]
+        assert committed_values(fresh, "inc") == [b"new-0", b"new-1"]
