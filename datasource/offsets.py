@@ -12,6 +12,7 @@ against real topics is :meth:`OffsetSpec.check_against`.
 """
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 
@@ -72,6 +73,11 @@ def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
 
     def bad(why: str) -> InvalidConfiguration:
         return InvalidConfiguration(f"option {option}={raw!r} is invalid: {why}; expected {_SHAPE}")
+
+    if not text.startswith(("{", "[")):  # a word, not JSON: say what is valid first
+        nearest = difflib.get_close_matches(text.lower(), ["earliest", "latest"], n=1, cutoff=0.6)
+        hint = f"did you mean {nearest[0]!r}? " if nearest else ""
+        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: {hint}expected {_SHAPE}")
 
     try:
         doc = json.loads(text)

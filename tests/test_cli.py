@@ -294,6 +294,7 @@ def test_transactions_metadata_and_slow(shared) -> None:
         "txn_id": "(0,2)", "coordinator_id": 0, "status": "OPEN", "timeout_ms": 600000, "partitions": [],
         "subscriptions": [f"{P1}:billing"], "owner": None, "transaction_key": None, "epoch": None, "reason": None,
         "commit_entries": None, "properties": {}}
+    assert run(root, "transactions", "transaction-metadata", "0:2", json_out=True)["txn_id"] == "(0,2)"  # no quoting
     table = lines(run(root, "transactions", "transaction-metadata", "0,1"))
     assert table[0].split() == ["KEY", "VALUE"]
     assert [r.split() for r in table if r.split()[0] in ("txn_id", "status", "partitions")] == [
@@ -306,7 +307,7 @@ def test_transactions_metadata_and_slow(shared) -> None:
                                 "OWNER", "TRANSACTION_KEY", "EPOCH"]
     row = table[1].split()
     assert (row[0], row[1], row[3], row[4]) == ("(0,2)", "OPEN", "600000", f"{P1}:billing")
-    assert "is not of the form '(most,least)'" in run(root, "transactions", "transaction-metadata", "x",
+    assert "is not of the form 'most,least', 'most:least' or '(most,least)'" in run(root, "transactions", "transaction-metadata", "x",
                                                       code=2).stderr
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
         "error: transaction (0,99) was never issued by TC 0\n")

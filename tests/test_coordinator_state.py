@@ -171,10 +171,10 @@ def test_expired():
 def test_txnid_text_and_parse():
     assert str(TxnID(1, 2)) == "(1,2)"
     assert TxnID(1, 2).tc_id == 1 and TxnID(1, 2).as_tuple() == (1, 2)
-    for text in ["(1,2)", "1,2", "( 1 , 2 )", (1, 2), TxnID(1, 2)]:
+    for text in ["(1,2)", "1,2", "( 1 , 2 )", "1:2", "(1:2)", (1, 2), TxnID(1, 2)]:
         assert TxnID.parse(text) == TxnID(1, 2)
-    for bad in ["", "1", "(a,b)", "1,2,3"]:
-        with pytest.raises(InvalidConfiguration):
+    for bad in ["", "1", "(a,b)", "1,2,3", "1:2:3", "1;2"]:
+        with pytest.raises(InvalidConfiguration, match="'most,least', 'most:least' or '\\(most,least\\)'"):
             TxnID.parse(bad)
 
 

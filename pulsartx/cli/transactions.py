@@ -26,7 +26,7 @@ def coordinator_stats(ctx: click.Context) -> None:
 @click.argument("txn_id")
 @click.pass_context
 def transaction_metadata(ctx: click.Context, txn_id: str) -> None:
-    """Everything the TC log holds about TXN_ID ("(most,least)")."""
+    """Everything the TC log holds about TXN_ID (15:0, 15,0 or "(15,0)")."""
     emit(ctx, get_client(ctx).admin.transactions.get_transaction_metadata(txn_id))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pulsartx.exceptions import InvalidConfiguration
 
-_TEXT = re.compile(r"^\(?\s*(-?\d+)\s*,\s*(-?\d+)\s*\)?$")
+_TEXT = re.compile(r"^\(?\s*(-?\d+)\s*[,:]\s*(-?\d+)\s*\)?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -27,12 +27,14 @@ class TxnID:
 
     @classmethod
     def parse(cls, value: str | TxnID | tuple[int, int]) -> TxnID:
-        """Accepts a TxnID, a (most, least) tuple, or the text form "(most,least)" / "most,least"."""
+        """Accepts a TxnID, a (most, least) tuple, or the text "most,least", "most:least" or
+        "(most,least)" (the first two need no shell quoting)."""
         if isinstance(value, TxnID):
             return value
         if isinstance(value, tuple) and len(value) == 2:
             return cls(int(value[0]), int(value[1]))
         m = _TEXT.match(str(value))
         if not m:
-            raise InvalidConfiguration(f"transaction id {value!r} is not of the form '(most,least)'")
+            raise InvalidConfiguration(f"transaction id {value!r} is not of the form 'most,least', 'most:least' or "
+                                       "'(most,least)', e.g. 15:0")
         return cls(int(m.group(1)), int(m.group(2)))
