@@ -45,7 +45,7 @@ RECORD_SCHEMA = pa.schema([
 # Columns with min/max statistics in every data file: the offset drives range reads,
 # publish_time drives time-travel reads, and txn_most_bits's null count tells the transaction
 # buffer that a file holds no transactional record (no data of a transaction, no marker), which
-# its fold then skips without reading (docs/NOTES-session7.md).
+# its fold then skips without reading.
 STATS_COLUMNS = ("offset", "publish_time", "sequence_id", "txn_most_bits")
 
 # Table properties of every partition table. App ids (producer sequence ids, marker guards) idle for
