@@ -75,13 +75,14 @@ class PulsarTxCollector:
 
         tcs = self.client._coordinators()
         active = family("pulsar_txn_active_count", "Open, committing and aborting transactions", ["coordinator_id"])
-        created = family("pulsar_txn_created_count", "Transactions created (TxnIDs issued)", ["coordinator_id"])
+        created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID in the TC log + 1)",
+                         ["coordinator_id"])
         metas_by_tc = {}
         for tc in tcs.all():
             metas = tc.transactions()
             metas_by_tc[tc.tc_id] = metas
             active.add_metric([str(tc.tc_id)], sum(1 for m in metas if not m.status.is_final))
-            created.add_metric([str(tc.tc_id)], tc.txlog.counter + 1)
+            created.add_metric([str(tc.tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
         yield active
         yield created
         with _lock:

@@ -295,6 +295,62 @@ def throughput_worker(root: str, seconds: float, go_file: str, cfg: dict | None 
     return {"txns": n, "seconds": time.perf_counter() - t0}
 
 
+def end_and_hang(root: str, source: str, sink: str, subs: list[str], acked: int, action: str, go_file: str) -> None:
+    """Process A of the read-your-writes tests: acknowledge the first ``acked`` messages of
+    ``source`` on every subscription of ``subs`` (cumulatively on the first, as a list on the
+    others) and send one message to every partition of ``sink``, all in one transaction; say
+    ``sent``, wait for ``go_file``, then ``action`` it with the background completer stalled (no
+    marker, no acknowledgement commit, no final entry is ever written here), say ``ended`` and wait
+    to be killed."""
+    import pulsartx
+    from pulsartx.coordinator.coordinator import TransactionCoordinator
+
+    stalled = threading.Event()
+
+    def stall(self, meta):
+        stalled.set()
+        time.sleep(600)
+        return meta
+
+    TransactionCoordinator._complete = stall
+    client = pulsartx.Client(root)
+    txn = client.new_transaction(timeout_ms=600_000)
+    for i, sub in enumerate(subs):
+        consumer = client.subscribe(source, sub, initial_position=pulsartx.InitialPosition.Earliest)
+        msgs = [consumer.receive(10_000) for _ in range(acked)]
+        if i == 0:
+            consumer.acknowledge_cumulative(msgs[-1], txn=txn)
+        else:
+            consumer.acknowledge(msgs, txn=txn)
+        consumer.close()
+    for i, name in enumerate(client.get_topic_partitions(sink)):
+        client.create_producer(name).send(f"out-{i}".encode(), txn=txn)
+    emit("EVENT", "sent", {"txn": [txn.id.most_bits, txn.id.least_bits]})
+    _wait_for(go_file)
+    txn.commit() if action == "COMMIT" else txn.abort()
+    emit("EVENT", "ended", {"state": txn.state.value, "stalled": stalled.wait(10)})
+    hang()
+
+
+def id_worker(root: str, n: int, cfg: dict | None = None) -> list[list[int]]:
+    """Begin ``n`` transactions and end each (alternately commit and abort, some with a
+    partition registered), saying each TxnID as it is issued: the parent may SIGKILL at any point."""
+    import pulsartx
+
+    client = pulsartx.Client(root, coordinator_config=_config(cfg))
+    partition = client.get_topic_partitions("ids")[0]
+    ids = []
+    for i in range(n):
+        txn = client.new_transaction()
+        ids.append([txn.id.most_bits, txn.id.least_bits])
+        emit("EVENT", "id", ids[-1])
+        if i % 3 == 0:
+            txn._register_partitions({partition})
+        txn.commit() if i % 2 else txn.abort()
+    client.close()
+    return ids
+
+
 def _wait_for(path: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -304,7 +360,7 @@ def _wait_for(path: str, timeout: float = 120) -> None:
 
 
 COMMANDS = {"crash_txn": crash_txn, "txn_worker": txn_worker, "sweeper": sweeper,
-            "throughput_worker": throughput_worker}
+            "throughput_worker": throughput_worker, "end_and_hang": end_and_hang, "id_worker": id_worker}
 
 
 def main() -> None:

@@ -31,7 +31,8 @@ def send(client, partition: int, *values: str, txn=None, key: str | None = None)
 
 def build(root: str) -> dict:
     """One TC, so TxnIDs are known: (0,0) committed, (0,1) aborted, (0,2) open with a pending ack,
-    (0,3) committed by the transaction key 'pipeline-1' of owner 'etl'.
+    (0,1000) committed by the transaction key 'pipeline-1' of owner 'etl' (another client: the next
+    block of TxnIDs).
 
     orders-partition-0: a0 a1 a2 | c0 COMMIT | x0 ABORT      orders-partition-1: b0 b1 | c1 COMMIT
     Subscription 'billing' received all seven visible messages, acked (0,0) and (0,1), and (1,0)
@@ -59,7 +60,7 @@ def build(root: str) -> dict:
     kt = keyed.new_transaction()
     kt.commit()
     keyed.close()
-    assert (str(pending.id), str(kt.id)) == ("(0,2)", "(0,3)")
+    assert (str(pending.id), str(kt.id)) == ("(0,2)", "(0,1000)")
     return {"client": client, "pending": pending}
 
 
@@ -274,10 +275,10 @@ def test_transactions_coordinator_stats(shared) -> None:
     (tc,) = out
     assert {k: v for k, v in tc.items() if k not in ("log_version", "log_entries_since_snapshot")} == {
         "coordinator_id": 0, "state": "Ready", "ongoing_txn_size": 1, "committing": 0, "aborting": 0,
-        "recently_committed": 2, "recently_aborted": 1, "low_water_mark": 3}
+        "recently_committed": 2, "recently_aborted": 1, "low_water_mark": 1, "txn_ids_reserved": 2000}
     table = lines(run(root, "transactions", "coordinator-stats"))
     assert table[0].split() == ["COORDINATOR_ID", "STATE", "ONGOING_TXN_SIZE", "COMMITTING", "ABORTING",
-                                "RECENTLY_COMMITTED", "RECENTLY_ABORTED", "LOW_WATER_MARK", "LOG_VERSION",
+                                "RECENTLY_COMMITTED", "RECENTLY_ABORTED", "LOW_WATER_MARK", "TXN_IDS_RESERVED", "LOG_VERSION",
                                 "LOG_ENTRIES_SINCE_SNAPSHOT"]
     assert table[1].split() == [str(tc[k]) for k in tc]
 
@@ -310,7 +311,8 @@ def test_transactions_metadata_and_slow(shared) -> None:
     assert "is not of the form 'most,least', 'most:least' or '(most,least)'" in run(root, "transactions", "transaction-metadata", "x",
                                                       code=2).stderr
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
-        "error: transaction (0,99) was never issued by TC 0\n")
+        "error: transaction (0,99) is not in TC 0's log: it finished and its metadata was trimmed, or it never "
+        "registered a partition or subscription\n")
 
 
 def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
@@ -356,11 +358,11 @@ def test_transaction_keys(shared) -> None:
     root, _ = shared
     keys = run(root, "transactions", "list-transaction-keys", json_out=True)
     assert [_timeless(k) for k in keys] == [
-        {"owner": "etl", "transaction_key": "pipeline-1", "epoch": 0, "txn_ids": ["(0,3)"], "coordinator_id": 0}]
+        {"owner": "etl", "transaction_key": "pipeline-1", "epoch": 0, "txn_ids": ["(0,1000)"], "coordinator_id": 0}]
     table = lines(run(root, "transactions", "list-transaction-keys"))
     assert table[0].split() == ["COORDINATOR_ID", "OWNER", "TRANSACTION_KEY", "EPOCH", "TXN_IDS", "CLAIMED_MS",
                                 "AGE_MS"]
-    assert table[1].split()[:5] == ["0", "etl", "pipeline-1", "0", "(0,3)"]
+    assert table[1].split()[:5] == ["0", "etl", "pipeline-1", "0", "(0,1000)"]
     one = run(root, "transactions", "get-transaction-key", "pipeline-1", "--owner", "etl", json_out=True)
     assert _timeless(one) == _timeless(keys[0])
     r = run(root, "transactions", "get-transaction-key", "pipeline-1", code=2)
@@ -371,10 +373,10 @@ def test_delete_transaction_key_and_abort(fresh) -> None:
     root, w = fresh
     keyed = pulsartx.Client(root, transaction_key="job", num_coordinators=1)
     open_txn = keyed.new_transaction()
-    assert str(open_txn.id) == "(0,4)"
+    assert str(open_txn.id) == "(0,2000)"  # the third client here: the third block of TxnIDs
     assert run(root, "transactions", "delete-transaction-key", "job", json_out=True) == {
-        "transaction_key": "job", "owner": None, "aborted": ["(0,4)"]}
-    assert run(root, "transactions", "transaction-metadata", "(0,4)", json_out=True)["status"] == "ABORTED"
+        "transaction_key": "job", "owner": None, "aborted": ["(0,2000)"]}
+    assert run(root, "transactions", "transaction-metadata", "(0,2000)", json_out=True)["status"] == "ABORTED"
     keyed.close()
     assert [k["transaction_key"] for k in run(root, "transactions", "list-transaction-keys", json_out=True)] == [
         "pipeline-1"]

@@ -252,11 +252,12 @@ def test_trimmed_txn_is_not_found_but_not_never_issued(root_url):
     with pytest.raises(TransactionNotFound, match="trimmed"):
         fresh.get(first)
     with pytest.raises(TransactionNotFound, match="never issued"):
-        fresh.get(TxnID(0, 3))
+        fresh.get(TxnID(0, cfg.id_block_size))  # ids are reserved a block at a time
 
 
 def test_txnids_strictly_increase_across_restarts(root_url):
-    """Even with compaction trimming every finished transaction between restarts."""
+    """Even with compaction trimming every finished transaction between restarts. Each life
+    reserves a block of ids and skips the unused rest of the previous life's."""
     cfg = CoordinatorConfig(finished_retention_ms=0, compact_every=3)
     ids: list[TxnID] = []
     for life in range(3):
@@ -266,7 +267,8 @@ def test_txnids_strictly_increase_across_restarts(root_url):
             ids.append(txn.id)
             txn.commit() if (life + i) % 2 else txn.abort()
         c.close()
-    assert ids == [TxnID(0, i) for i in range(12)]
+    block = cfg.id_block_size
+    assert ids == [TxnID(0, life * block + i) for life in range(3) for i in range(4)]
     assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
 
 
@@ -333,9 +335,10 @@ def test_open_replays_snapshot_plus_tail(root_url):
     tc.add_partitions(still_open, ["a"])
     n = 40
     for i in range(n):
-        tc.end_transaction(tc.new_transaction(60_000).txn_id, COMMIT if i % 2 else ABORT)
-    # NEW, then one write holding both ending entries (no participants: decision + completion at once)
-    assert tc.txlog.log.appended == 2 + 2 * n  # every entry was written ...
+        tc.end_transaction(tc.new_transaction(60_000, lazy=True).txn_id, COMMIT if i % 2 else ABORT)
+    # the TxnID block lease, NEW, ADD_PARTITION, then for each transaction that registered nothing one
+    # write holding only its final entry (begun lazily: no NEW entry, no decision entry of its own)
+    assert tc.txlog.log.appended == 3 + n  # every entry was written ...
 
     fresh = pulsartx.Client(root_url, coordinator_config=cfg)._coordinators().tc(0)
     kl = fresh.txlog.log
@@ -343,5 +346,5 @@ def test_open_replays_snapshot_plus_tail(root_url):
     assert len(kl.rows) <= every
     m = fresh.get(still_open)
     assert (m.status, m.partitions) == (TxnStatus.OPEN, frozenset({"a"}))  # live txns survive compaction
-    assert fresh.txlog.counter == n
-    assert fresh.new_transaction(60_000).txn_id == TxnID(0, n + 1)
+    assert fresh.txlog.counter == cfg.id_block_size - 1  # the reservation survives compaction
+    assert fresh.new_transaction(60_000).txn_id == TxnID(0, cfg.id_block_size)  # a new process: the next block

@@ -181,15 +181,20 @@ def test_concurrent_transactions_racing_a_sweeper(tmp_path):
     final = pulsartx.Client(root_url, coordinator_config=RECOVER)
     final.admin.transactions.sweep(grace_ms=0)
 
-    # TxnIDs: unique across processes, and per TC exactly 0..n-1 (no gap, no orphan NEW entry).
+    # TxnIDs: unique across processes (each reserves its own blocks, so there are gaps), and every
+    # logged one is a transaction a worker began (no orphan entry). One that registered nothing writes
+    # at most one entry, none if it ended past its timeout (nothing of it existed to abort).
     ids = [TxnID(*r["txn"]) for r in records]
     assert len(set(ids)) == len(ids)
     logged = {}
     for tc_id in range(16):
         log = read_tc_log(root_url, tc_id)
-        assert sorted(log) == list(range(len(log))), tc_id
         logged.update({m.txn_id: m for m in log.values()})
-    assert set(logged) == set(ids)
+    assert set(logged) <= set(ids)
+    unlogged = [r for r, t in zip(records, ids, strict=True) if t not in logged]
+    assert all(r["send"] != "ok" and r["tiny"] and r["observed"] != "ok" for r in unlogged), unlogged
+    records = [r for r, t in zip(records, ids, strict=True) if t in logged]
+    ids = [t for t in ids if t in logged]
     # exactly one final status each
     assert Counter(m.status for m in logged.values()).keys() <= {TxnStatus.COMMITTED, TxnStatus.ABORTED}
 

@@ -121,6 +121,7 @@ def test_fenced_client_cannot_begin_and_new_one_works(root_url, fenced):
     p.send(b"from-b", txn=txn)
     txn.commit()
     assert txn.state is TransactionState.COMMITTED
+    b.flush()  # the final entry and the marker follow the decision in the background
     md = meta(b, txn)
     assert (md["status"], md["epoch"], md["transaction_key"], md["owner"]) == ("COMMITTED", 1, "etl-7", "alice")
     assert markers(root_url, "out", txn.id) == Counter({(0, "TXN_COMMIT"): 1})

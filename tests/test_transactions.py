@@ -259,6 +259,7 @@ def test_tc_retries_never_double_a_marker(client):
     for i in range(3):
         p.send(f"v{i}".encode(), partition_key=k[i], txn=txn)
     txn.commit()
+    client.flush()  # markers follow the decision in the background
     expected = Counter({(i, "TXN_COMMIT"): 1 for i in range(3)})
     assert txn_markers(client, "mk", 3, txn) == expected
     tc = client._coordinators().tc(txn.id.tc_id)
@@ -374,6 +375,7 @@ def test_add_partition_precedes_data(client, monkeypatch):
     assert admin.get_transaction_metadata(txn.id)["partitions"] == names
     assert sorted(set(seen)) == [(n, True) for n in names]
     txn.commit()
+    client.flush()  # markers follow the decision in the background
     assert txn_markers(client, "t", 3, txn) == Counter({(i, "TXN_COMMIT"): 1 for i in range(3)})
 
 
@@ -386,11 +388,11 @@ def test_using_a_committed_transaction_is_invalid(client):
     txn = client.new_transaction()
     p.send(b"x", txn=txn)
     txn.commit()
-    for attempt in (lambda: p.send(b"late", txn=txn), lambda: p.send_async(b"late", None, txn=txn), txn.commit,
-                    txn.abort):
+    for attempt in (lambda: p.send(b"late", txn=txn), lambda: p.send_async(b"late", None, txn=txn), txn.abort):
         with pytest.raises(InvalidTxnStatusError) as e:
             attempt()
         assert type(e.value) is InvalidTxnStatusError  # not "expired": it ended normally
+    txn.commit()  # committing again is an idempotent retry (PIP-254): it returns quietly
     assert txn.state is TransactionState.COMMITTED
     assert read(client, "t", RU) == [b"x"] and read(client, "t") == [b"x"]
 
@@ -439,7 +441,8 @@ def test_buffer_stats_and_max_read_position(client):
     aborted = client.new_transaction()
     p.send(b"x1", partition_key=k[1], txn=aborted)
     p.send(b"x2", partition_key=k[1], txn=aborted)
-    aborted.abort()  # marker at 3
+    aborted.abort()
+    client.flush()  # markers follow the decision in the background: this places the marker at 3
     p.send(b"b4", partition_key=k[1])
 
     def pick(stats):
@@ -461,7 +464,8 @@ def test_buffer_stats_and_max_read_position(client):
     assert inb[0]["txn_id"] == str(open_txn.id)
     assert [(r["state"], r["markerPosition"]) for r in admin.get_transaction_in_buffer_stats(str(aborted.id), "st")] \
         == [("NONE", None), ("ABORTED", 3)]
-    open_txn.commit()  # marker at 5
+    open_txn.commit()
+    client.flush()  # marker at 5
     inb = admin.get_transaction_in_buffer_stats(open_txn.id, "st")
     assert [(r["state"], r["startPosition"], r["markerPosition"]) for r in inb] == [("COMMITTED", None, 5),
                                                                                      ("NONE", None, None)]
@@ -491,6 +495,7 @@ def test_rebuild_is_snapshot_plus_tail_and_equals_a_full_fold(client):
         p.send(f"p{i}".encode())
         p.send(f"t{i}b".encode(), txn=txn)
         txn.abort() if i % 3 == 1 else txn.commit()
+        client.flush()  # the marker, written in the background, before the next transaction's data
         s = tb.state()  # folds and snapshots every 3 markers
         snapshots.append(s.snapshot_offset)
     still_open = client.new_transaction()

@@ -42,7 +42,8 @@ class TransactionsAdmin:
             out.append({"coordinator_id": tc.tc_id, "state": "Ready", "ongoing_txn_size": by[TxnStatus.OPEN],
                         "committing": by[TxnStatus.COMMITTING], "aborting": by[TxnStatus.ABORTING],
                         "recently_committed": by[TxnStatus.COMMITTED], "recently_aborted": by[TxnStatus.ABORTED],
-                        "low_water_mark": tc.txlog.counter, "log_version": tc.txlog.log.version,
+                        "low_water_mark": _low_water_mark(metas), "txn_ids_reserved": tc.txlog.counter + 1,
+                        "log_version": tc.txlog.log.version,
                         "log_entries_since_snapshot": tc.txlog.log.files_since_compaction})
         return out
 
@@ -178,3 +179,13 @@ class TransactionsAdmin:
             if m.status is TxnStatus.ABORTED:
                 aborted.append(str(t))
         return aborted
+
+
+def _low_water_mark(metas: list[Any]) -> int:
+    """Pulsar's lowWaterMark: the highest TxnID (least bits) at or below which every transaction
+    the log knows has finished (-1 when none has). Ids are reserved in blocks, so the counter is
+    not it."""
+    unfinished = [m.txn_id.least_bits for m in metas if not m.status.is_final]
+    if unfinished:
+        return min(unfinished) - 1
+    return max((m.txn_id.least_bits for m in metas), default=-1)

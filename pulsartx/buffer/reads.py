@@ -18,7 +18,6 @@ folding all partitions:
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +31,6 @@ from pulsartx.log.partition import PartitionLog
 from pulsartx.log.schema import MessageType
 
 log = logging.getLogger(__name__)
-RESOLVE_EVERY_S = 0.2
 
 
 def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
@@ -48,7 +46,7 @@ def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
     for tc_id, ks in by_tc.items():
         try:
             tc = coordinators.tc(tc_id)
-            tc.transactions(refresh=True)
+            tc.refresh()
         except PulsarException as e:
             log.debug("TC %d unavailable for visibility decisions: %s", tc_id, e)
             continue  # undecided: those transactions keep blocking, which is always safe
@@ -180,7 +178,6 @@ class VisibilityReader:
         self.buffer = TransactionBuffer(plog)
         self._end = 0
         self._filter: VisibilityFilter | None = None
-        self._last_decide = 0.0
 
     @property
     def committed(self) -> bool:
@@ -194,12 +191,14 @@ class VisibilityReader:
         state = self.buffer.state()
         if not state.ongoing or self.client is None:
             self._filter = state.filter()
-        elif self._filter is None or time.monotonic() - self._last_decide >= RESOLVE_EVERY_S:
-            # Asking the TCs costs a log refresh each, so a polling reader does it at a bounded rate.
-            self._last_decide = time.monotonic()
+        elif self._filter is None or any(k not in self._filter.decided_commits and k not in self._filter.aborted
+                                         for k in state.ongoing):
+            # An undecided transaction is asked about on every call, never cached: a commit is
+            # visible to everyone from its decision on (read-your-writes across processes). A TC
+            # log with nothing new costs one probe for its next commit.
             self._filter = resolved_filter(self.client._coordinators(), self.buffer)
         else:
-            self._filter = self._refold(state)
+            self._filter = self._refold(state)  # every ongoing one is decided, and decisions stand
         self._end = self._filter.read_limit
         return self._end
 

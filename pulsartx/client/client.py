@@ -6,6 +6,7 @@ transaction it creates works directly against the Delta tables there.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from pulsartx.admin import Admin
@@ -37,6 +38,7 @@ class Client:
         self._num_coordinators = num_coordinators
         self._coordinator_config = coordinator_config
         self._tcs: Coordinators | None = None
+        self._tcs_lock = threading.Lock()
         self._options = kwargs
         self.admin = Admin(self)
         if transaction_key is not None:
@@ -44,8 +46,12 @@ class Client:
             self._claim_transaction_key()
 
     def _coordinators(self) -> Coordinators:
+        """The client's one set of TCs: a transaction begun lazily lives in its TC object until it
+        registers something, so threads must never each build their own set."""
         if self._tcs is None:
-            self._tcs = Coordinators(self.root, self._num_coordinators, self._coordinator_config)
+            with self._tcs_lock:
+                if self._tcs is None:
+                    self._tcs = Coordinators(self.root, self._num_coordinators, self._coordinator_config)
         return self._tcs
 
     def _key_tc(self) -> int:
@@ -68,8 +74,8 @@ class Client:
             raise InvalidConfiguration(f"timeout_ms={timeout_ms!r}: must be a positive number of milliseconds")
         tcs = self._coordinators()
         if self.transaction_key is None:
-            meta = tcs.tc(tcs.pick()).new_transaction(timeout_ms, owner=self.owner, properties=properties)
-            return Transaction(self, meta)
+            meta = tcs.tc(tcs.pick()).new_transaction(timeout_ms, owner=self.owner, properties=properties, lazy=True)
+            return Transaction(self, meta, written=False)
         tc_id = self._key_tc()
         keys = tcs.keys(tc_id)
         current = keys.current_epoch(self.owner, self.transaction_key)
@@ -124,6 +130,12 @@ class Client:
         """pulsar-client's name: the partition topic names of ``topic``."""
         return [str(p) for p in self.admin.partitions_of(topic)]
 
+    def flush(self, timeout_s: float | None = 30.0) -> bool:
+        """Wait, at most ``timeout_s``, for the background completion of this client's ended
+        transactions (their markers, acknowledgement commits and final TC entries). Their outcomes
+        are already visible to everyone; this makes them applied too. False if some still run."""
+        return self._tcs is None or self._tcs.completer.flush(timeout_s)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -133,6 +145,7 @@ class Client:
                 child.close()
             except Exception as e:  # close everything, then report
                 errors.append(e)
+        self.flush()
         self._closed = True
         if errors:
             raise errors[0]

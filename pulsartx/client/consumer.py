@@ -23,10 +23,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from pulsartx.buffer.reads import VisibilityReader
-from pulsartx.buffer.state import txn_key
+from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.client.message import Message, Records
 from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S, check_isolation
 from pulsartx.coordinator.state import Subscription
+from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RESOLVE_EVERY_S = 0.5
+SETTLE_WAIT_S = 10.0  # for this process's completion of a decided predecessor, before asking its TC
 
 
 class ConsumerType(Enum):
@@ -406,14 +408,26 @@ class Consumer:
           returns them (``_resolve_pending``), as the TC's participant call would have."""
         txn._check_usable()
         subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
+        written = txn._written
         registering = txn._register_subscriptions(subs)
+        if not written:
+            # The transaction's NEW entry goes with this registration: until it lands no TC knows the
+            # transaction, and a pending ack written first could be taken for a dead one's.
+            for fut in registering:
+                fut.result()
+            registering = []
         k = txn_key(*txn.id.as_tuple())
         released: dict[_Partition, dict[int, float]] = {}  # per partition written: what left `held`
         failed = True
         try:
             for part, offs in by_part.items():
                 try:
-                    part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                    try:
+                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                    except TransactionConflict:
+                        if not self._settle_decided(part, k):
+                            raise
+                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
                 except TransactionConflict as e:
                     txn._mark_conflict(e)
                     raise
@@ -582,6 +596,23 @@ class Consumer:
             if skipped:
                 part.acks.extend(skipped)  # markers and invisible data: acked as we pass them
             part.queue.extend(msgs)
+
+    def _settle_decided(self, part: _Partition, own: int) -> bool:
+        """Apply here the outcome of decided transactions whose pending acks are in the way of
+        ``own``'s (a commit returns at its decision, and its acknowledgements are committed on the
+        subscription just after): this process's completions are waited for, others' decisions read
+        from their TCs. True if anything changed, so the acknowledgement is worth trying again."""
+        cursor = part.store.cursor()
+        keys = pending_keys(cursor, exclude=[own]) if cursor is not None else set()
+        if not keys:
+            return False
+        tcs = self._client._coordinators()
+        tcs.completer.wait([TxnID(*key_txn(k)) for k in keys], timeout_s=SETTLE_WAIT_S)
+        cursor = part.store.cursor()
+        left = pending_keys(cursor, exclude=[own]) if cursor is not None else set()
+        if left != keys:
+            return True
+        return resolve_pending(self._client.root, tcs, str(part.topic), self._subscription, left, roll_forward=True) > 0
 
     def _resolve_pending(self, part: _Partition, cursor: CursorState) -> None:
         """Consumer-side resolution: a pending ack of a transaction past its timeout would hold its

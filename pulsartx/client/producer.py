@@ -38,7 +38,7 @@ class _Pending:
                  "result", "done", "full")
 
     def __init__(self, content: bytes, key: str | None, properties: dict[str, str] | None, event_ms: int | None,
-                 sequence_id: int, callback: SendCallback | None, sync: bool, partition: int):
+                 sequence_id: int | None, callback: SendCallback | None, sync: bool, partition: int):
         self.content = content
         self.key = key
         self.properties = properties
@@ -80,6 +80,7 @@ class Producer:
         self._lock = threading.Lock()
         self._queues: dict[tuple[int, Any], list[_Pending]] = {}
         self._flush_locks: dict[tuple[int, Any], threading.Lock] = {}
+        self._append_locks = {p.partition: threading.Lock() for p in self._partitions}
         self._first_enqueued: dict[tuple[int, Any], float] = {}
         self._closed = False
         self._errors: list[BaseException] = []
@@ -175,9 +176,8 @@ class Producer:
         else:
             idx = None
         with self._lock:
-            if sequence_id is None:
-                sequence_id = self._last_seq + 1
-            if sequence_id > self._last_seq:
+            # An id the caller chose counts from now; ours are numbered when appended (``_append``).
+            if sequence_id is not None and sequence_id > self._last_seq:
                 self._last_seq = sequence_id
             if idx is None:
                 idx = self._router.next()
@@ -201,13 +201,12 @@ class Producer:
     def _queue_key(p: _Pending, txn: Any) -> tuple[int, Any]:
         return (p.partition, txn)
 
-    def _flush_keys(self, keys: list[tuple[int, Any]]) -> None:
+    def _flush_keys(self, keys: list[tuple[int, Any]], registered: bool = False) -> None:
         """Flush several queues: partitions of each transaction are registered with one TC call,
         then the partitions are appended in parallel (delta-rs releases the GIL while committing)."""
         if not keys:
             return
-        registered = False
-        for txn in {k[1] for k in keys if k[1] is not None}:
+        for txn in {k[1] for k in keys if k[1] is not None} if not registered else ():
             with self._lock:
                 parts = {str(self._logs[k[0]].topic) for k in keys if k[1] is txn and self._queues.get(k)}
             if parts:
@@ -242,6 +241,19 @@ class Producer:
                 self._append(key, batch, registered)
 
     def _append(self, key: tuple[int, Any], batch: list[_Pending], registered: bool = False) -> None:
+        """Append one queue's batch. Batches of one partition go one at a time, numbered as they go:
+        the queues of several transactions (and the plain one) flush concurrently, and a batch whose
+        sequence ids were below a batch appended before it would be dropped by deduplication as
+        already persisted, a lost message."""
+        with self._append_locks[key[0]]:
+            with self._lock:
+                for p in batch:
+                    if p.sequence_id is None:
+                        self._last_seq += 1
+                        p.sequence_id = self._last_seq
+            self._append_numbered(key, batch, registered)
+
+    def _append_numbered(self, key: tuple[int, Any], batch: list[_Pending], registered: bool) -> None:
         part, txn = key
         plog = self._logs[part]
         try:
@@ -312,6 +324,12 @@ class Producer:
             with self._flush_locks[key]:
                 pass
 
-    def flush_transaction(self, txn: Any) -> None:
-        """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first)."""
-        self._flush_keys([k for k in list(self._flush_locks) if k[1] is txn])
+    def transaction_partitions(self, txn: Any) -> set[str]:
+        """The partitions that messages queued under ``txn`` go to (to register them all at once)."""
+        with self._lock:
+            return {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
+
+    def flush_transaction(self, txn: Any, registered: bool = False) -> None:
+        """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first);
+        ``registered``: the transaction registered their partitions already."""
+        self._flush_keys([k for k in list(self._flush_locks) if k[1] is txn], registered)

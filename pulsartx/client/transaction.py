@@ -47,13 +47,25 @@ class TransactionState(Enum):
     TIME_OUT = "TIME_OUT"
 
 
-_FROM_STATUS = {TxnStatus.OPEN: TransactionState.OPEN, TxnStatus.COMMITTING: TransactionState.COMMITTING,
-                TxnStatus.ABORTING: TransactionState.ABORTING, TxnStatus.COMMITTED: TransactionState.COMMITTED,
-                TxnStatus.ABORTED: TransactionState.ABORTED}
+# The client's view: a decided transaction is committed/aborted for it (the rest is the completer's).
+_DECIDED = {TxnStatus.OPEN: TransactionState.OPEN, TxnStatus.COMMITTING: TransactionState.COMMITTED,
+            TxnStatus.ABORTING: TransactionState.ABORTED, TxnStatus.COMMITTED: TransactionState.COMMITTED,
+            TxnStatus.ABORTED: TransactionState.ABORTED}
+_END_POOL: ThreadPoolExecutor | None = None
+_END_POOL_PID = 0
+
+
+def _end_pool() -> ThreadPoolExecutor:
+    """Threads for commit_async/abort_async, apart from the helper pool their commit uses."""
+    global _END_POOL, _END_POOL_PID
+    with _POOL_LOCK:
+        if _END_POOL is None or _END_POOL_PID != os.getpid():
+            _END_POOL, _END_POOL_PID = ThreadPoolExecutor(8, thread_name_prefix="pulsartx-txn-end"), os.getpid()
+        return _END_POOL
 
 
 class Transaction:
-    def __init__(self, client: Client, meta: TxnMeta):
+    def __init__(self, client: Client, meta: TxnMeta, written: bool = True):
         self._client = client
         self.id: TxnID = meta.txn_id
         self.timeout_ms = meta.timeout_ms
@@ -65,7 +77,12 @@ class Transaction:
         self._entries: dict[str, list[tuple[int, int]]] = {}
         self._conflict: BaseException | None = None
         self._expired: ExpiredTransactionError | None = None  # fenced or timed out: said again on every use
+        self._must_abort: BaseException | None = None  # a flush failed: this transaction may never commit
+        # Whether the TC log holds the transaction (its NEW goes with the first registration):
+        # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
+        self._written = written
         self._lock = threading.Lock()
+        self._end_lock = threading.RLock()  # one commit/abort at a time (a retry, commit_async)
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.value})"
@@ -98,6 +115,7 @@ class Transaction:
             self._call(lambda: self._tc().add_partitions(self.id, new))
             with self._lock:
                 self._partitions |= new
+                self._written = True
         else:
             self._call(lambda: self._tc().check_usable(self.id))
 
@@ -121,6 +139,7 @@ class Transaction:
                     self._call(lambda: self._tc().add_subscriptions(self.id, new))
                     with self._lock:
                         self._subscriptions |= new
+                        self._written = True
                 except BaseException as e:
                     fut.set_exception(e)
                 else:
@@ -152,7 +171,7 @@ class Transaction:
         """Called by a producer right before appending a batch of this transaction to ``partition``;
         ``registered`` when the producer already registered it in this flush (one TC call for all)."""
         self._check_usable()
-        if not registered:
+        if not registered or str(partition) not in self._partitions:
             self._register_partitions({str(partition)})
         return self.id.as_tuple()
 
@@ -170,44 +189,115 @@ class Transaction:
 
     # ---- public API -----------------------------------------------------------------------------
     def commit(self) -> None:
-        """Flush what this transaction buffered, then commit it everywhere at once."""
-        self._check_usable()
-        try:
-            for p in list(self._producers):
-                p.flush_transaction(self)
-        except Exception:
-            self.state = TransactionState.ERROR
-            self.abort()
-            raise
-        if self._conflict is not None:
-            err = self._conflict
-            self.abort()
-            raise TransactionConflict(f"transaction {self.id} cannot commit: an acknowledgement in it conflicted "
-                                      f"({err}); it was aborted") from err
-        self._end(TxnAction.COMMIT)
+        """Flush what this transaction buffered, then decide COMMIT. Returns once the decision is
+        durable in the TC log: from then on every READ_COMMITTED reader, in any process, sees all of
+        it. Markers and acknowledgement commits follow in the background (``Client.flush()``).
+
+        Safe to call again after it raised (PIP-254): it returns if the transaction committed and
+        raises naming the real outcome if it aborted; on a committed transaction it returns quietly."""
+        with self._end_lock:
+            if self.state is TransactionState.COMMITTED:
+                return
+            if self.state in (TransactionState.ABORTED, TransactionState.ABORTING, TransactionState.TIME_OUT):
+                raise self._aborted_error()
+            if self._must_abort is not None:
+                self._abort_locked()
+                raise self._aborted_error()
+            if self.state is TransactionState.OPEN:
+                self._check_usable()
+                try:
+                    self._flush_producers()
+                except Exception as e:
+                    # Part of the transaction's data may be missing: it must never commit.
+                    self._must_abort = e
+                    self.state = TransactionState.ERROR
+                    try:
+                        self._abort_locked()
+                    except Exception as abort_error:
+                        log.warning("abort of %s after its failed flush failed (retried by abort() or the "
+                                    "transaction's timeout): %s", self.id, abort_error)
+                    raise
+                if self._conflict is not None:
+                    self._abort_locked()
+                    raise self._aborted_error()
+            self._end(TxnAction.COMMIT)
 
     def abort(self) -> None:
+        """Decide ABORT; returns once that is durable (nothing of the transaction is then ever
+        visible, and its acknowledged messages are redeliverable). Safe to call again; on an
+        aborted transaction it returns quietly, on a committed one it raises."""
+        with self._end_lock:
+            self._abort_locked()
+
+    def commit_async(self) -> Future[None]:
+        """:meth:`commit` on a helper thread: the future completes at the decision point (Pulsar's
+        ``commit()`` returns a CompletableFuture)."""
+        return _end_pool().submit(self.commit)
+
+    def abort_async(self) -> Future[None]:
+        return _end_pool().submit(self.abort)
+
+    def _abort_locked(self) -> None:
         if self.state is TransactionState.ABORTED:
             return
+        if self.state is TransactionState.COMMITTED:
+            raise InvalidTxnStatusError(f"cannot abort transaction {self.id}: it is already COMMITTED")
         for p in list(self._producers):
             p.discard_transaction(self)
         self._end(TxnAction.ABORT)
+
+    def _aborted_error(self) -> InvalidTxnStatusError | TransactionConflict:
+        """What a commit of an aborted transaction raises, naming why it aborted."""
+        if self._conflict is not None:
+            err = TransactionConflict(f"transaction {self.id} cannot commit: an acknowledgement in it conflicted "
+                                      f"({self._conflict}); it was aborted")
+            err.__cause__ = self._conflict
+            return err
+        if self._expired is not None:
+            return ExpiredTransactionError(str(self._expired))
+        if self._must_abort is not None:
+            return InvalidTxnStatusError(f"transaction {self.id} cannot commit: flushing its messages failed "
+                                         f"({self._must_abort}); it was aborted")
+        if self.state is TransactionState.TIME_OUT:
+            return ExpiredTransactionError(f"transaction {self.id} timed out and was aborted; begin a new transaction")
+        return InvalidTxnStatusError(f"cannot commit transaction {self.id}: it was ABORTED")
+
+    def _flush_producers(self) -> None:
+        """Every producer's messages of this transaction, durable before the decision: the
+        partitions all registered in one TC entry, then appended all in parallel."""
+        producers = list(self._producers)
+        if not producers:
+            return
+        parts = set().union(*(p.transaction_partitions(self) for p in producers))
+        if parts:
+            self._register_partitions(parts)
+        if len(producers) == 1:
+            producers[0].flush_transaction(self, registered=bool(parts))
+            return
+        futures = [helper_pool().submit(p.flush_transaction, self, bool(parts)) for p in producers]
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            raise errors[0]
 
     def _end(self, action: TxnAction) -> None:
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         try:
             # "" when the client has no owner: it may then end only owner-less transactions.
-            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "")
+            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "", background=True)
         except ExpiredTransactionError as e:
             self._note_expired(e)
             raise
         except InvalidTxnStatusError:
-            self.state = _FROM_STATUS.get(self._tc().get(self.id, refresh=True).status, TransactionState.ERROR)
+            try:
+                status = self._tc().get(self.id, refresh=True).status
+            except Exception:  # the outcome stands in the log; only our view of it is unknown
+                status = None
+            self.state = _DECIDED.get(status, TransactionState.ERROR)
             raise
         except Exception:
-            self.state = TransactionState.ERROR
+            self.state = TransactionState.ERROR  # outcome unknown: commit()/abort() again asks the TC
             raise
-        self.state = _FROM_STATUS[meta.status]
+        self.state = _DECIDED[meta.status]
 
     def __enter__(self) -> Transaction:
         return self

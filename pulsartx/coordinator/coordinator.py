@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
@@ -42,6 +43,8 @@ def now_ms() -> int:
 @dataclass
 class CoordinatorConfig:
     compact_every: int = 200
+    # TxnIDs reserved per compare-and-set on the TC log's counter (a dead process skips the rest).
+    id_block_size: int = 1000
     finished_retention_ms: int = 300_000
     # A COMMITTING/ABORTING transaction untouched this long is finished by whoever sweeps; a live
     # TC is normally still writing its markers before that.
@@ -57,7 +60,7 @@ class SweepResult:
 
 class TransactionCoordinator:
     def __init__(self, root: StorageRoot, tc_id: int, config: CoordinatorConfig | None = None,
-                 keys: TransactionKeyStore | None = None):
+                 keys: TransactionKeyStore | None = None, completer: Completer | None = None):
         self.root = root
         self.tc_id = tc_id
         self.config = config or CoordinatorConfig()
@@ -65,6 +68,11 @@ class TransactionCoordinator:
         self.keys = keys or TransactionKeyStore(root, tc_id)  # a keyed transaction's key lives on its TC
         self._lock = threading.RLock()
         self._opened = False
+        # Transactions begun here that have registered nothing yet: their NEW entry is written with
+        # the first ADD_PARTITION/ADD_SUBSCRIPTION (or the end), so beginning one costs no write.
+        self._unwritten: dict[int, TxnMeta] = {}
+        self._ids: tuple[int, int] | None = None  # the rest of this process's TxnID block: (next, last)
+        self.completer = completer  # background completion for end_transaction(background=True)
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
 
     def _emit(self, event: str, meta: TxnMeta) -> None:
@@ -96,16 +104,21 @@ class TransactionCoordinator:
                     return meta
                 new, op = prepared
                 entries = new if isinstance(new, list) else [(new, op)]
-                rows, expected = [], meta.status
-                for m, o in entries:
-                    rows.append((m, o, expected))
-                    expected = m.status
+                unwritten = meta.txn_id.least_bits in self._unwritten and self.txlog.get(meta.txn_id.least_bits) is None
+                if unwritten and entries[-1][0].status.is_final:
+                    rows = [(entries[-1][0], entries[-1][1], None)]  # ended having registered nothing: one entry
+                else:
+                    rows, expected = ([(meta, MetadataOp.NEW, None)] if unwritten else []), meta.status
+                    for m, o in entries:
+                        rows.append((m, o, expected))
+                        expected = m.status
                 try:
                     self.txlog.write_many(rows)
                 except delta.ConcurrentCommit:
                     delta.backoff(attempt)
                     self.txlog.refresh()
                     continue
+                self._unwritten.pop(meta.txn_id.least_bits, None)
                 new = entries[-1][0]
                 self._emit("append", new)
                 self._maybe_compact()
@@ -116,14 +129,18 @@ class TransactionCoordinator:
         if txn_id.most_bits != self.tc_id:
             raise TransactionNotFound(f"transaction {txn_id} does not belong to TC {self.tc_id}")
         meta = self.txlog.get(txn_id.least_bits)
+        if meta is None and txn_id.least_bits in self._unwritten:
+            return self._unwritten[txn_id.least_bits]
         if meta is None:
             self.txlog.refresh()
             meta = self.txlog.get(txn_id.least_bits)
         if meta is None:
             if txn_id.least_bits <= self.txlog.counter:
                 raise TransactionNotFound(
-                    f"transaction {txn_id} has finished and its metadata was trimmed from TC {self.tc_id}")
+                    f"transaction {txn_id} is not in TC {self.tc_id}'s log: it finished and its metadata was trimmed, "
+                    "or it never registered a partition or subscription")
             raise TransactionNotFound(f"transaction {txn_id} was never issued by TC {self.tc_id}")
+        self._unwritten.pop(txn_id.least_bits, None)
         return meta
 
     def _maybe_compact(self) -> None:
@@ -133,20 +150,36 @@ class TransactionCoordinator:
             log.warning("TC %d log compaction failed: %s", self.tc_id, e)
 
     # ---- requests (PIP-31 "TC Request Processing") -----------------------------------------------
+    def _next_id(self) -> TxnID:
+        """The next TxnID of this process's block, leasing a new block when it runs out."""
+        if self._ids is None or self._ids[0] > self._ids[1]:
+            self._ids = self.txlog.lease_block(self.config.id_block_size)
+        least, last = self._ids
+        self._ids = (least + 1, last)
+        return TxnID(self.tc_id, least)
+
     def new_transaction(self, timeout_ms: int, owner: str | None = None, transaction_key: str | None = None,
                         epoch: int | None = None, properties: dict[str, str] | None = None,
-                        partitions: Iterable[str] = ()) -> TxnMeta:
+                        partitions: Iterable[str] = (), lazy: bool = False) -> TxnMeta:
         """NEW. ``partitions`` already known to the caller (a Spark job's targets) are recorded in the
-        same entry, as if ADD_PARTITION had followed at once: one TC-log write instead of two."""
+        same entry, as if ADD_PARTITION had followed at once: one TC-log write instead of two.
+
+        ``lazy``: write nothing now; the NEW entry goes with the first registration (or the end).
+        Until then only this process knows the transaction, which is safe because nothing of it
+        exists anywhere else yet: data and acknowledgements are written only after a registration."""
         with self._lock:
+            t = now_ms()
+            meta = TxnMeta(self._next_id(), TxnStatus.OPEN, int(timeout_ms), t, t,
+                           partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
+                           epoch=epoch, properties=dict(properties or {}))
+            if lazy and not meta.partitions:
+                self._unwritten[meta.txn_id.least_bits] = meta
+                self._emit("created", meta)
+                return meta
             for attempt in range(MAX_CAS_ATTEMPTS):
-                t = now_ms()
-                meta = TxnMeta(TxnID(self.tc_id, self.txlog.counter + 1), TxnStatus.OPEN, int(timeout_ms), t, t,
-                               partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
-                               epoch=epoch, properties=dict(properties or {}))
                 try:
-                    self.txlog.write_new(meta)
-                except delta.ConcurrentCommit:
+                    self.txlog.write(meta, MetadataOp.NEW, None)
+                except delta.ConcurrentCommit:  # another key of the same bucket: the id is ours alone
                     delta.backoff(attempt)
                     self.txlog.refresh()
                     continue
@@ -154,7 +187,8 @@ class TransactionCoordinator:
                 self._emit("append", meta)  # the NEW entry is a log append too
                 self._maybe_compact()
                 return meta
-        raise StorageError(f"TC {self.tc_id}: could not allocate a TxnID after {MAX_CAS_ATTEMPTS} conflicts")
+        raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {meta.txn_id} after "
+                           f"{MAX_CAS_ATTEMPTS} conflicts")
 
     def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
         with self._lock:
@@ -197,11 +231,16 @@ class TransactionCoordinator:
 
     def end_transaction(self, txn_id: TxnID, action: TxnAction, *, commit_entries=None, reason: str | None = None,
                         owner: str | None = None, admin: bool = False, properties: dict[str, str] | None = None,
-                        before_participants: Callable[[TxnMeta], None] | None = None) -> TxnMeta:
+                        before_participants: Callable[[TxnMeta], None] | None = None,
+                        background: bool = False) -> TxnMeta:
         """Log COMMITTING/ABORTING (the decision), apply it on every participant in parallel, then
         log COMMITTED/ABORTED. Repeating the same action is safe; the opposite one is refused.
         ``properties`` are recorded in the deciding entry itself (e.g. a streaming batch id), so
-        they are durable exactly when the outcome is."""
+        they are durable exactly when the outcome is.
+
+        ``background``: return at the decision, leaving the participants and the final entry to
+        the completer (the client's commit). Everyone already sees the outcome: a reader resolves a
+        transaction without a marker through this log."""
 
         if action is TxnAction.COMMIT and not admin:
             self._check_epoch(txn_id)
@@ -246,6 +285,9 @@ class TransactionCoordinator:
             return meta
         if before_participants is not None:
             before_participants(meta)
+        if background and self.completer is not None:
+            self.completer.submit(self, meta)
+            return meta
         return self._complete(meta)
 
     def _check_epoch(self, txn_id: TxnID) -> None:
@@ -298,6 +340,10 @@ class TransactionCoordinator:
         with self._lock:
             self.txlog.refresh()
             metas = self.txlog.all()
+            # Begun here, never registered, past their timeout: nothing of them exists to abort.
+            for least, m in list(self._unwritten.items()):
+                if m.expired(now):
+                    del self._unwritten[least]
         for meta in metas:
             try:
                 if meta.expired(now):
@@ -339,6 +385,11 @@ class TransactionCoordinator:
 
         meta = self._cas(txn_id, decide)
         return self._complete(meta) if meta.status is TxnStatus.ABORTING else meta
+
+    def refresh(self) -> None:
+        """Catch up with the log (one probe when nothing changed): decisions of other processes."""
+        with self._lock:
+            self.txlog.refresh()
 
     def transactions(self, refresh: bool = True) -> list[TxnMeta]:
         with self._lock:

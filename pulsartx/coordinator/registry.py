@@ -12,6 +12,7 @@ import random
 import threading
 import zlib
 
+from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.txnid import TxnID
@@ -33,6 +34,7 @@ class Coordinators:
         self.count = self._resolve_count(count)
         self.recover_on_open = recover_on_open
         self._tcs: dict[int, TransactionCoordinator] = {}
+        self.completer = Completer()  # background completions of this set's TCs (a client's flush waits)
         self._keys: dict[int, TransactionKeyStore] = {}
         self._lock = threading.Lock()
         self._rr = itertools.cycle(range(self.count))
@@ -93,7 +95,8 @@ class Coordinators:
         with self._lock:
             tc = self._tcs.get(tc_id)
             if tc is None:
-                tc = self._tcs[tc_id] = TransactionCoordinator(self.root, tc_id, self.config, keys=self._key_store(tc_id))
+                tc = self._tcs[tc_id] = TransactionCoordinator(self.root, tc_id, self.config, keys=self._key_store(tc_id),
+                                                           completer=self.completer)
         return tc.open(recover=self.recover_on_open) if not tc._opened else tc
 
     def for_txn(self, txn_id: TxnID) -> TransactionCoordinator:

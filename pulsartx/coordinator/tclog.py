@@ -6,23 +6,31 @@ update is a compare-and-set on the TxnID, and compaction (the TC snapshot) rewri
 transactions. Finished transactions are trimmed once ``finished_retention_ms`` has passed, so
 opening a TC costs its open transactions plus the entries since the last compaction.
 
-The TxnID counter is the Delta app-transaction ``pulsartx.tc.counter``: a NEW entry sets it, so
-two processes allocating on the same TC conflict and one retries with the next value. Ids never
-repeat, across restarts and processes, and compaction does not reset them.
+The TxnID counter is the Delta app-transaction ``pulsartx.tc.counter``: the last id reserved.
+A process reserves a block of ids at once (:meth:`TransactionLog.lease_block`, a commit that sets
+only the counter), so beginning a transaction costs no write: two processes leasing at the same
+time conflict on the app id and one retries with the next block. Ids never repeat, across
+restarts and processes (the unused rest of a dead process's block is skipped, never reissued),
+and compaction does not reset them.
 """
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pyarrow as pa
 
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import StorageError
+from pulsartx.storage import delta
 from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 
+log = logging.getLogger(__name__)
 COUNTER_APP_ID = "pulsartx.tc.counter"
+MAX_LEASE_ATTEMPTS = 500
 
 # One flat row per entry: PIP-31's TransactionMetadataEntry with the fields that identify the
 # step as columns (an operator's "what happened to this TxnID" needs no JSON), the rest of the
@@ -114,12 +122,27 @@ class TransactionLog:
 
     @property
     def counter(self) -> int:
-        """The last TxnID counter value issued by this TC (-1 before the first)."""
+        """The last TxnID reserved on this TC by any process (-1 before the first)."""
         v = self.log.app_version(COUNTER_APP_ID)
         return -1 if v is None else v
 
-    def write_new(self, meta: TxnMeta) -> None:
-        self.log.put([meta_to_row(meta, MetadataOp.NEW, None)], extra_app_ids={COUNTER_APP_ID: meta.txn_id.least_bits})
+    def lease_block(self, size: int) -> tuple[int, int]:
+        """Reserve the next ``size`` ids for this process: one compare-and-set on the counter.
+        Returns ``(first, last)``. A lease whose outcome is unknown is never used: the next lease
+        reads the counter afresh, so at worst a block is skipped."""
+        for attempt in range(MAX_LEASE_ATTEMPTS):
+            first = self.counter + 1
+            last = first + size - 1
+            try:
+                self.log.put([], extra_app_ids={COUNTER_APP_ID: last})
+            except delta.ConcurrentCommit:
+                delta.backoff(attempt)
+            except delta.OutcomeUnknown as e:
+                log.info("TC %d: a TxnID block lease has an unknown outcome (%s); leasing the next one", self.tc_id, e)
+            else:
+                return first, last
+            self.refresh()
+        raise StorageError(f"TC {self.tc_id}: could not reserve TxnIDs after {MAX_LEASE_ATTEMPTS} attempts")
 
     def write(self, meta: TxnMeta, op: MetadataOp, expected: TxnStatus | None) -> None:
         self.write_many([(meta, op, expected)])

@@ -255,7 +255,7 @@ class DeltaAppender:
         self._synced = time.monotonic()
 
     # ---- appending -----------------------------------------------------------------------------
-    def append(self, data: pa.Table, app_transactions: Mapping[str, int] | None = None,
+    def append(self, data: pa.Table | None, app_transactions: Mapping[str, int] | None = None,
                metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None,
                removes: Iterable[str] = ()) -> int:
         """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
@@ -264,7 +264,9 @@ class DeltaAppender:
 
         ``removes``: data files (as of :attr:`version`) the same commit removes, which makes it a
         compaction: a commit after our snapshot that removed one of them too (another compaction)
-        raises ConcurrentCommit; files others added meanwhile stay, as their rows are not in ours."""
+        raises ConcurrentCommit; files others added meanwhile stay, as their rows are not in ours.
+
+        ``data`` None: a commit of app ids alone, no data file (a TxnID block lease)."""
         apps = {k: int(v) for k, v in (app_transactions or {}).items()}
         removes = list(removes)
         if not self.fast:
@@ -274,11 +276,11 @@ class DeltaAppender:
         if time.monotonic() - self._synced > STALE_AFTER_S:
             self.reload()
             raise delta.ConcurrentCommit(f"{self.uri}: snapshot older than {STALE_AFTER_S:g} s, re-read the table")
-        if data.schema != self.schema:
+        if data is not None and data.schema != self.schema:
             data = data.cast(self.schema)
         now = int(time.time() * 1000)
         commit_id = str(uuid.uuid4())  # also names the data file: both need a globally unique id
-        add = self._write_data_file(data, now, codecs, commit_id)
+        add = None if data is None else self._write_data_file(data, now, codecs, commit_id)
         actions: list[dict[str, Any]] = [
             {"commitInfo": {"timestamp": now, "operation": "WRITE",
                             "operationParameters": {"mode": "Overwrite" if removes else "Append"},
@@ -286,7 +288,7 @@ class DeltaAppender:
                             "txnId": commit_id, **dict(metadata or {})}},
             *({"txn": {"appId": k, "version": v, "lastUpdated": now}} for k, v in apps.items()),
             *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}} for p in removes),
-            {"add": add},
+            *([{"add": add}] if add is not None else []),
         ]
         removing = set(removes)
         vanished = 0
@@ -310,7 +312,7 @@ class DeltaAppender:
                 # inconsistently. Retried a few times, never forever.
                 vanished += 1
                 if vanished >= MAX_VANISHED_SLOTS:
-                    self._discard(add["path"])
+                    self._discard(add)
                     raise StorageError(
                         f"{self.uri}: version {version} answered that it exists but it cannot be read ({vanished} "
                         "times): the table was deleted, or the store does not answer consistently; open it again")
@@ -321,15 +323,15 @@ class DeltaAppender:
                 return version
             self._apply(version, theirs)
             if any("metaData" in a or "protocol" in a for a in theirs):
-                self._discard(add["path"])
+                self._discard(add)
                 self.reload()
                 raise delta.ConcurrentCommit(f"{self.uri}: table metadata changed at version {version}")
             clash = sorted(a["txn"]["appId"] for a in theirs if "txn" in a and a["txn"]["appId"] in apps)
             if clash:
-                self._discard(add["path"])
+                self._discard(add)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
             if removing and any("remove" in a and a["remove"]["path"] in removing for a in theirs):
-                self._discard(add["path"])
+                self._discard(add)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
 
     def _slot_after_failed_put(self, version: int, error: StorageError) -> bool:
@@ -355,8 +357,11 @@ class DeltaAppender:
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}
 
-    def _discard(self, name: str) -> None:
+    def _discard(self, add: dict[str, Any] | None) -> None:
         """Delete the data file of a commit that lost its race (vacuum would, later)."""
+        if add is None:
+            return
+        name = add["path"]
         try:
             self.root.rm(*self.segments, name)
         except Exception as e:  # an unreferenced file is harmless

@@ -286,6 +286,8 @@ def create_table(root: StorageRoot, schema: pa.Schema, *segments: str,
     except Exception as e:
         if "already exists" in str(e).lower() or isinstance(e, FileExistsError):
             return False
+        if root.exists(*segments, "_delta_log", commit_file(0)):
+            return False  # another creator's version 0 won the race (delta-rs: "protocol changed")
         raise StorageError(f"cannot create Delta table {uri}: {describe(e, secrets_of(root))}") from e
 
 

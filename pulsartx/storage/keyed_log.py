@@ -211,8 +211,10 @@ class KeyedLog:
         apps = {bucket_app_id(self.name, self.key_of(r)): int(r[SEQ]) for r in rows}
         apps.update(extra_app_ids or {})
         writer = self._writer()
+        # No rows: a commit of app ids alone (fast path; an empty file through delta-rs otherwise).
+        data = pa.Table.from_pylist(rows, schema=self.schema) if rows or not writer.fast else None
         try:
-            writer.append(pa.Table.from_pylist(rows, schema=self.schema), apps, metadata)
+            writer.append(data, apps, metadata)
         except delta.ConcurrentCommit:
             raise  # not written; the commits up to the conflicting one are pending, read before any decision
         except Exception as e:
@@ -225,7 +227,7 @@ class KeyedLog:
                 raise delta.OutcomeUnknown(
                     f"{self.name}: a write failed ({e}) and the table could not be re-read to learn whether it "
                     f"landed ({reload_error}); it is re-read before the next decision") from e
-            landed = self._landed(rows)
+            landed = self._landed(rows) if rows else None
             if landed is None:
                 raise delta.OutcomeUnknown(
                     f"{self.name}: a write failed ({e}) and other writers have moved its keys on since, so whether "
@@ -238,7 +240,7 @@ class KeyedLog:
         # Durable: applied to memory now (write, then apply). Others' commits stepped over before
         # ours are pending; reading them may fail, and they are then read before the next decision.
         self._apply(rows)
-        self.files_since_compaction += 1
+        self.files_since_compaction += 1 if rows else 0
         self.appended += 1
         try:
             self._flush()

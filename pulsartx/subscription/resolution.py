@@ -48,11 +48,16 @@ def trimmed(root: StorageRoot, key: int) -> bool:
     return fresh.get(least) is None and least <= fresh.counter
 
 
-def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscription: str, keys: set[int]) -> int:
+def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscription: str, keys: set[int],
+                    roll_forward: bool = False) -> int:
     """Abort, on this subscription, the pending acks of the transactions in ``keys`` that their TC
     aborted (an expired one is aborted now), decided without this subscription among its
     participants (the list is fixed once COMMITTING is logged), or forgot (finished and trimmed:
-    had it been listed, its end here would have come before COMMITTED). Returns how many."""
+    had it been listed, its end here would have come before COMMITTED). Returns how many ended.
+
+    ``roll_forward``: also commit here those decided COMMIT with this subscription listed, as the
+    TC's participant call will (a commit returns at its decision, before that call): the next
+    transaction's cumulative ack must not conflict with a predecessor that has already committed."""
     if not keys:
         return 0
     mine = Subscription(topic, subscription)
@@ -63,5 +68,8 @@ def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscripti
         if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
                 meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):
             end_transaction(root, topic, subscription, TxnID(*key_txn(k)), TxnAction.ABORT)
+            ended += 1
+        elif roll_forward and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            end_transaction(root, topic, subscription, TxnID(*key_txn(k)), TxnAction.COMMIT)
             ended += 1
     return ended

@@ -1,0 +1,113 @@
+"""The background completer: a decided transaction's markers, pending-ack commits and final record,
+written after the client was answered (Kafka's EndTxn returns once PREPARE_COMMIT is durable and
+its marker channel follows; PIP-473 acknowledges at the header compare-and-set).
+
+Nothing here decides anything. The COMMITTING/ABORTING record is the linearization point, and
+readers resolve a transaction without a marker through its TC log, so a completion that is late,
+repeated or never run changes when the markers appear, not what anyone sees. If this process dies
+with completions queued, whoever opens the TC log finishes them (the recovery sweep), exactly as
+after a crash between the decision and the markers.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from pulsartx.coordinator.state import TxnMeta
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.storage import delta
+
+if TYPE_CHECKING:
+    from pulsartx.coordinator.coordinator import TransactionCoordinator
+
+log = logging.getLogger(__name__)
+THREADS = 4
+ATTEMPTS = 4  # then recovery (any process that sweeps the TC log) takes over
+THREAD_PREFIX = "pulsartx-txn-complete"
+
+
+class Completer:
+    """One per client (its TCs share it): what :meth:`flush` waits for is that client's work."""
+
+    def __init__(self, threads: int = THREADS):
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict[TxnID, Future[TxnMeta]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, tc: TransactionCoordinator, meta: TxnMeta) -> Future[TxnMeta]:
+        """Complete ``meta`` (decided) in the background; a transaction already queued is not queued twice."""
+        with self._lock:
+            fut = self._inflight.get(meta.txn_id)
+            if fut is not None:
+                return fut
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=THREAD_PREFIX)
+            try:
+                fut = self._pool.submit(self._run, tc, meta)
+            except RuntimeError:  # the interpreter is exiting: no new threads; complete here
+                fut = Future()
+                fut.set_result(self._run(tc, meta, track=False))
+                return fut
+            self._inflight[meta.txn_id] = fut
+            return fut
+
+    def _run(self, tc: TransactionCoordinator, meta: TxnMeta, track: bool = True) -> TxnMeta:
+        try:
+            for attempt in range(ATTEMPTS):
+                try:
+                    final = tc._complete(meta)
+                except Exception as e:  # _complete reports, never raises, after a decision; be sure
+                    log.warning("completing %s failed: %s", meta.txn_id, e)
+                    final = meta
+                if final.status.is_final:
+                    return final
+                delta.backoff(attempt, base=0.05, cap=1.0)
+            log.warning("%s is %s but could not be completed here after %d attempts; the TC's recovery sweep "
+                        "finishes it (readers already see its outcome)", meta.txn_id, meta.status.value, ATTEMPTS)
+            return meta
+        finally:
+            if track:
+                with self._lock:
+                    self._inflight.pop(meta.txn_id, None)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def wait(self, txn_ids, timeout_s: float | None = None) -> None:
+        """Wait for the completions of ``txn_ids`` queued in this process (others: nothing to wait for)."""
+        with self._lock:
+            futs = [f for t in txn_ids if (f := self._inflight.get(t)) is not None]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for f in futs:
+            try:
+                f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except Exception:  # a timeout, or a failure _run already logged
+                return
+
+    def flush(self, timeout_s: float | None = 30.0) -> bool:
+        """Wait for every queued completion, at most ``timeout_s``; False if some are still running
+        (they stay decided, and recovery finishes them if this process stops first)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last_log = time.monotonic()
+        while True:
+            with self._lock:
+                futs = list(self._inflight.values())
+            if not futs:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                log.warning("%d transaction completions still running after %.0f s; they are decided, and the TC's "
+                            "recovery finishes them if this process stops first", len(futs), timeout_s)
+                return False
+            if time.monotonic() - last_log >= 5:
+                log.info("waiting for %d transaction completions (markers, acknowledgements)", len(futs))
+                last_log = time.monotonic()
+            try:
+                futs[0].result(timeout=min(1.0, left) if left is not None else 1.0)
+            except Exception:
+                time.sleep(0.001)
