@@ -190,6 +190,25 @@ class TransactionCoordinator:
         raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {meta.txn_id} after "
                            f"{MAX_CAS_ATTEMPTS} conflicts")
 
+    def persist(self, txn_id: TxnID) -> TxnMeta:
+        """Write the NEW entry of a transaction begun lazily now (a no-op once it is in the log):
+        for callers that need other processes to see it before it registers anything."""
+        with self._lock:
+            for attempt in range(MAX_CAS_ATTEMPTS):
+                meta = self._require(txn_id)
+                if txn_id.least_bits not in self._unwritten:
+                    return meta
+                try:
+                    self.txlog.write(meta, MetadataOp.NEW, None)
+                except delta.ConcurrentCommit:
+                    delta.backoff(attempt)
+                    self.txlog.refresh()
+                    continue
+                self._unwritten.pop(txn_id.least_bits, None)
+                self._emit("append", meta)
+                return meta
+        raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {txn_id}")
+
     def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
         with self._lock:
             if refresh:

@@ -208,6 +208,8 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
     state["txn"] = txn
     h.ok("begin", txn=txn_list(txn))
     if point == "after_new":
+        txn._tc().persist(txn.id)  # a client transaction writes NEW with its first registration: write it now
+        txn._written = True
         stop()
     p_out = c.create_producer(out_topic)
     for v, key in zip(values, keys, strict=True):
@@ -225,6 +227,8 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
     h.invoke(f, txn=txn_list(txn))
     txn.commit() if f == "commit" else txn.abort()
     h.ok(f, txn=txn_list(txn))
+    # The points from the decision on are in the background completer: wait there to be killed.
+    c.flush(None)
 
 
 # ================================ parent ==========================================================

@@ -182,6 +182,7 @@ def test_only_the_owner_ends_its_transaction(root):
     assert status(alice, txn) == "OPEN"
     assert _visible(alice, "t") == [] and _visible(alice, "t", "READ_UNCOMMITTED") == [b"alice-1"]
     txn.commit()
+    alice.flush()  # the final entry follows the decision in the background
     assert status(alice, txn) == "COMMITTED" and _visible(intruders["bob"], "t") == [b"alice-1"]
 
     # The explicit admin overrides: the admin API and `pulsartx transactions abort`.
