@@ -145,19 +145,23 @@ def test_commit_retry_after_a_lost_decision_reply_reports_committed_once(tmp_pat
     client.close()
 
 
-def test_commit_retry_after_a_failed_decision_write_commits_now(tmp_path):
-    """The COMMITTING put failed before anything was written: the retry decides now."""
-    root = str(tmp_path / "root")
+def _commit_whose_decision_write_fails(root: str):
+    """A client with a one-message transaction whose commit() failed before COMMITTING was written."""
     client = pulsartx.Client(root, num_coordinators=1)
     client.admin.create_topic("t")
-    p = client.create_producer("t")
     txn = client.new_transaction()
-    p.send(b"x", txn=txn)
-    log_dir = "/".join(tc_segments(0)) + "/_delta_log"
-    faults.install([Fault(Op.CREATE, Mode.ERROR, match=log_dir)])
+    client.create_producer("t").send(b"x", txn=txn)
+    faults.install([Fault(Op.CREATE, Mode.ERROR, match="/".join(tc_segments(0)) + "/_delta_log")])
     with pytest.raises(StorageError):
         txn.commit()
     faults.clear()
+    return client, txn
+
+
+def test_commit_retry_after_a_failed_decision_write_commits_now(tmp_path):
+    """The COMMITTING put failed before anything was written: the retry decides now."""
+    root = str(tmp_path / "root")
+    client, txn = _commit_whose_decision_write_fails(root)
     assert read_tc_log(root, 0)[txn.id.least_bits].status is TxnStatus.OPEN
     txn.commit()
     client.flush()
@@ -167,16 +171,7 @@ def test_commit_retry_after_a_failed_decision_write_commits_now(tmp_path):
 
 def test_commit_retry_after_it_was_aborted_elsewhere_names_the_abort(tmp_path):
     root = str(tmp_path / "root")
-    client = pulsartx.Client(root, num_coordinators=1)
-    client.admin.create_topic("t")
-    p = client.create_producer("t")
-    txn = client.new_transaction()
-    p.send(b"x", txn=txn)
-    log_dir = "/".join(tc_segments(0)) + "/_delta_log"
-    faults.install([Fault(Op.CREATE, Mode.ERROR, match=log_dir)])
-    with pytest.raises(StorageError):
-        txn.commit()
-    faults.clear()
+    client, txn = _commit_whose_decision_write_fails(root)
     pulsartx.Client(root).admin.transactions.abort_transaction(str(txn.id))
     with pytest.raises(InvalidTxnStatusError, match="ABORT"):
         txn.commit()

@@ -174,19 +174,25 @@ class TransactionCoordinator:
                            epoch=epoch, properties=dict(properties or {}))
             if lazy and not meta.partitions:
                 self._unwritten[meta.txn_id.least_bits] = meta
-                self._emit("created", meta)
-                return meta
-            for attempt in range(MAX_CAS_ATTEMPTS):
-                try:
-                    self.txlog.write(meta, MetadataOp.NEW, None)
-                except delta.ConcurrentCommit:  # another key of the same bucket: the id is ours alone
-                    delta.backoff(attempt)
-                    self.txlog.refresh()
-                    continue
-                self._emit("created", meta)
-                self._emit("append", meta)  # the NEW entry is a log append too
+            else:
+                self._write_new(meta)
                 self._maybe_compact()
-                return meta
+            self._emit("created", meta)
+            return meta
+
+    def _write_new(self, meta: TxnMeta) -> None:
+        """The NEW entry alone (callers hold the lock). A conflict can only be another key of the same
+        bucket, as the id is ours alone: retried."""
+        for attempt in range(MAX_CAS_ATTEMPTS):
+            try:
+                self.txlog.write(meta, MetadataOp.NEW, None)
+            except delta.ConcurrentCommit:
+                delta.backoff(attempt)
+                self.txlog.refresh()
+                continue
+            self._unwritten.pop(meta.txn_id.least_bits, None)
+            self._emit("append", meta)  # the NEW entry is a log append too
+            return
         raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {meta.txn_id} after "
                            f"{MAX_CAS_ATTEMPTS} conflicts")
 
@@ -194,20 +200,10 @@ class TransactionCoordinator:
         """Write the NEW entry of a transaction begun lazily now (a no-op once it is in the log):
         for callers that need other processes to see it before it registers anything."""
         with self._lock:
-            for attempt in range(MAX_CAS_ATTEMPTS):
-                meta = self._require(txn_id)
-                if txn_id.least_bits not in self._unwritten:
-                    return meta
-                try:
-                    self.txlog.write(meta, MetadataOp.NEW, None)
-                except delta.ConcurrentCommit:
-                    delta.backoff(attempt)
-                    self.txlog.refresh()
-                    continue
-                self._unwritten.pop(txn_id.least_bits, None)
-                self._emit("append", meta)
-                return meta
-        raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {txn_id}")
+            meta = self._require(txn_id)
+            if txn_id.least_bits in self._unwritten:
+                self._write_new(meta)
+            return meta
 
     def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
         with self._lock:
