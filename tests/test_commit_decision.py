@@ -11,7 +11,8 @@ What must hold, with real processes (SIGKILL) and real storage:
   * retrying ``commit()``/``abort()`` after an unknown outcome reports exactly the real outcome;
   * TxnIDs leased in blocks are never issued twice, across processes, kills and compaction;
   * a commit racing a timeout abort from another process: exactly one wins, everywhere;
-  * many threads on one TC: every outcome is the one the caller was told.
+  * many threads on one TC: their requests share TC-log commits (group commit), and every
+    outcome is the one the caller was told.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from pulsartx.coordinator.state import TxnStatus
 from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidTxnStatusError, StorageError, Timeout, TransactionConflict
+from pulsartx.log.partition import shared_log
+from pulsartx.naming import TopicName
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Fault, Mode, Op
 
@@ -319,6 +322,12 @@ def test_eight_threads_on_one_tc_each_get_the_true_outcome(tmp_path):
         t.join()
     assert client.flush(60)
     assert len(told) == 800
+    group = client._coordinators().for_txn(TxnID(0, 0))._group
+    # Group commit: concurrent requests shared TC-log commits (each still got its own outcome below).
+    assert group.commits < group.requests, (group.commits, group.requests)
+    markers = [shared_log(client.root, TopicName.parse(f"g-partition-{i}"))._markers for i in range(4)]
+    # ...and so did the completer threads' markers to the same partition.
+    assert sum(m.commits for m in markers) < sum(m.requests for m in markers), [(m.commits, m.requests) for m in markers]
     log = read_tc_log(root, 0)
     for txn_id, (action, _) in told.items():
         m = log.get(txn_id.least_bits)

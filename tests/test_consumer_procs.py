@@ -266,6 +266,7 @@ def even_odd(root: str, step: int, lease_ms: int = 1500) -> dict:
             c.acknowledge(m, txn=txn)
         txn.commit()
         c.close()
+        client.close()  # waits for the commit's background completion (this child leaves with os._exit)
         return {"received": received, "busy_first": busy_first, "subscribed_at": subscribed_at}
     conflicts = []
     probe = client.new_transaction()
@@ -287,6 +288,7 @@ def even_odd(root: str, step: int, lease_ms: int = 1500) -> dict:
         except pulsartx.Timeout:
             break
     c.close()
+    client.close()
     return {"received": received, "redelivery": [m.redelivery_count() for m in got], "odd_conflicts": conflicts,
             "left": left}
 

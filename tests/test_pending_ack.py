@@ -67,6 +67,7 @@ def vals(msgs) -> list[str]:
 
 
 def pending_stats(client: Client, topic: str, sub: str) -> list[dict]:
+    client.flush()  # a decided transaction's acknowledgements land in the background
     return client.admin.transactions.get_pending_ack_stats(topic, sub)
 
 
@@ -161,6 +162,7 @@ def test_cumulative_ack_conflict_between_txns(client):
     with pytest.raises(TransactionConflict, match="cannot commit"):
         b.commit()
     assert b.state is TransactionState.ABORTED
+    client.flush()  # the abort's final entry follows the decision in the background
     assert client.admin.transactions.get_transaction_metadata(b.id)["status"] == "ABORTED"
 
     a.abort()
@@ -171,6 +173,7 @@ def test_cumulative_ack_conflict_between_txns(client):
     cc = client.new_transaction()
     c.acknowledge_cumulative(again[-1], txn=cc)
     cc.commit()
+    client.flush()
     c.redeliver_unacknowledged_messages()
     assert drain(c, idle_ms=300) == []
     [st] = pending_stats(client, IN, "fo")
@@ -460,6 +463,7 @@ def test_txn_acks_after_unsubscribe_and_resubscribe(root, client):
     t = client.new_transaction()
     c.acknowledge(again[:3], txn=t)
     t.commit()
+    client.flush()  # the pending acks land (after the decision, in the background)
     [st] = pending_stats(other, IN, "s")
     assert st["markDeletePosition"] == 2 and st["pendingAckCount"] == 0
     c.redeliver_unacknowledged_messages()

@@ -67,6 +67,7 @@ def plog(client, topic: str, partition: int = 0) -> PartitionLog:
 
 
 def txn_markers(client, topic: str, n: int, txn) -> Counter:
+    client.flush()  # markers follow the decision in the background
     return Counter({(p, t): c for (p, t, tid), c in count_markers(client.root.url, topic, n).items()
                     if tid == txn.id.as_tuple()})
 

@@ -43,7 +43,7 @@ def write_marker(root: StorageRoot, partition: str, txn_id: TxnID, action: TxnAc
     records = build_records([b""], producer_name=MARKER_PRODUCER, txn=txn_id.as_tuple(), msg_type=mtype,
                             marker_entries=marker_entries)
     plog.sync_writer()  # the transaction's data was appended by other writers since our last look
-    res = plog.append(records, guard_app_id=marker_app_id(txn_id))
+    res = plog.append_marker(records, marker_app_id(txn_id))
     if res.version is not None:
         log.debug("wrote %s marker for %s at %s offset %s", mtype.value, txn_id, partition, res.first_offset)
     return res

@@ -23,11 +23,11 @@ from pulsartx.exceptions import (
     ExpiredTransactionError,
     InvalidTxnStatusError,
     NotAllowedError,
-    StorageError,
     TransactionFenced,
     TransactionNotFound,
 )
 from pulsartx.storage import delta
+from pulsartx.storage.group_commit import Done, GroupCommit, Write
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class TransactionCoordinator:
         self.txlog = TransactionLog(root, tc_id, self.config.compact_every, self.config.finished_retention_ms)
         self.keys = keys or TransactionKeyStore(root, tc_id)  # a keyed transaction's key lives on its TC
         self._lock = threading.RLock()
+        self._group = GroupCommit(f"TC {tc_id}", self._lock, self.txlog.write_many, self.txlog.refresh,
+                                  max_attempts=MAX_CAS_ATTEMPTS)
         self._opened = False
         # Transactions begun here that have registered nothing yet: their NEW entry is written with
         # the first ADD_PARTITION/ADD_SUBSCRIPTION (or the end), so beginning one costs no write.
@@ -94,36 +96,37 @@ class TransactionCoordinator:
 
     # ---- CAS plumbing -----------------------------------------------------------------------------
     def _cas(self, txn_id: TxnID, prepare: Callable[[TxnMeta], tuple[TxnMeta, MetadataOp] | None]) -> TxnMeta:
-        """Read-validate-write loop: ``prepare`` sees the latest durable metadata and returns the new
-        metadata to log (or None for "nothing to do"); on a lost race we re-read and re-validate."""
+        """Read-validate-write: ``prepare`` sees the latest durable metadata and returns the new
+        metadata to log (or None for "nothing to do"). Concurrent requests of this process's
+        threads share one commit (group commit); on a lost race each is re-read and re-validated."""
+
+        def plan() -> Done | Write:
+            meta = self._require(txn_id)
+            prepared = prepare(meta)
+            if prepared is None:
+                return Done(meta)
+            new, op = prepared
+            entries = new if isinstance(new, list) else [(new, op)]
+            least = meta.txn_id.least_bits
+            unwritten = least in self._unwritten and self.txlog.get(least) is None
+            if unwritten and entries[-1][0].status.is_final:
+                rows = [(entries[-1][0], entries[-1][1], None)]  # ended having registered nothing: one entry
+            else:
+                rows, expected = ([(meta, MetadataOp.NEW, None)] if unwritten else []), meta.status
+                for m, o in entries:
+                    rows.append((m, o, expected))
+                    expected = m.status
+            final = entries[-1][0]
+
+            def written() -> None:
+                self._unwritten.pop(least, None)
+                self._emit("append", final)
+            return Write(rows, final, written)
+
+        new = self._group.run(txn_id, plan)
         with self._lock:
-            for attempt in range(MAX_CAS_ATTEMPTS):
-                meta = self._require(txn_id)
-                prepared = prepare(meta)
-                if prepared is None:
-                    return meta
-                new, op = prepared
-                entries = new if isinstance(new, list) else [(new, op)]
-                unwritten = meta.txn_id.least_bits in self._unwritten and self.txlog.get(meta.txn_id.least_bits) is None
-                if unwritten and entries[-1][0].status.is_final:
-                    rows = [(entries[-1][0], entries[-1][1], None)]  # ended having registered nothing: one entry
-                else:
-                    rows, expected = ([(meta, MetadataOp.NEW, None)] if unwritten else []), meta.status
-                    for m, o in entries:
-                        rows.append((m, o, expected))
-                        expected = m.status
-                try:
-                    self.txlog.write_many(rows)
-                except delta.ConcurrentCommit:
-                    delta.backoff(attempt)
-                    self.txlog.refresh()
-                    continue
-                self._unwritten.pop(meta.txn_id.least_bits, None)
-                new = entries[-1][0]
-                self._emit("append", new)
-                self._maybe_compact()
-                return new
-        raise StorageError(f"TC {self.tc_id}: could not update {txn_id} after {MAX_CAS_ATTEMPTS} concurrent conflicts")
+            self._maybe_compact()
+        return new
 
     def _require(self, txn_id: TxnID) -> TxnMeta:
         if txn_id.most_bits != self.tc_id:
@@ -181,20 +184,14 @@ class TransactionCoordinator:
             return meta
 
     def _write_new(self, meta: TxnMeta) -> None:
-        """The NEW entry alone (callers hold the lock). A conflict can only be another key of the same
-        bucket, as the id is ours alone: retried."""
-        for attempt in range(MAX_CAS_ATTEMPTS):
-            try:
-                self.txlog.write(meta, MetadataOp.NEW, None)
-            except delta.ConcurrentCommit:
-                delta.backoff(attempt)
-                self.txlog.refresh()
-                continue
-            self._unwritten.pop(meta.txn_id.least_bits, None)
+        """The NEW entry alone. A conflict can only be another key of the same bucket, as the id
+        is ours alone: retried."""
+        least = meta.txn_id.least_bits
+
+        def written() -> None:
+            self._unwritten.pop(least, None)
             self._emit("append", meta)  # the NEW entry is a log append too
-            return
-        raise StorageError(f"TC {self.tc_id}: could not write the NEW entry of {meta.txn_id} after "
-                           f"{MAX_CAS_ATTEMPTS} conflicts")
+        self._group.run(meta.txn_id, lambda: Write([(meta, MetadataOp.NEW, None)], meta, written))
 
     def persist(self, txn_id: TxnID) -> TxnMeta:
         """Write the NEW entry of a transaction begun lazily now (a no-op once it is in the log):
@@ -259,6 +256,10 @@ class TransactionCoordinator:
 
         if action is TxnAction.COMMIT and not admin:
             self._check_epoch(txn_id)
+        if admin and action is TxnAction.ABORT:
+            fenced = self._abort_unwritten(txn_id, reason)
+            if fenced is not None:
+                return fenced
 
         def decide(meta: TxnMeta):
             # As Pulsar's TC: a transaction with an owner ends only by that owner's hand, or by an
@@ -304,6 +305,30 @@ class TransactionCoordinator:
             self.completer.submit(self, meta)
             return meta
         return self._complete(meta)
+
+    def _abort_unwritten(self, txn_id: TxnID, reason: str | None) -> TxnMeta | None:
+        """An admin abort of an issued TxnID that is not in the log: its owner began it in another
+        process and has registered nothing yet, so only that process knows it (or it finished and
+        its entry was trimmed). Writing ABORTED for it fences the owner: its first registration
+        is a compare-and-set on the same key and now fails. Returns None when the log has the
+        transaction (the ordinary path ends it)."""
+        with self._lock:
+            if txn_id.most_bits != self.tc_id or txn_id.least_bits in self._unwritten:
+                return None
+            self.txlog.refresh()
+            if self.txlog.get(txn_id.least_bits) is not None or txn_id.least_bits > self.txlog.counter:
+                return None
+            t = now_ms()
+            meta = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason)
+            try:
+                self.txlog.write(meta, MetadataOp.NEW, None)
+            except delta.ConcurrentCommit:
+                self.txlog.refresh()
+                return None  # its owner registered meanwhile: end it the ordinary way
+            log.info("TC %d: %s was not in the log (it had registered nothing); logged ABORTED to fence its owner",
+                     self.tc_id, txn_id)
+            self._emit("aborted", meta)
+            return meta
 
     def _check_epoch(self, txn_id: TxnID) -> None:
         """A keyed transaction commits only while its epoch is the key's current one (Kafka's

@@ -31,6 +31,7 @@ from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.diagnose import naming_partition
+from pulsartx.storage.group_commit import Done, GroupCommit, Write
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ class AppendResult:
     attempts: int = 1
     duplicates: int = 0
     entries: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _MarkerItem:
+    records: pa.Table
+    guard_app_id: str
+    result: AppendResult | None = None
 
 
 def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, properties: pa.Array | None = None,
@@ -153,7 +161,10 @@ class PartitionLog:
         self._table_id: str | None = None
         self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
-        self._append_lock = threading.Lock()
+        self._append_lock = threading.RLock()
+        # Markers of several transactions to this partition share one commit (group commit).
+        self._markers = GroupCommit(f"{topic} markers", self._append_lock, self._write_markers,
+                                    lambda: self._catch_up(self._appender()), max_attempts=MAX_APPEND_ATTEMPTS)
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
@@ -230,6 +241,38 @@ class PartitionLog:
                                 [(next_offset, last)])
         raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
                            "too many concurrent writers on one partition: add partitions or retry later")
+
+    def append_marker(self, records: pa.Table, guard_app_id: str) -> AppendResult:
+        """Append one transaction's marker row, at most once ever (``guard_app_id``). Markers that
+        threads of this process append concurrently share one Delta commit; each keeps its own
+        guard, so a marker another writer wrote meanwhile is dropped alone from the retried commit."""
+        item = _MarkerItem(records, guard_app_id)
+
+        def plan() -> Done | Write:
+            if self._appender().txn_version(guard_app_id) is not None:
+                item.result = AppendResult([None] * records.num_rows, None, duplicates=records.num_rows)
+                return Done(item)
+            return Write([item], item)
+
+        return self._markers.run(guard_app_id, plan).result
+
+    def _write_markers(self, items: list[_MarkerItem]) -> None:
+        """One commit for the markers of a group (the lock is held). ConcurrentCommit: re-planned."""
+        writer = self._appender()
+        next_offset = _next_offset(writer)
+        rows = pa.concat_tables([i.records for i in items])
+        data = _finish(rows, next_offset, int(time.time() * 1_000_000))
+        apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
+        at = next_offset
+        for i in items:
+            apps[i.guard_app_id] = at
+            at += i.records.num_rows
+        version = writer.append(data, apps, codecs={"value": CompressionType.NONE.parquet_codec})
+        at = next_offset
+        for i in items:
+            n = i.records.num_rows
+            i.result = AppendResult(list(range(at, at + n)), version, at, at + n - 1, entries=[(at, at + n - 1)])
+            at += n
 
     def sync_writer(self) -> None:
         """Catch this log's writer up on others' appends (a probe per new commit) before an append

@@ -14,6 +14,8 @@ non_monotonic          a consumer epoch receives an offset at or below one it al
 skipped                a consumer epoch jumps over an offset visible in the final read that its
                        subscription had not acknowledged (in any transaction) before the poll
 fractured_read         a batch read returns part, but not all, of a committed transaction
+stale_read             a batch read begun after a commit() returned misses some of that
+                       transaction's values (read-your-writes: the decision is the commit point)
 stuck_partition        maxReadPosition blocked at one offset longer than the limit, or a
                        transaction still ongoing in a partition after recovery
 unfinished_txn         a transaction not COMMITTED or ABORTED in its TC after recovery
@@ -60,6 +62,7 @@ class Anomalies:
     non_monotonic: int = 0
     skipped: int = 0
     fractured_read: int = 0
+    stale_read: int = 0
     stuck_partition: int = 0
     unfinished_txn: int = 0
     lost_ack: int = 0
@@ -107,6 +110,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
     sent_ok: dict[str, Pos] = {}
     plain_failed: set[str] = set()
     commit_ok: set[Txn] = set()
+    commit_returned: dict[Txn, float] = {}  # when commit() returned (the earliest, if retried)
     aborted_hist: set[Txn] = set()  # abort ok, or commit failed (definitely not committed)
     begun: set[Txn] = set()
     invoked_send: dict[tuple[str, int], dict] = {}
@@ -128,6 +132,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
                 plain_failed.add(e["value"])
         elif f == "commit" and kind == "ok":
             commit_ok.add(_txn(e["txn"]))
+            commit_returned[_txn(e["txn"])] = min(commit_returned.get(_txn(e["txn"]), e["t"]), e["t"])
         elif f == "commit" and kind == "fail":
             aborted_hist.add(_txn(e["txn"]))
         elif f == "abort" and kind == "ok":
@@ -272,6 +277,15 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             whole = {v for v in txn_values.get(t, ()) if v in final_visible and final_visible[v][0] in topics}
             if whole - vs:
                 a.add("fractured_read", (t, sorted(vs)[:3], sorted(whole - vs)[:3]))
+        started = e.get("started")  # reads that record when they began take part in read-your-writes
+        if started is None:
+            continue
+        for t, returned in commit_returned.items():
+            if returned >= started or t in by_txn:
+                continue  # concurrent with the commit, or seen (fractured_read judges the rest)
+            whole = {v for v in txn_values.get(t, ()) if v in final_visible and final_visible[v][0] in topics}
+            if whole:
+                a.add("stale_read", (t, e["p"], sorted(whole)[:3]))
 
     # ---- stuck partitions ---------------------------------------------------------------------------
     if stuck_limit_s is not None:

@@ -295,7 +295,9 @@ def run_one(url: str, options: dict | None, point: str, seed: int, hist_dir: str
         t = TxnID(*crash_ev["txn"])
         status = Coordinators(c.root, recover_on_open=False).for_txn(t).get(t, refresh=True).status.value
         in_t, out_t = topics_for(point, seed)
-        parent.ok("read", topics=[in_t, out_t], msgs=[list(r) for r in batch_read(c, [in_t, out_t])])
+        started = time.time()  # after the child's commit() returned: read-your-writes applies
+        parent.ok("read", topics=[in_t, out_t], msgs=[list(r) for r in batch_read(c, [in_t, out_t])],
+                  started=started)
         parent.ok("poll", consumer=f"reader-{point}.{seed}", epoch=0, topic=out_t,
                   msgs=[list(r) for r in visible(c, out_t)])
     finally:

@@ -222,7 +222,8 @@ def reader(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> 
     while not _stopping(stop_path, deadline):
         try:  # a read that failed on a storage fault observed nothing
             for ts in ([ORDERS], list(OUTS.values())):
-                h.ok("read", topics=ts, msgs=[list(x) for x in batch_read(c, ts)])
+                started = time.time()
+                h.ok("read", topics=ts, msgs=[list(x) for x in batch_read(c, ts)], started=started)
                 reads += 1
             for t in topics:
                 now = time.time()

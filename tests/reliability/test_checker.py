@@ -204,6 +204,26 @@ def test_fractured_batch_read():
     assert counts(events, final) == {"fractured_read": 1}
 
 
+def test_stale_read_after_commit_returned():
+    """A read begun after commit() returned must see the whole transaction; one that began before
+    may see nothing of it."""
+    events, final = base()
+    commit_returned = next(e["t"] for e in events if e["f"] == "commit" and e["type"] == "ok" and e["txn"] == list(T1))
+    r = H("r")
+    r.ev("ok", "read", topics=["in"], msgs=[["in", 1, 2, "d"]], started=commit_returned + 0.5)
+    assert counts(events + r.events, final) == {"stale_read": 1}
+    r = H("r")
+    r.ev("ok", "read", topics=["in"], msgs=[["in", 1, 2, "d"]], started=commit_returned - 0.5)
+    assert counts(events + r.events, final) == {}
+    r = H("r")  # only the transactions' values in the topics read count: T1's are not in "out"...
+    r.ev("ok", "read", topics=["out"], msgs=[], started=commit_returned + 0.5)
+    assert counts(events + r.events, final) == {}
+    last_commit = max(e["t"] for e in events if e["f"] == "commit" and e["type"] == "ok")
+    r = H("r")  # ...T3's t:a is
+    r.ev("ok", "read", topics=["out"], msgs=[], started=last_commit + 0.5)
+    assert counts(events + r.events, final) == {"stale_read": 1}
+
+
 def test_stuck_partition_by_samples_and_after_recovery():
     events, final = base()
     assert counts(events, final, limit=0.5) == {"stuck_partition": 1}  # blocked at 1 from t=10 to 11

@@ -193,10 +193,17 @@ def test_only_the_owner_ends_its_transaction(root):
     result = CliRunner().invoke(cli, ["--service-url", root, "--json", "transactions", "abort", str(t3.id)])
     assert result.exit_code == 0, result.stderr
     assert status(alice, t3) == "ABORTED" and _visible(alice, "t") == [b"alice-1"]
+    # t3 had registered nothing, so only alice's process knew it: the admin abort fenced it anyway.
+    with pytest.raises(PulsarException, match="ABORTED"):
+        alice.create_producer("t").send(b"too late", txn=t3)
+    with pytest.raises(PulsarException, match="ABORTED"):
+        t3.commit()
 
     # Owner-less transactions belong to nobody in particular (Pulsar's rule with auth disabled).
     free = intruders["no owner"].new_transaction()
+    intruders["no owner"].create_producer("t").send(b"free", txn=free)  # other processes see it from here on
     Transaction(intruders["bob"], intruders["bob"]._coordinators().for_txn(free.id).get(free.id)).commit()
+    intruders["bob"].flush()
     assert status(alice, free) == "COMMITTED"
     for c in (alice, *intruders.values()):
         c.close()

@@ -1,0 +1,136 @@
+"""Group commit (PIP-160's batched log writes) by flat combining.
+
+Threads of one process that update the same log each queue a request, then take the log's lock in
+turn; whoever holds it writes every queued request in one Delta commit. Each request keeps its own
+compare-and-set semantics because it is planned, under the lock, against the log state the commit
+is based on: a lost race (ConcurrentCommit) re-reads the log and re-plans every request of the
+group, so a request whose check no longer holds fails alone and the others are written in the
+retried commit. Two requests on the same key never share a commit (the second is planned on the
+first's result, in the next one).
+
+A request's plan returns :class:`Done` (nothing to write: the request's answer is already known) or
+:class:`Write` (items for the commit, and the answer once they are durable).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pulsartx.exceptions import StorageError
+from pulsartx.storage import delta
+
+R = TypeVar("R")
+MAX_GROUP = 64
+
+
+@dataclass
+class Done(Generic[R]):
+    result: R
+
+
+@dataclass
+class Write(Generic[R]):
+    items: list[Any]  # what the commit writes for this request (e.g. log entries)
+    result: R
+    on_written: Callable[[], None] | None = None  # bookkeeping once durable (under the lock)
+
+
+@dataclass
+class _Request:
+    key: Hashable
+    plan: Callable[[], Done | Write]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class GroupCommit:
+    """``lock`` guards the log's state (the same lock its readers take); ``write`` makes the requests'
+    items one atomic commit (raising ConcurrentCommit on a lost race); ``refresh`` re-reads the log."""
+
+    def __init__(self, name: str, lock: threading.RLock, write: Callable[[list[Any]], None],
+                 refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP):
+        self.name = name
+        self._lock = lock
+        self._write = write
+        self._refresh = refresh
+        self._max_attempts = max_attempts
+        self._max_group = max_group
+        self._queue: list[_Request] = []
+        self._queue_lock = threading.Lock()
+        self.commits = 0  # commits written (a group's retries count once each)
+        self.requests = 0  # requests that wrote rows
+
+    def run(self, key: Hashable, plan: Callable[[], Done | Write]) -> Any:
+        req = _Request(key, plan)
+        with self._queue_lock:
+            self._queue.append(req)
+        with self._lock:
+            while not req.done.is_set():
+                self._commit_group(self._take())
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _take(self) -> list[_Request]:
+        """The queued requests of distinct keys, oldest first (a key's later requests wait)."""
+        with self._queue_lock:
+            group, keys, rest = [], set(), []
+            for r in self._queue:
+                if r.key in keys or len(group) >= self._max_group:
+                    rest.append(r)
+                else:
+                    keys.add(r.key)
+                    group.append(r)
+            self._queue = rest
+        return group
+
+    def _commit_group(self, group: list[_Request]) -> None:
+        for attempt in range(self._max_attempts):
+            writes: list[tuple[_Request, Write]] = []
+            for r in group:
+                if r.done.is_set():
+                    continue
+                try:
+                    planned = r.plan()
+                except BaseException as e:  # this request's own check failed: it alone fails
+                    r.finish(error=e)
+                    continue
+                if isinstance(planned, Done):
+                    r.finish(planned.result)
+                else:
+                    writes.append((r, planned))
+            if not writes:
+                return
+            try:
+                self._write([item for _, w in writes for item in w.items])
+            except delta.ConcurrentCommit:
+                delta.backoff(attempt)
+                try:
+                    self._refresh()
+                except BaseException as e:
+                    for r, _ in writes:
+                        r.finish(error=e)
+                    return
+                continue
+            except BaseException as e:  # one commit: the same (possibly unknown) outcome for all
+                for r, _ in writes:
+                    r.finish(error=e)
+                return
+            self.commits += 1
+            self.requests += len(writes)
+            for r, w in writes:
+                if w.on_written is not None:
+                    w.on_written()
+                r.finish(w.result)
+            return
+        error = StorageError(f"{self.name}: could not write after {self._max_attempts} concurrent conflicts")
+        for r in group:
+            if not r.done.is_set():
+                r.finish(error=error)
