@@ -516,3 +516,53 @@ def test_a_subscription_table_in_another_layout_is_refused_by_name(tmp_path):
     delta.create_table(client.root, old, *store.segments)
     with pytest.raises(CorruptedLog, match=r"sub-old-0 table .*written by another pulsartx version"):
         store.cursor()
+
+
+def test_concurrent_txn_acks_share_cursor_writes_and_fail_alone(client):
+    """Acknowledgements in transactions from 8 threads (8 Shared consumers of one process, whose
+    cursor writes may share commits): a conflicting one fails alone, and every other transaction's
+    acknowledgements land exactly once."""
+    import threading
+
+    seed(client, IN, 400)
+    held = client.new_transaction()  # holds offset 0 pending: every thread's first attempt conflicts
+    first = client.subscribe(IN, "g", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest)
+    consumers = [first] + [client.subscribe(IN, "g", consumer_type=ConsumerType.Shared) for _ in range(7)]
+    m0 = receive_n(first, 1)[0]
+    assert m0.message_id().offset() == 0
+    first.acknowledge(m0, txn=held)
+    acked: list[list[int]] = [[] for _ in consumers]
+    conflicts: list[str] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        c = consumers[i]
+        probe = client.new_transaction()
+        try:
+            c.acknowledge(m0, txn=probe)
+        except TransactionConflict as e:
+            with lock:
+                conflicts.append(str(e))
+        probe.abort()
+        while True:
+            msgs = c.batch_receive(max_num_messages=5, timeout_millis=1500)
+            if not msgs:
+                return
+            txn = client.new_transaction()
+            c.acknowledge(msgs, txn=txn)
+            txn.commit()
+            acked[i] += [m.message_id().offset() for m in msgs]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held.commit()
+    assert len(conflicts) == 8 and all("offset 0 is already pending" in c for c in conflicts), conflicts
+    everything = sorted(o for a in acked for o in a)
+    assert everything == list(range(1, 400))  # each exactly once
+    [st] = pending_stats(client, IN, "g")
+    assert (st["markDeletePosition"], st["pendingAckCount"], st["pendingCumulativeAck"]) == (399, 0, None)
+    for c in consumers:
+        c.close()

@@ -42,7 +42,6 @@ def write_marker(root: StorageRoot, partition: str, txn_id: TxnID, action: TxnAc
         marker_entries = pa.array([[{"first_offset": a, "last_offset": b} for a, b in sorted(entries)]], MARKER_ENTRIES)
     records = build_records([b""], producer_name=MARKER_PRODUCER, txn=txn_id.as_tuple(), msg_type=mtype,
                             marker_entries=marker_entries)
-    plog.sync_writer()  # the transaction's data was appended by other writers since our last look
     res = plog.append_marker(records, marker_app_id(txn_id))
     if res.version is not None:
         log.debug("wrote %s marker for %s at %s offset %s", mtype.value, txn_id, partition, res.first_offset)

@@ -164,7 +164,8 @@ class PartitionLog:
         self._append_lock = threading.RLock()
         # Markers of several transactions to this partition share one commit (group commit).
         self._markers = GroupCommit(f"{topic} markers", self._append_lock, self._write_markers,
-                                    lambda: self._catch_up(self._appender()), max_attempts=MAX_APPEND_ATTEMPTS)
+                                    lambda: self._catch_up(self._appender()), max_attempts=MAX_APPEND_ATTEMPTS,
+                                    before_group=self.sync_writer)
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
@@ -245,7 +246,9 @@ class PartitionLog:
     def append_marker(self, records: pa.Table, guard_app_id: str) -> AppendResult:
         """Append one transaction's marker row, at most once ever (``guard_app_id``). Markers that
         threads of this process append concurrently share one Delta commit; each keeps its own
-        guard, so a marker another writer wrote meanwhile is dropped alone from the retried commit."""
+        guard, so a marker another writer wrote meanwhile is dropped alone from the retried commit.
+        The group first catches up on others' appends (:meth:`sync_writer`): a marker surely follows
+        its transaction's data, appended by other writers since our last look."""
         item = _MarkerItem(records, guard_app_id)
 
         def plan() -> Done | Write:

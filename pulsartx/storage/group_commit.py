@@ -55,8 +55,10 @@ class GroupCommit:
     items one atomic commit (raising ConcurrentCommit on a lost race); ``refresh`` re-reads the log."""
 
     def __init__(self, name: str, lock: threading.RLock, write: Callable[[list[Any]], None],
-                 refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP):
+                 refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP,
+                 before_group: Callable[[], Any] | None = None):
         self.name = name
+        self._before_group = before_group  # once per group, before planning (e.g. catch up on others' commits)
         self._lock = lock
         self._write = write
         self._refresh = refresh
@@ -92,6 +94,13 @@ class GroupCommit:
         return group
 
     def _commit_group(self, group: list[_Request]) -> None:
+        if self._before_group is not None:
+            try:
+                self._before_group()
+            except BaseException as e:
+                for r in group:
+                    r.finish(error=e)
+                return
         for attempt in range(self._max_attempts):
             writes: list[tuple[_Request, Write]] = []
             for r in group:
@@ -134,3 +143,50 @@ class GroupCommit:
         for r in group:
             if not r.done.is_set():
                 r.finish(error=error)
+
+
+@dataclass
+class _Change:
+    change: Any
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: tuple[bool, Any] | None = None
+
+
+class Combiner:
+    """Group commit for read-modify-writes of one key (a subscription's cursor, which holds its
+    pending acks): whoever holds ``lock`` hands every queued change to ``apply_all`` at once, which
+    runs them in order on one state, writes once, and returns ``(ok, result or exception)`` per
+    change, so a change that fails its own check fails alone."""
+
+    def __init__(self, lock: threading.RLock, apply_all: Callable[[list[Any]], list[tuple[bool, Any]]],
+                 max_group: int = MAX_GROUP):
+        self._lock = lock
+        self._apply_all = apply_all
+        self._max_group = max_group
+        self._queue: list[_Change] = []
+        self._queue_lock = threading.Lock()
+        self.commits = 0  # apply_all calls
+        self.changes = 0
+
+    def run(self, change: Any) -> Any:
+        req = _Change(change)
+        with self._queue_lock:
+            self._queue.append(req)
+        with self._lock:
+            while not req.done.is_set():
+                with self._queue_lock:
+                    group, self._queue = self._queue[:self._max_group], self._queue[self._max_group:]
+                try:
+                    outcomes = self._apply_all([r.change for r in group])
+                except BaseException as e:  # one commit: the same outcome for all
+                    outcomes = [(False, e)] * len(group)
+                self.commits += 1
+                self.changes += len(group)
+                for r, o in zip(group, outcomes, strict=True):
+                    r.outcome = o
+                    r.done.set()
+        assert req.outcome is not None
+        ok, value = req.outcome
+        if not ok:
+            raise value
+        return value

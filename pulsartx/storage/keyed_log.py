@@ -258,26 +258,46 @@ class KeyedLog:
         a no-op or an exception computed from the cached state is re-checked on fresh state
         before it is returned or raised. ``keep``: when the log is due, compact it after the
         write, keeping the rows ``keep`` accepts."""
+        [(ok, value)] = self.cas_many(key, [change], what=what, optimistic=optimistic, keep=keep)
+        if not ok:
+            raise value
+        return value
+
+    def cas_many(self, key: str, changes: list[Callable[[dict[str, Any] | None], tuple[dict[str, Any] | None, Any]]],
+                 *, what: str, optimistic: bool = False,
+                 keep: Callable[[dict[str, Any]], bool] | None = None) -> list[tuple[bool, Any]]:
+        """Several read-modify-writes of one key in one commit (group commit): each change sees the
+        row the previous ones left, and the last row is written once. Returns, per change,
+        ``(True, result)`` or ``(False, exception)``: a change that raises changes nothing and
+        fails alone. A lost race re-runs them all on the winner's state."""
         if not optimistic or self._appender is None or self._reopen:
             self.refresh()
             optimistic = False
         for attempt in range(MAX_CAS_ATTEMPTS):
             row = self.rows.get(key)
-            try:
-                new, out = change(row)
-            except Exception:
-                if not optimistic:
-                    raise
-                new, out = None, None
-            if new is None:
-                if optimistic:
-                    optimistic = False
-                    self.refresh()
+            cur, outs, doubtful = row, [], False
+            for change in changes:
+                try:
+                    new, out = change(cur)
+                except Exception as e:
+                    outs.append((False, e))
+                    doubtful = True
                     continue
-                return out
-            new[SEQ] = (row[SEQ] + 1) if row is not None else 0
+                outs.append((True, out))
+                if new is None:
+                    doubtful = True
+                else:
+                    cur = new
+            if optimistic and doubtful:  # an answer computed from the cached state: confirm it on fresh state
+                optimistic = False
+                self.refresh()
+                continue
+            if cur is row:
+                return outs
+            assert cur is not None
+            cur[SEQ] = (row[SEQ] + 1) if row is not None else 0
             try:
-                self.put([new])
+                self.put([cur])
             except delta.ConcurrentCommit:
                 if not optimistic:
                     delta.backoff(attempt)
@@ -289,7 +309,7 @@ class KeyedLog:
                     self.compact(keep)
                 except Exception as e:  # an optimisation: the write above is durable either way
                     log.info("%s compaction skipped: %s", self.name, e)
-            return out
+            return outs
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
     def app_version(self, app_id: str) -> int | None:

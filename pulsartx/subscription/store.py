@@ -26,6 +26,7 @@ from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import StorageError
 from pulsartx.naming import TopicName, check_subscription_name
+from pulsartx.storage.group_commit import Combiner
 from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
@@ -123,6 +124,7 @@ class SubscriptionStore:
                             name=f"sub-{subscription}-{partition.partition}", compact_every=100)
         self._lock = threading.RLock()
         self._opened = False
+        self._cursor_updates = Combiner(self._lock, self._apply_cursor_changes)
 
     def _ensure(self, refresh: bool = True) -> None:
         if not self._opened:
@@ -174,16 +176,22 @@ class SubscriptionStore:
 
     def _update_cursor(self, change):
         """``change(cursor or None)`` returns (new cursor, or the same object for "no change"; result).
-        Optimistic for an open store (KeyedLog.cas): cursor updates are the hot path of acks."""
-        def step(row):
-            cur = None if row is None else row_to_cursor(row)
-            new, out = change(cur)
-            return (None if new is cur else cursor_to_row(0, new)), out
+        Concurrent updates from this process's threads (acks, pending-ack commits) share one write."""
+        return self._cursor_updates.run(change)
 
-        with self._lock:
-            optimistic, self._opened = self._opened, True
-            return self.log.cas(CURSOR, step, what=f"subscription {self.subscription!r} on {self.partition}",
-                                optimistic=optimistic, keep=lambda r: True)
+    def _apply_cursor_changes(self, changes: list) -> list[tuple[bool, Any]]:
+        """Optimistic for an open store (KeyedLog.cas_many): cursor updates are the hot path of acks."""
+        def step(change):
+            def run(row):
+                cur = None if row is None else row_to_cursor(row)
+                new, out = change(cur)
+                return (None if new is cur else cursor_to_row(0, new)), out
+            return run
+
+        optimistic, self._opened = self._opened, True
+        return self.log.cas_many(CURSOR, [step(c) for c in changes],
+                                 what=f"subscription {self.subscription!r} on {self.partition}",
+                                 optimistic=optimistic, keep=lambda r: True)
 
     # ---- Shared consumers' claims -------------------------------------------------------------------
     def claims(self, refresh: bool = True) -> list[Claim]:

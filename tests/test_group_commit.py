@@ -1,0 +1,123 @@
+"""Group commit: requests queued by several threads while one holds the log's lock are written in
+one Delta commit by the next holder, and each keeps its own check (a failing one fails alone).
+
+Each test holds the lock itself, starts 8 threads, waits until all 8 requests are queued, then
+lets go: what follows is deterministic (one group), unlike racing threads.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from _procs import count_markers, read_tc_log
+
+import pulsartx
+from pulsartx import InitialPosition
+from pulsartx.buffer.markers import write_marker
+from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidTxnStatusError, TransactionConflict
+from pulsartx.log.partition import shared_log
+from pulsartx.naming import TopicName
+from pulsartx.subscription.store import shared_store
+
+
+def run_queued(lock, queue_len, jobs) -> list:
+    """Run ``jobs`` in threads while holding ``lock``; release once all are queued. Returns each
+    job's result or exception, in order."""
+    out: list = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = jobs[i]()
+        except Exception as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    with lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while queue_len() < len(jobs):
+            assert time.monotonic() < deadline, f"{queue_len()} of {len(jobs)} requests queued"
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.fixture
+def client(tmp_path):
+    c = pulsartx.Client(str(tmp_path / "root"), num_coordinators=1)
+    yield c
+    c.close()
+
+
+def test_tc_requests_share_one_commit_and_fail_alone(client):
+    tc = client._coordinators().for_txn(TxnID(0, 0))
+    tc.open()
+    metas = [tc.new_transaction(60_000) for _ in range(8)]
+    done = tc.end_transaction(metas[3].txn_id, TxnAction.ABORT)  # registering on it must fail, alone
+    assert done.status is TxnStatus.ABORTED
+    commits = tc._group.commits
+    parts = [f"persistent://public/default/t{i}-partition-0" for i in range(8)]
+    jobs = [lambda i=i: tc.add_partitions(metas[i].txn_id, [parts[i]]) for i in range(8)]
+    out = run_queued(tc._lock, lambda: len(tc._group._queue), jobs)
+    assert tc._group.commits == commits + 1  # seven requests, one commit
+    assert isinstance(out[3], InvalidTxnStatusError) and "ABORTED" in str(out[3])
+    log = read_tc_log(client.root.url, 0)
+    for i, m in enumerate(metas):
+        logged = log.get(m.txn_id.least_bits)
+        if i == 3:
+            assert (logged.status, logged.partitions) == (TxnStatus.ABORTED, frozenset())
+        else:
+            assert out[i].partitions == frozenset([parts[i]])
+            assert (logged.status, logged.partitions) == (TxnStatus.OPEN, frozenset([parts[i]]))
+
+
+def test_markers_to_one_partition_share_one_commit_once_each(client):
+    client.admin.create_topic("m", 1)
+    partition = "persistent://public/default/m-partition-0"
+    txns = [TxnID(0, 100 + i) for i in range(8)]
+    write_marker(client.root, partition, txns[5], TxnAction.COMMIT)  # already there: not written again
+    plog = shared_log(client.root, TopicName.parse(partition))
+    commits = plog._markers.commits
+    jobs = [lambda i=i: write_marker(client.root, partition, txns[i], TxnAction.ABORT if i % 2 else TxnAction.COMMIT)
+            for i in range(8)]
+    out = run_queued(plog._append_lock, lambda: len(plog._markers._queue), jobs)
+    assert plog._markers.commits == commits + 1
+    assert out[5].version is None and out[5].duplicates == 1
+    offsets = sorted(r.first_offset for i, r in enumerate(out) if i != 5)
+    assert offsets == list(range(1, 8))  # the earlier marker is offset 0; seven more, dense
+    found = Counter({tid: t for (_p, t, tid), _n in count_markers(client.root.url, "m", 1).items()})
+    assert found == Counter({t.as_tuple(): ("TXN_ABORT" if i % 2 and i != 5 else "TXN_COMMIT")
+                             for i, t in enumerate(txns)})
+    assert sum(count_markers(client.root.url, "m", 1).values()) == 8
+
+
+def test_cursor_updates_share_one_write_and_fail_alone(client):
+    client.admin.create_topic("c", 1)
+    p = client.create_producer("c")
+    for i in range(8):
+        p.send(f"m{i}".encode())
+    consumer = client.subscribe("c", "s", initial_position=InitialPosition.Earliest)
+    store = shared_store(client.root, TopicName.parse("c").with_partition(0), "s")
+    writes = store._cursor_updates.commits
+    def pend(i: int):
+        def change(c):
+            if i == 6:
+                raise TransactionConflict("planted conflict")
+            c.txn_ack(1000 + i, [i])  # offset i pending in transaction key 1000 + i
+            return i
+        return lambda: store.update(change)
+
+    out = run_queued(store._lock, lambda: len(store._cursor_updates._queue), [pend(i) for i in range(8)])
+    assert store._cursor_updates.commits == writes + 1
+    assert isinstance(out[6], TransactionConflict)
+    assert [o for i, o in enumerate(out) if i != 6] == [0, 1, 2, 3, 4, 5, 7]
+    cursor = store.cursor()
+    assert sorted(o for rs in cursor.pending.values() for a, b in rs.ranges() for o in range(a, b + 1)) == [
+        0, 1, 2, 3, 4, 5, 7]
+    consumer.close()
