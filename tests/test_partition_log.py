@@ -359,3 +359,36 @@ def test_offsets_continue_after_the_offset_app_id_expired(root, monkeypatch, che
     assert fresh.append(build_records([b"d", b"e"])).entries == [(3, 4)]
     rows = PartitionLog(sroot, topic).read(0, 10, ["offset", "value"]).to_pylist()
     assert [(r["offset"], r["value"]) for r in rows] == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d"), (4, b"e")]
+
+
+def test_open_from_a_checkpoint_without_delta_rs_matches_delta_rs(plog, sroot):
+    """A partition with a checkpoint is opened from it and the commits after it (no delta-rs):
+    the same files, statistics, version and table id as delta-rs's snapshot, also after a
+    compaction (removes after the checkpoint) and with a stale ``_last_checkpoint`` hint."""
+    from pulsartx.log.index import FileIndex
+    from pulsartx.maintenance.compaction import compact_partition
+
+    for i in range(104):
+        plog.append(build_records([f"m{i}".encode()]))
+    wait_for_checkpoints()  # at version 100
+    res = compact_partition(sroot, plog.topic, min_files=2)
+    assert res.files_after < res.files_before, res
+    for i in range(3):
+        plog.append(build_records([f"late{i}".encode()]))
+    # A stale hint: a newer checkpoint, the hint still naming the older one.
+    delta.open_table(sroot, *plog.segments).create_checkpoint()
+    sroot.write_text('{"version":100,"size":1}', *plog.segments, "_delta_log", "_last_checkpoint")
+
+    light = delta.read_checkpointed_snapshot(sroot, plog.segments)
+    t = delta.open_table(sroot, *plog.segments)
+    assert light is not None and (light.version, light.table_id) == (t.version(), t.metadata().id)
+    from_light, from_delta_rs = FileIndex(), FileIndex()
+    from_light.load_adds(light.adds.values(), light.version)
+    from_delta_rs.load_snapshot(t)
+    assert from_light._files == from_delta_rs._files and from_light.version == from_delta_rs.version
+    fresh = PartitionLog(sroot, plog.topic)
+    assert fresh.end_offset() == 107
+    assert fresh.read(0, 107).column("value").to_pylist() == [f"m{i}".encode() for i in range(104)] + [
+        f"late{i}".encode() for i in range(3)]
+    # No checkpoint (a young table): delta-rs opens it.
+    assert delta.read_checkpointed_snapshot(sroot, ("nowhere",)) is None

@@ -208,7 +208,9 @@ class BufferState:
 
     def rebuild_plain_ended(self) -> None:
         """After loading a snapshot: the plain committed transactions in marker order, bounded."""
-        plain = sorted((o, k) for k, o in self.ended.items() if k not in self.aborted and k not in self.ranges)
+        plain = [(o, k) for k, o in self.ended.items() if k not in self.aborted and k not in self.ranges]
+        if any(a[0] > b[0] for a, b in zip(plain, plain[1:], strict=False)):  # a snapshot keeps marker order
+            plain.sort()
         self.plain_ended = deque(k for _, k in plain)
         self._trim()
 

@@ -6,6 +6,7 @@ commit log, so catching up costs the new commits only. Range lookups are a bisec
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,23 +69,38 @@ class FileIndex:
 
     def load_snapshot(self, table: Any) -> None:
         """Build from a DeltaTable snapshot: one call, whatever the number of commits."""
-        acts = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-        n = len(acts.get("path", []))
+        acts = pa.table(table.get_add_actions(flatten=True))
+        n = acts.num_rows
+
+        def col(name: str, micros: bool = False) -> list[Any]:
+            if name not in acts.column_names:
+                return [None] * n
+            c = acts.column(name)
+            if micros:  # timestamps as integer microseconds, converted in one pass
+                c = c.cast(pa.timestamp("us", tz=c.type.tz)).cast(pa.int64())
+            return c.to_pylist()
+
+        paths, sizes, counts = col("path"), col("size_bytes"), col("num_records")
+        los, his = col("min.offset"), col("max.offset")
+        pmins, pmaxs = col("min.publish_time", True), col("max.publish_time", True)
+        nulls = col("null_count.txn_most_bits")
         files = []
-        for i in range(n):
-            lo, hi = acts.get("min.offset", [None] * n)[i], acts.get("max.offset", [None] * n)[i]
+        for path, size, count, lo, hi, pmin, pmax, null in zip(paths, sizes, counts, los, his, pmins, pmaxs, nulls,
+                                                               strict=True):
             if lo is None or hi is None:
                 continue
-            pmin = acts.get("min.publish_time", [None] * n)[i]
-            pmax = acts.get("max.publish_time", [None] * n)[i]
-            records = int(acts.get("num_records", [0] * n)[i] or 0)
-            files.append(DataFile(int(lo), int(hi), acts["path"][i], int(acts["size_bytes"][i]), records,
-                                  None if pmin is None else int(pmin.timestamp() * 1_000_000),
-                                  None if pmax is None else _max_us(int(pmax.timestamp() * 1_000_000)),
-                                  _txn_free(acts.get("null_count.txn_most_bits", [None] * n)[i], records)))
+            records = int(count or 0)
+            files.append(DataFile(int(lo), int(hi), path, int(size), records, pmin, _max_us(pmax),
+                                  _txn_free(null, records)))
         self._files = sorted(files)
         self._mins = [f.min_offset for f in self._files]
         self.version = table.version()
+
+    def load_adds(self, adds: Iterable[dict[str, Any]], version: int) -> None:
+        """Build from add actions (a checkpoint's and the commits' after it)."""
+        self._files = sorted(f for f in map(data_file_from_add, adds) if f is not None)
+        self._mins = [f.min_offset for f in self._files]
+        self.version = version
 
     def apply_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
         removed = {a["remove"]["path"] for a in actions if "remove" in a}

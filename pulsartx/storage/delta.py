@@ -536,6 +536,82 @@ class LogTail:
             v += 1
 
 
+@dataclass
+class LogSnapshot:
+    """A table's live data files as the Delta log states them, read without delta-rs."""
+
+    version: int
+    table_id: str
+    adds: dict[str, dict[str, Any]]  # path -> add action (path, size, stats)
+
+
+def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> LogSnapshot | None:
+    """The live files from the last checkpoint (``_last_checkpoint``) and the commits after it.
+
+    Why not delta-rs: opening a table that has a checkpoint reads every column of it (removes,
+    domain metadata...) and costs ~5 ms for a 100-file partition against ~2.5 ms for one with a
+    handful of JSON commits, which made reading a partition's state grow with its history. Here
+    it is the add columns of one parquet file, plus the commits since (fewer than the checkpoint
+    interval). A stale ``_last_checkpoint`` costs only more commits to read: the log keeps every
+    commit after any checkpoint it keeps. None (the caller opens the table with delta-rs) when
+    there is no checkpoint, or anything is not in the plain single-file form this reads."""
+    import pyarrow.parquet as pq
+
+    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
+    if hint is None:
+        return None
+    try:
+        info = json.loads(hint)
+        version = int(info["version"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if info.get("parts") or info.get("v2Checkpoint"):
+        return None
+    path = root.fs_path(*segments, "_delta_log", f"{version:020d}.checkpoint.parquet")
+    uri = root.uri(*segments)
+
+    def read() -> pa.Table | None:
+        faults.before(Op.READ, path)
+        try:
+            with root.arrow_fs.open_input_file(path) as f:
+                return pq.read_table(f, columns=["add", "metaData"])
+        except FileNotFoundError:
+            return None
+
+    try:
+        table = retrying("read the checkpoint of", uri, read, root=root)
+    except StorageError:
+        raise
+    except (OSError, ValueError, KeyError):  # not the layout expected (columns, encoding): delta-rs reads it
+        return None
+    if table is None:
+        return None
+    adds: dict[str, dict[str, Any]] = {}
+    table_id = None
+    add_col = table.column("add")
+    for a in add_col.filter(add_col.is_valid()).to_pylist():
+        if a.get("deletionVector") is not None:
+            return None
+        adds[a["path"]] = {"path": a["path"], "size": a["size"], "stats": a.get("stats")}
+    meta_col = table.column("metaData")
+    for m in meta_col.filter(meta_col.is_valid()).to_pylist():
+        table_id = m["id"]
+    for v, actions in LogTail(root, segments).commits_after(version):
+        version = v
+        for a in actions:
+            if "remove" in a:
+                adds.pop(a["remove"]["path"], None)
+            elif "add" in a:
+                if a["add"].get("deletionVector") is not None:
+                    return None
+                adds[a["add"]["path"]] = a["add"]
+            elif "metaData" in a:
+                table_id = a["metaData"]["id"]
+    if table_id is None:
+        return None
+    return LogSnapshot(version, table_id, adds)
+
+
 def parse_stats(stats: str | None) -> dict[str, Any]:
     return json.loads(stats) if stats else {}
 
