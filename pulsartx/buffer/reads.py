@@ -113,6 +113,8 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
 
     1. fold every partition, to learn which TCs matter;
     2. resolve expired transactions, then take T0: each of those TCs' state (statuses, counters);
+       a transaction unknown at T0 whose marker lies past step 1's end of a partition began after
+       T0 (its id may still be below the counter: ids are reserved in blocks), and is hidden;
     3. fold again, up to the partitions' current ends (everything decided before T0 was written
        before T0, hence before these ends);
     4. per partition, the read limit is the first offset of the earliest transaction not decided at
@@ -123,6 +125,8 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
     from pulsartx.exceptions import PulsarException
 
     first = {name: b.state() for name, b in buffers.items()}
+    # Before T0: everything at or past these offsets was written after this instant.
+    first_end = {name: s.end_offset for name, s in first.items()}
     tc_ids = {key_txn(k)[0] for s in first.values() for k in (*s.ongoing, *s.ended)}
     if coordinators is not None:
         ongoing = set().union(*(s.ongoing.keys() for s in first.values())) if first else set()
@@ -154,6 +158,12 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
         limits[name] = min(blocking) if blocking else s.end_offset
     hidden = {k for name, s in states.items() for k, last in s.last_data.items()
               if last >= limits[name] and k not in s.aborted}
+    # A transaction the TCs did not know at T0 is either finished and trimmed from its log (its
+    # markers all written before T0) or begun after T0, possibly with an id below its TC's counter
+    # (ids are reserved in blocks): a marker written after the first fold tells the second kind,
+    # which is hidden everywhere, as the partitions folded before its data cannot show it.
+    hidden |= {k for name, s in states.items() for k, o in s.ended.items()
+               if o >= first_end[name] and k not in known and k not in s.aborted}
     visible = frozenset(k for k, m in known.items() if m.status in committed and k not in hidden)
     invisible = frozenset((set(known) - visible) | hidden)
     cut = Cut(visible, invisible, counters)

@@ -1,0 +1,64 @@
+"""The consistent cut of a multi-partition batch read (the Spark batch read's guarantee): every
+transaction whole or not at all, also for transactions that begin after the cut's instant T0 with
+a TxnID from a block their process leased before it (so their id is below the TC's counter at T0)."""
+from __future__ import annotations
+
+from _procs import count_markers
+
+import pulsartx
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import consistent_cut
+from pulsartx.coordinator.registry import Coordinators
+from pulsartx.log.partition import PartitionLog
+from pulsartx.naming import TopicName
+
+COLUMNS = ["offset", "value", "txn_most_bits", "txn_least_bits", "type"]
+
+
+def visible(plogs, filters) -> dict[str, list[bytes]]:
+    out = {}
+    for name, plog in plogs.items():
+        f = filters[name]
+        rows = f.apply(plog.read(0, max(f.read_limit, 0), columns=COLUMNS)) if f.read_limit > 0 else None
+        out[name] = [] if rows is None else rows.column("value").to_pylist()
+    return out
+
+
+def test_a_transaction_begun_after_t0_from_an_old_block_is_hidden_whole(tmp_path):
+    root = str(tmp_path / "root")
+    writer = pulsartx.Client(root, num_coordinators=1)
+    writer.admin.create_topic("t", 2)
+    producer = writer.create_producer("t")
+    before = writer.new_transaction()  # leases the block the late transaction's id comes from
+    producer.send(b"before-a", txn=before, partition=0)
+    producer.send(b"before-b", txn=before, partition=1)
+    before.commit()
+    assert writer.flush()
+
+    reader = pulsartx.Client(root, num_coordinators=1)
+    names = [str(TopicName.parse(f"t-partition-{i}")) for i in range(2)]
+    plogs = {n: PartitionLog(reader.root, TopicName.parse(n)) for n in names}
+    buffers = {n: TransactionBuffer(plogs[n]) for n in names}
+    late_id = []
+    fold_b = buffers[names[1]].state
+    calls = [0]
+
+    def state_after_a_late_commit(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 2:  # the cut's second fold: partition 0 is folded, partition 1 is next
+            late = writer.new_transaction()  # after T0, with an id of the already leased block
+            late_id.append(late.id)
+            producer.send(b"late-a", txn=late, partition=0)
+            producer.send(b"late-b", txn=late, partition=1)
+            late.commit()
+            assert writer.flush()  # markers written in both partitions
+        return fold_b(*a, **kw)
+
+    buffers[names[1]].state = state_after_a_late_commit
+    filters = consistent_cut(Coordinators(reader.root, recover_on_open=False), buffers)
+    assert late_id and late_id[0].least_bits <= reader._coordinators().tc(0).txlog.counter
+    assert sum(count_markers(root, "t", 2).values()) == 4  # before's and late's, in both partitions
+    # before: whole; late: whole or not at all (here not at all: partition 0 was read before it).
+    assert visible(plogs, filters) == {names[0]: [b"before-a"], names[1]: [b"before-b"]}
+    writer.close()
+    reader.close()
