@@ -325,7 +325,7 @@ def test_eight_threads_on_one_tc_each_get_the_true_outcome(tmp_path):
     group = client._coordinators().for_txn(TxnID(0, 0))._group
     # Group commit: concurrent requests shared TC-log commits (each still got its own outcome below).
     assert group.commits < group.requests, (group.commits, group.requests)
-    markers = [shared_log(client.root, TopicName.parse(f"g-partition-{i}"))._markers for i in range(4)]
+    markers = [shared_log(client.root, TopicName.parse(f"g-partition-{i}"))._group for i in range(4)]
     # ...and so did the completer threads' markers to the same partition.
     assert sum(m.commits for m in markers) < sum(m.requests for m in markers), [(m.commits, m.requests) for m in markers]
     log = read_tc_log(root, 0)

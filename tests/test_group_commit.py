@@ -19,7 +19,7 @@ from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidTxnStatusError, TransactionConflict
-from pulsartx.log.partition import shared_log
+from pulsartx.log.partition import build_records, shared_log
 from pulsartx.naming import TopicName
 from pulsartx.subscription.store import shared_store
 
@@ -77,24 +77,32 @@ def test_tc_requests_share_one_commit_and_fail_alone(client):
             assert (logged.status, logged.partitions) == (TxnStatus.OPEN, frozenset([parts[i]]))
 
 
-def test_markers_to_one_partition_share_one_commit_once_each(client):
+def test_appends_and_markers_to_one_partition_share_one_commit_each_checked_alone(client):
     client.admin.create_topic("m", 1)
     partition = "persistent://public/default/m-partition-0"
     txns = [TxnID(0, 100 + i) for i in range(8)]
     write_marker(client.root, partition, txns[5], TxnAction.COMMIT)  # already there: not written again
     plog = shared_log(client.root, TopicName.parse(partition))
-    commits = plog._markers.commits
+    commits = plog._group.commits
     jobs = [lambda i=i: write_marker(client.root, partition, txns[i], TxnAction.ABORT if i % 2 else TxnAction.COMMIT)
             for i in range(8)]
-    out = run_queued(plog._append_lock, lambda: len(plog._markers._queue), jobs)
-    assert plog._markers.commits == commits + 1
+    # ...and a producer's data append, whose dedup drops what it already persisted (sequence id 0).
+    plog.append(build_records([b"d0"], producer_name="p", sequence_ids=[0]), producer_name="p")
+    jobs.append(lambda: plog.append(build_records([b"d0", b"d1", b"d2"], producer_name="p", sequence_ids=[0, 1, 2]),
+                                    producer_name="p"))
+    out = run_queued(plog._append_lock, lambda: len(plog._group._queue), jobs)
+    assert plog._group.commits == commits + 2  # the lone data append before, then one group
     assert out[5].version is None and out[5].duplicates == 1
-    offsets = sorted(r.first_offset for i, r in enumerate(out) if i != 5)
-    assert offsets == list(range(1, 8))  # the earlier marker is offset 0; seven more, dense
+    assert (out[8].offsets[0], out[8].duplicates) == (None, 1)
+    offsets = sorted([r.first_offset for i, r in enumerate(out[:8]) if i != 5] + out[8].offsets[1:])
+    assert offsets == list(range(2, 11))  # the earlier marker and d0 are 0 and 1; nine more, dense
+    assert len({r.version for i, r in enumerate(out) if i != 5}) == 1
     found = Counter({tid: t for (_p, t, tid), _n in count_markers(client.root.url, "m", 1).items()})
     assert found == Counter({t.as_tuple(): ("TXN_ABORT" if i % 2 and i != 5 else "TXN_COMMIT")
                              for i, t in enumerate(txns)})
     assert sum(count_markers(client.root.url, "m", 1).values()) == 8
+    values = plog.read(0, plog.end_offset(), columns=["value", "type"]).to_pylist()
+    assert [r["value"] for r in values if r["type"] == "DATA"] == [b"d0", b"d1", b"d2"]
 
 
 def test_cursor_updates_share_one_write_and_fail_alone(client):

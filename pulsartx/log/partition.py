@@ -59,9 +59,15 @@ class AppendResult:
 
 
 @dataclass
-class _MarkerItem:
+class _AppendItem:
     records: pa.Table
-    guard_app_id: str
+    app_id: str | None  # the producer's dedup app id
+    seqs: Any  # its sequence ids (numpy), with app_id
+    guard_app_id: str | None  # at most once ever (markers)
+    codecs: dict[str, str] | None  # None: any (a marker's empty payload)
+    keep: Any = None  # planned: the rows dedup keeps (None: all)
+    rows: pa.Table | None = None  # planned: the rows written
+    attempts: int = 0
     result: AppendResult | None = None
 
 
@@ -162,10 +168,12 @@ class PartitionLog:
         self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.RLock()
-        # Markers of several transactions to this partition share one commit (group commit).
-        self._markers = GroupCommit(f"{topic} markers", self._append_lock, self._write_markers,
-                                    lambda: self._catch_up(self._appender()), max_attempts=MAX_APPEND_ATTEMPTS,
-                                    before_group=self.sync_writer)
+        # Appends and markers of this process's threads share commits (group commit).
+        self._group = GroupCommit(
+            f"{topic} appends", self._append_lock, self._write_group, lambda: self._catch_up(self._appender()),
+            max_attempts=MAX_APPEND_ATTEMPTS, before_group=self.sync_writer,
+            exhausted=f"append to {topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; too many "
+                      "concurrent writers on one partition: add partitions or retry later")
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
@@ -198,84 +206,72 @@ class PartitionLog:
         append happens at most once ever: if a commit already set that app id, nothing is written
         and ``AppendResult.version`` is None (markers use this to be idempotent). ``compression``:
         the producer's CompressionType, the codec of the payload column (default NONE, as Pulsar).
+
+        Appends and markers that threads of this process make concurrently share one commit (group
+        commit): each keeps its own dedup or guard check, planned against the state the commit is
+        based on, and a lost race re-plans each alone. A producer's appends never share a commit.
         """
         codecs = {"value": CompressionType.parse(compression).parquet_codec}
-        with self._append_lock:  # one DeltaTable snapshot per log: appends through it are serial
-            return self._append(records, producer_name, guard_app_id, codecs)
-
-    def _append(self, records: pa.Table, producer_name: str | None, guard_app_id: str | None,
-                codecs: dict[str, str]) -> AppendResult:
-        writer = self._appender()
-        seqs = records.column("sequence_id").to_numpy() if producer_name else None
-        app_id = producer_app_id(producer_name) if producer_name else None
-        for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
-            next_offset = _next_offset(writer)
-            if guard_app_id is not None and writer.txn_version(guard_app_id) is not None:
-                return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
-            keep = None
-            if app_id is not None:
-                keep = new_message_keep(seqs, writer.txn_version(app_id))
-                if not keep.any():
-                    return AppendResult([None] * records.num_rows, None, attempts=attempt, duplicates=records.num_rows)
-                if keep.all():
-                    keep = None
-            rows = records if keep is None else records.filter(pa.array(keep))
-            data = _finish(rows, next_offset, int(time.time() * 1_000_000))
-            apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
-            if app_id is not None:
-                apps[app_id] = int(seqs.max() if keep is None else seqs[keep].max())
-            if guard_app_id is not None:
-                apps[guard_app_id] = next_offset
-            try:
-                version = writer.append(data, apps, codecs=codecs)
-            except delta.ConcurrentCommit:
-                # Every append sets the offset app id, so any append since our snapshot lands here.
-                delta.backoff(attempt)
-                self._catch_up(writer)
-                continue
-            last = next_offset + rows.num_rows - 1
-            offsets: list[int | None] = list(range(next_offset, last + 1))
-            if keep is not None:
-                given = iter(offsets)
-                offsets = [next(given) if k else None for k in keep.tolist()]
-            return AppendResult(offsets, version, next_offset, last, attempt, records.num_rows - rows.num_rows,
-                                [(next_offset, last)])
-        raise StorageError(f"append to {self.topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; "
-                           "too many concurrent writers on one partition: add partitions or retry later")
+        item = _AppendItem(records, producer_app_id(producer_name) if producer_name else None,
+                           records.column("sequence_id").to_numpy() if producer_name else None, guard_app_id, codecs)
+        key = item.app_id or guard_app_id or id(item)
+        return self._group.run(key, lambda: self._plan(item), kind=codecs["value"]).result
 
     def append_marker(self, records: pa.Table, guard_app_id: str) -> AppendResult:
-        """Append one transaction's marker row, at most once ever (``guard_app_id``). Markers that
-        threads of this process append concurrently share one Delta commit; each keeps its own
-        guard, so a marker another writer wrote meanwhile is dropped alone from the retried commit.
+        """Append one transaction's marker row, at most once ever (``guard_app_id``), sharing the
+        commit of whatever else is being appended here (a marker's payload is empty: any codec).
         The group first catches up on others' appends (:meth:`sync_writer`): a marker surely follows
         its transaction's data, appended by other writers since our last look."""
-        item = _MarkerItem(records, guard_app_id)
+        item = _AppendItem(records, None, None, guard_app_id, None)
+        return self._group.run(guard_app_id, lambda: self._plan(item), before=True).result
 
-        def plan() -> Done | Write:
-            if self._appender().txn_version(guard_app_id) is not None:
-                item.result = AppendResult([None] * records.num_rows, None, duplicates=records.num_rows)
+    def _plan(self, item: _AppendItem) -> Done | Write:
+        """An append's own checks against the state the group's commit is based on."""
+        item.attempts += 1
+        writer = self._appender()
+        n = item.records.num_rows
+        if item.guard_app_id is not None and writer.txn_version(item.guard_app_id) is not None:
+            item.result = AppendResult([None] * n, None, attempts=item.attempts, duplicates=n)
+            return Done(item)
+        item.keep = None
+        if item.app_id is not None:
+            keep = new_message_keep(item.seqs, writer.txn_version(item.app_id))
+            if not keep.any():
+                item.result = AppendResult([None] * n, None, attempts=item.attempts, duplicates=n)
                 return Done(item)
-            return Write([item], item)
+            item.keep = None if keep.all() else keep
+        item.rows = item.records if item.keep is None else item.records.filter(pa.array(item.keep))
+        return Write([item], item)
 
-        return self._markers.run(guard_app_id, plan).result
-
-    def _write_markers(self, items: list[_MarkerItem]) -> None:
-        """One commit for the markers of a group (the lock is held). ConcurrentCommit: re-planned."""
+    def _write_group(self, items: list[_AppendItem]) -> None:
+        """One commit for a group's appends and markers (the lock is held). ConcurrentCommit (any
+        append since our snapshot: every append sets the offset app id): re-planned."""
         writer = self._appender()
         next_offset = _next_offset(writer)
-        rows = pa.concat_tables([i.records for i in items])
+        tables = [i.rows for i in items]
+        schema = tables[0].schema
+        rows = pa.concat_tables([t if t.schema == schema else t.cast(schema) for t in tables])
         data = _finish(rows, next_offset, int(time.time() * 1_000_000))
         apps = {OFFSET_APP_ID: next_offset + rows.num_rows}
         at = next_offset
         for i in items:
-            apps[i.guard_app_id] = at
-            at += i.records.num_rows
-        version = writer.append(data, apps, codecs={"value": CompressionType.NONE.parquet_codec})
+            if i.app_id is not None:
+                apps[i.app_id] = int(i.seqs.max() if i.keep is None else i.seqs[i.keep].max())
+            if i.guard_app_id is not None:
+                apps[i.guard_app_id] = at
+            at += i.rows.num_rows
+        codecs = next((i.codecs for i in items if i.codecs is not None), {"value": CompressionType.NONE.parquet_codec})
+        version = writer.append(data, apps, codecs=codecs)
         at = next_offset
         for i in items:
-            n = i.records.num_rows
-            i.result = AppendResult(list(range(at, at + n)), version, at, at + n - 1, entries=[(at, at + n - 1)])
-            at += n
+            k = i.rows.num_rows
+            last = at + k - 1
+            offsets: list[int | None] = list(range(at, last + 1))
+            if i.keep is not None:
+                given = iter(offsets)
+                offsets = [next(given) if x else None for x in i.keep.tolist()]
+            i.result = AppendResult(offsets, version, at, last, i.attempts, i.records.num_rows - k, [(at, last)])
+            at += k
 
     def sync_writer(self) -> None:
         """Catch this log's writer up on others' appends (a probe per new commit) before an append

@@ -41,6 +41,8 @@ class Write(Generic[R]):
 class _Request:
     key: Hashable
     plan: Callable[[], Done | Write]
+    kind: Hashable = None  # requests of different kinds never share a commit (None: any kind)
+    wants_before: bool = False  # the group runs ``before_group`` first
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -56,9 +58,12 @@ class GroupCommit:
 
     def __init__(self, name: str, lock: threading.RLock, write: Callable[[list[Any]], None],
                  refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP,
-                 before_group: Callable[[], Any] | None = None):
+                 before_group: Callable[[], Any] | None = None, exhausted: str | None = None):
         self.name = name
-        self._before_group = before_group  # once per group, before planning (e.g. catch up on others' commits)
+        self._exhausted = exhausted or f"{name}: could not write after {max_attempts} concurrent conflicts"
+        # Once per group that holds a request run with before=True, ahead of planning (e.g. catch up
+        # on others' commits first).
+        self._before_group = before_group
         self._lock = lock
         self._write = write
         self._refresh = refresh
@@ -69,8 +74,9 @@ class GroupCommit:
         self.commits = 0  # commits written (a group's retries count once each)
         self.requests = 0  # requests that wrote rows
 
-    def run(self, key: Hashable, plan: Callable[[], Done | Write]) -> Any:
-        req = _Request(key, plan)
+    def run(self, key: Hashable, plan: Callable[[], Done | Write], kind: Hashable = None,
+            before: bool = False) -> Any:
+        req = _Request(key, plan, kind, before)
         with self._queue_lock:
             self._queue.append(req)
         with self._lock:
@@ -81,20 +87,22 @@ class GroupCommit:
         return req.result
 
     def _take(self) -> list[_Request]:
-        """The queued requests of distinct keys, oldest first (a key's later requests wait)."""
+        """The queued requests of distinct keys and one kind, oldest first (the others wait)."""
         with self._queue_lock:
-            group, keys, rest = [], set(), []
+            group, keys, rest, kind = [], set(), [], None
             for r in self._queue:
-                if r.key in keys or len(group) >= self._max_group:
+                if r.key in keys or len(group) >= self._max_group or (
+                        r.kind is not None and kind is not None and r.kind != kind):
                     rest.append(r)
                 else:
                     keys.add(r.key)
                     group.append(r)
+                    kind = kind if r.kind is None else r.kind
             self._queue = rest
         return group
 
     def _commit_group(self, group: list[_Request]) -> None:
-        if self._before_group is not None:
+        if self._before_group is not None and any(r.wants_before for r in group):
             try:
                 self._before_group()
             except BaseException as e:
@@ -139,7 +147,7 @@ class GroupCommit:
                     w.on_written()
                 r.finish(w.result)
             return
-        error = StorageError(f"{self.name}: could not write after {self._max_attempts} concurrent conflicts")
+        error = StorageError(self._exhausted)
         for r in group:
             if not r.done.is_set():
                 r.finish(error=error)
