@@ -255,7 +255,7 @@ DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
 # Smaller per-partition ranges of a micro-batch share a task (as Spark's file source packs small
 # files by spark.sql.files.openCostInBytes): a Python task's fixed cost (worker hand-off, input and
 # output streams, one append per output partition) outweighs reading a few thousand entries.
-# Measured (bench/streaming.py, 100k-row batches over 4 partitions, 2 cores, docs/NOTES-session6.md):
+# Measured (bench/streaming.py, 100k-row batches over 4 partitions, 2 cores, docs/design/streaming-task-packing.md):
 # consume-transform-produce at 25,000 (4 tasks, two waves) ran at 0.48-0.70 of Spark's parquet
 # pipeline, at 50,000 (2 tasks) 0.73-0.81, at 100,000 (1 task, one core idle) 0.64.
 DEFAULT_MIN_ENTRIES_PER_TASK = 50_000

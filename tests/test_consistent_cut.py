@@ -62,3 +62,42 @@ def test_a_transaction_begun_after_t0_from_an_old_block_is_hidden_whole(tmp_path
     assert visible(plogs, filters) == {names[0]: [b"before-a"], names[1]: [b"before-b"]}
     writer.close()
     reader.close()
+
+
+def test_a_cut_that_cannot_read_a_tc_fails_rather_than_hide_a_committed_transaction(tmp_path):
+    """commit() returned, its markers are not written yet, and the TC log cannot be read: a batch
+    read must fail (and say to retry), not return a cut without the transaction."""
+    import pytest
+
+    from pulsartx.coordinator.tclog import tc_segments
+    from pulsartx.exceptions import StorageError
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Op
+
+    root = str(tmp_path / "root")
+    writer = pulsartx.Client(root, num_coordinators=1)
+    writer.admin.create_topic("t", 2)
+    producer = writer.create_producer("t")
+    txn = writer.new_transaction()
+    producer.send(b"a", txn=txn, partition=0)
+    producer.send(b"b", txn=txn, partition=1)
+    completer = writer._coordinators().completer
+    completer.submit = lambda tc, meta: None  # the markers never come in this process
+    txn.commit()
+
+    reader = pulsartx.Client(root, num_coordinators=1)
+    names = [str(TopicName.parse(f"t-partition-{i}")) for i in range(2)]
+    plogs = {n: PartitionLog(reader.root, TopicName.parse(n)) for n in names}
+    buffers = {n: TransactionBuffer(plogs[n]) for n in names}
+    faults.install([Fault(Op.READ, match="/".join(tc_segments(0)), times=10_000)])
+    try:
+        with pytest.raises(StorageError, match="consistent read needs TC 0's log.*retry the read"):
+            consistent_cut(Coordinators(reader.root, recover_on_open=False), buffers)
+    finally:
+        faults.clear()
+    # Readable again: the committed transaction is there, whole, though no marker is written yet.
+    filters = consistent_cut(Coordinators(reader.root, recover_on_open=False), buffers)
+    assert sum(count_markers(root, "t", 2).values()) == 0
+    assert visible(plogs, filters) == {names[0]: [b"a"], names[1]: [b"b"]}
+    reader.close()
+    writer.close()

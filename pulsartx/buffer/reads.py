@@ -122,7 +122,7 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
        data lies at or past any partition's limit: otherwise it is hidden everywhere.
     """
     from pulsartx.coordinator.state import TxnStatus
-    from pulsartx.exceptions import PulsarException
+    from pulsartx.exceptions import PulsarException, StorageError
 
     first = {name: b.state() for name, b in buffers.items()}
     # Before T0: everything at or past these offsets was written after this instant.
@@ -137,6 +137,11 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
         try:
             tc = coordinators.tc(tc_id)
             metas = tc.transactions(refresh=True)
+        except StorageError as e:
+            # Hiding its transactions would hide some that committed before this read began (their
+            # markers may still be on their way): no answer rather than a stale one.
+            raise StorageError(f"a consistent read needs TC {tc_id}'s log, which cannot be read now ({e}); "
+                               "retry the read") from e
         except PulsarException as e:
             log.debug("TC %d unavailable for the cut: its transactions stay hidden: %s", tc_id, e)
             continue

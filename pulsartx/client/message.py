@@ -2,7 +2,7 @@
 
 A consumer's or reader's per-message cost is what the application sees as receive throughput, and
 building a Python object with nine decoded fields per record was most of it (4 us of ~13 us per
-message, docs/NOTES-session7.md). So one read's records are decoded column by column, once, into
+message, docs/design/column-backed-messages.md). So one read's records are decoded column by column, once, into
 :class:`Records` (a vectorised ``to_pylist`` per column, on first use), and a :class:`Message` is a
 row index into it: creating one costs a slotted object, and a field costs a list lookup.
 """

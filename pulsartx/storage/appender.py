@@ -3,7 +3,7 @@
 Why: every pulsartx protocol step is a tiny Delta append (a TC status change, a cursor, a
 commit marker, a producer batch), and ``write_deltalake`` costs 13 ms on a fresh table and grows
 with the table's active files, 40-70 ms at 150-300 files, because each commit rebuilds the
-snapshot (measured on local disk, 2026-11-22; docs/NOTES-session3.md). An append in the Delta
+snapshot (measured on local disk; docs/design/own-delta-append-path.md). An append in the Delta
 protocol is two objects: one parquet file and ``_delta_log/<version>.json`` created only if absent.
 Written directly that costs about 2 ms locally, flat, and two requests on S3 instead of ~20.
 

@@ -328,7 +328,8 @@ class KeyedLog:
         Written by our appender as one commit with the removes (a few ms). Through
         ``write_deltalake(mode="overwrite")`` it cost ~120 ms (bringing the handle over the ~100-200
         commits since the last compaction, then delta-rs's write), every 100-200 protocol steps:
-        2-3 ms on average added to each transactional acknowledgement (docs/NOTES-session7.md)."""
+        2-3 ms on average added to each transactional acknowledgement
+        (docs/design/keyed-log-compaction-commit.md)."""
         try:
             if self._reopen or not self._writer().catch_up():
                 self.open()
