@@ -436,3 +436,24 @@ def test_read_uncommitted_subscription_sees_open_transactions(client):
     assert drain(rc, idle_ms=300) == []  # the open transaction bounds maxReadPosition
     txn.commit()
     assert vals(drain(rc)) == ["open", "plain"]
+
+
+@pytest.mark.parametrize("consumer_type", [ConsumerType.Exclusive, ConsumerType.Failover])
+def test_a_subscribe_that_fails_after_taking_the_lease_releases_it(tmp_path, consumer_type):
+    """Fails before the fix: the cursor write failed after the Exclusive lease was taken, the
+    consumer was never returned, and the retried subscribe raised ConsumerBusy for lease_ms."""
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Op
+
+    with Client(str(tmp_path / "root")) as client:
+        seed(client, TOPIC, 3)
+        faults.install([Fault(Op.CREATE, match="/s1/partition-0/_delta_log", times=1_000)])
+        try:
+            with pytest.raises(pulsartx.exceptions.StorageError):
+                client.subscribe(TOPIC, "s1", consumer_type=consumer_type,
+                                 initial_position=InitialPosition.Earliest, lease_ms=60_000)
+        finally:
+            faults.clear()
+        with client.subscribe(TOPIC, "s1", consumer_type=consumer_type, initial_position=InitialPosition.Earliest,
+                              lease_ms=60_000) as consumer:
+            assert [m.data() for m in drain(consumer, ack=True)] == [b"m0", b"m1", b"m2"]

@@ -140,14 +140,20 @@ class Consumer:
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type is ConsumerType.Shared
-        if consumer_type is ConsumerType.Shared:
-            self._leases.join_shared(self._id, lease_ms)
-        if consumer_type is ConsumerType.Exclusive:
-            self._leases.acquire_exclusive(self._id, lease_ms)
-            self._active = True
-        elif consumer_type is ConsumerType.Failover:
-            self._active = self._leases.try_acquire(self._id, lease_ms)
-        self._parts = [self._open_partition(p, initial_position) for p in partitions]
+        try:
+            if consumer_type is ConsumerType.Shared:
+                self._leases.join_shared(self._id, lease_ms)
+            if consumer_type is ConsumerType.Exclusive:
+                self._leases.acquire_exclusive(self._id, lease_ms)
+                self._active = True
+            elif consumer_type is ConsumerType.Failover:
+                self._active = self._leases.try_acquire(self._id, lease_ms)
+            self._parts = [self._open_partition(p, initial_position) for p in partitions]
+        except BaseException:
+            # A subscribe that failed half-way (a storage error after the lease was taken, or one
+            # whose outcome is unknown) must not leave a lease that makes the retry ConsumerBusy.
+            self._drop_leases()
+            raise
         self._rr = 0
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._background, name=f"pulsartx-{self._name}", daemon=True)
@@ -356,13 +362,16 @@ class Consumer:
             worker = getattr(self, "_thread", None)
             if worker is not None and worker.is_alive() and worker is not threading.current_thread():
                 worker.join(timeout=60)
-            try:
-                if self._type is ConsumerType.Shared:
-                    self._leases.leave_shared(self._id)
-                else:
-                    self._leases.release(self._id)
-            except PulsarException as e:
-                log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
+            self._drop_leases()
+
+    def _drop_leases(self) -> None:
+        try:
+            if self._type is ConsumerType.Shared:
+                self._leases.leave_shared(self._id)
+            else:
+                self._leases.release(self._id)
+        except PulsarException as e:
+            log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
 
     def __enter__(self) -> Consumer:
         return self

@@ -15,7 +15,9 @@ skipped                a consumer epoch jumps over an offset visible in the fina
                        subscription had not acknowledged (in any transaction) before the poll
 fractured_read         a batch read returns part, but not all, of a committed transaction
 stale_read             a batch read begun after a commit() returned misses some of that
-                       transaction's values (read-your-writes: the decision is the commit point)
+                       transaction's values (read-your-writes: the decision is the commit point),
+                       unless some of them lie past the first entry of a transaction not decided
+                       when the read began (maxReadPosition stops there)
 stuck_partition        maxReadPosition blocked at one offset longer than the limit, or a
                        transaction still ongoing in a partition after recovery
 unfinished_txn         a transaction not COMMITTED or ABORTED in its TC after recovery
@@ -113,6 +115,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
     commit_returned: dict[Txn, float] = {}  # when commit() returned (the earliest, if retried)
     aborted_hist: set[Txn] = set()  # abort ok, or commit failed (definitely not committed)
     begun: set[Txn] = set()
+    decided_at: dict[Txn, float] = {}  # when commit() or abort() first returned (its decision durable)
     invoked_send: dict[tuple[str, int], dict] = {}
     for e in events:
         f, kind = e["f"], e["type"]
@@ -137,6 +140,8 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             aborted_hist.add(_txn(e["txn"]))
         elif f == "abort" and kind == "ok":
             aborted_hist.add(_txn(e["txn"]))
+        if f in ("commit", "abort") and kind == "ok":
+            decided_at[_txn(e["txn"])] = min(decided_at.get(_txn(e["txn"]), e["t"]), e["t"])
     stored_values = {r[2] for rows in final.stored.values() for r in rows}
     for rows in final.stored.values():
         for _p, _o, v, t in rows:
@@ -262,6 +267,29 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             last[key] = o if prev is None else max(prev, o)
 
     # ---- batch reads: all of a committed transaction or none ---------------------------------------
+    # Where each transaction's data lies: the stored rows (failed sends may have landed too) and the
+    # acknowledged sends (compaction drops an aborted transaction's rows).
+    txn_spans: dict[Txn, dict[tuple[str, int], tuple[int, int]]] = defaultdict(dict)
+    positions = [(topic, p, o, t) for topic, rows in final.stored.items() for p, o, _v, t in rows]
+    positions += [(topic, p, o, value_txn.get(v)) for v, (topic, p, o) in sent_ok.items()]
+    for topic, p, o, t in positions:
+        if t is not None:
+            lo, hi = txn_spans[t].get((topic, p), (o, o))
+            txn_spans[t][(topic, p)] = (min(lo, o), max(hi, o))
+
+    def open_firsts(topics: set[str], started: float) -> dict[tuple[str, int], int]:
+        """Per partition of ``topics``, the first entry of any transaction not decided when a read
+        began: maxReadPosition stops there, and a batch read shows a transaction whole or not at
+        all, so READ_COMMITTED may rightly miss all of a committed transaction with data past it."""
+        out: dict[tuple[str, int], int] = {}
+        for u, spans in txn_spans.items():
+            if decided_at.get(u, started) < started:
+                continue
+            for key, (lo, _hi) in spans.items():
+                if key[0] in topics:
+                    out[key] = min(out.get(key, lo), lo)
+        return out
+
     for e in events:
         if e["type"] != "ok" or e["f"] != "read":
             continue
@@ -280,9 +308,13 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
         started = e.get("started")  # reads that record when they began take part in read-your-writes
         if started is None:
             continue
+        firsts = None
         for t, returned in commit_returned.items():
             if returned >= started or t in by_txn:
                 continue  # concurrent with the commit, or seen (fractured_read judges the rest)
+            firsts = open_firsts(topics, started) if firsts is None else firsts
+            if any(hi > firsts.get(key, hi) for key, (_lo, hi) in txn_spans.get(t, {}).items()):
+                continue  # past maxReadPosition: behind an earlier transaction not decided yet
             whole = {v for v in txn_values.get(t, ()) if v in final_visible and final_visible[v][0] in topics}
             if whole:
                 a.add("stale_read", (t, e["p"], sorted(whole)[:3]))
