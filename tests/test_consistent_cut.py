@@ -101,3 +101,48 @@ def test_a_cut_that_cannot_read_a_tc_fails_rather_than_hide_a_committed_transact
     assert visible(plogs, filters) == {names[0]: [b"a"], names[1]: [b"b"]}
     reader.close()
     writer.close()
+
+
+def test_a_transaction_finished_and_trimmed_during_the_cut_is_shown_by_its_markers(tmp_path):
+    """commit() returned before the read; its markers and its trimming from the TC log both land
+    between the cut's first fold and T0 (a writer whose clock runs days behind makes its finished
+    entries look old enough to trim at once). Fails before the fix: unknown at T0 with markers past
+    the first fold, it was taken for a transaction begun after T0 and hidden (a stale read). Its
+    data was in the first fold, so it began before T0: it finished and its markers decide."""
+    from pulsartx.coordinator.state import TxnStatus
+    from pulsartx.coordinator.tclog import row_to_meta
+
+    root = str(tmp_path / "root")
+    writer = pulsartx.Client(root, num_coordinators=1)
+    writer.admin.create_topic("t", 2)
+    producer = writer.create_producer("t")
+    txn = writer.new_transaction()
+    producer.send(b"a", txn=txn, partition=0)
+    producer.send(b"b", txn=txn, partition=1)
+    completer = writer._coordinators().completer
+    submit, held = completer.submit, []
+    completer.submit = lambda tc, meta: held.append((tc, meta))  # the markers wait
+    txn.commit()
+
+    reader = pulsartx.Client(root, num_coordinators=1)
+    names = [str(TopicName.parse(f"t-partition-{i}")) for i in range(2)]
+    plogs = {n: PartitionLog(reader.root, TopicName.parse(n)) for n in names}
+    buffers = {n: TransactionBuffer(plogs[n]) for n in names}
+    coordinators = Coordinators(reader.root, recover_on_open=False)
+    tc_of = coordinators.tc
+
+    def finish_and_trim_first(tc_id):
+        if held:  # after the first fold, before T0
+            submit(*held.pop()).result()
+            log = writer._coordinators().tc(0).txlog.log
+            log.refresh()
+            assert log.compact(lambda r: not row_to_meta(r).status.is_final)
+        return tc_of(tc_id)
+
+    coordinators.tc = finish_and_trim_first
+    filters = consistent_cut(coordinators, buffers)
+    assert not held and sum(count_markers(root, "t", 2).values()) == 2
+    assert all(m.status is not TxnStatus.COMMITTED for m in reader._coordinators().tc(0).transactions())
+    assert visible(plogs, filters) == {names[0]: [b"a"], names[1]: [b"b"]}
+    reader.close()
+    writer.close()

@@ -14,7 +14,7 @@ import deltalake as dl
 import pyarrow as pa
 import pytest
 
-from pulsartx.exceptions import CorruptedLog
+from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta, faults
 from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.faults import Fault, InjectedFault, Mode, Op
@@ -51,8 +51,9 @@ def test_the_nth_matching_call_fails_and_only_it(table):
     root.write_text("x", "doc.json")
     faults.install([Fault(Op.READ, nth=2, match="doc.json")])
     assert root.read_text("doc.json") == "x"
-    with pytest.raises(InjectedFault, match="injected I/O error on read"):
+    with pytest.raises(StorageError, match="injected I/O error on read") as err:
         root.read_text("doc.json")
+    assert isinstance(err.value.__cause__, InjectedFault)
     assert root.read_text("doc.json") == "x"
     assert faults.plan()[0].fired == 1
 
@@ -103,7 +104,7 @@ def test_a_plan_reaches_child_processes_through_the_environment(tmp_path):
     env = {**os.environ, faults.ENV: faults.env_value([Fault(Op.READ, match="doc.txt")]), faults.LOG_ENV: str(log)}
     code = ("from pulsartx.storage.root import StorageRoot\n"
             f"r = StorageRoot.resolve({str(tmp_path)!r})\n"
-            "try:\n    r.read_text('doc.txt')\nexcept OSError as e:\n    print('failed:', e)\n")
+            "try:\n    r.read_text('doc.txt')\nexcept Exception as e:\n    print('failed:', e.__cause__)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "failed: [Errno 5] injected I/O error on read" in out.stdout, out.stderr
     fired = [json.loads(line) for line in log.read_text().splitlines()]
@@ -327,5 +328,48 @@ def test_redelivery_after_an_abort_whose_subscription_step_failed_keeps_the_orde
         txn.abort()  # decided; the pending acks could not be returned
         faults.clear()
         cons.redeliver_unacknowledged_messages()
+        got = [cons.receive(timeout_millis=3000).data() for _ in range(5)]
+        assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+@pytest.mark.parametrize("call", ["exists", "listdir", "read_text"])
+def test_a_local_listing_or_read_error_is_a_storage_error_naming_the_path(tmp_path, call):
+    """Fails before the fix: on local disk the raw OSError escaped, past every caller that handles
+    StorageError (a consumer's redelivery died of it in the fault matrix)."""
+    root = StorageRoot.resolve(str(tmp_path))
+    root.write_text("{}", "dir", "doc.json")
+    op = Op.READ if call == "read_text" else Op.LIST
+    faults.install([Fault(op, match="dir")])
+    args = ("dir", "doc.json") if call == "read_text" else ("dir",)
+    with pytest.raises(StorageError, match="dir") as err:
+        getattr(root, call)(*args)
+    assert isinstance(err.value.__cause__, InjectedFault)
+    assert getattr(root, call)(*args) == {"exists": True, "listdir": ["doc.json"], "read_text": "{}"}[call]
+
+
+def test_redelivery_retries_returning_an_aborted_transactions_acks_through_read_faults(tmp_path):
+    """Fails before the fix: the TC log read failed while redeliver_unacknowledged_messages()
+    returned the aborted acks; the failure was logged and swallowed, newer messages went out first
+    and the aborted ones came back after them (non-monotonic in the fault matrix)."""
+    import pulsartx
+    from pulsartx import ConsumerType, InitialPosition
+    from pulsartx.coordinator.tclog import tc_segments
+
+    with pulsartx.Client(str(tmp_path / "root"), num_coordinators=1) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        for i in range(5):
+            p.send(f"m{i}".encode())
+        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        first = [cons.receive(timeout_millis=2000) for _ in range(2)]
+        txn = c.new_transaction()
+        cons.acknowledge(first, txn=txn)
+        c._coordinators().completer.submit = lambda tc, meta: None  # the abort's pass never comes
+        txn.abort()  # decided; the pending acks are still there
+        tc_log = "/".join(tc_segments(0)) + "/"
+        faults.install([Fault(Op.READ, match=tc_log, times=2)])
+        cons.redeliver_unacknowledged_messages()
+        assert faults.plan()[0].fired == 2
+        faults.clear()
         got = [cons.receive(timeout_millis=3000).data() for _ in range(5)]
         assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]

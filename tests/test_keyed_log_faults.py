@@ -98,3 +98,26 @@ def test_a_write_whose_outcome_cannot_be_learned_is_outcome_unknown_and_reread_l
     assert log.get("x") == {"seq": 0, "k": "x", "v": 1}  # reloaded: the write did land
     assert log.cas("x", lambda cur: ({"k": "x", "v": 5}, None), what="x") is None
     assert KeyedLog(root, ("kl",), SCHEMA, key_of=lambda r: r["k"], name="kl").open().get("x")["seq"] == 1
+
+
+def test_a_reload_that_fails_reading_the_rows_leaves_nothing_half_loaded_for_a_compaction(tmp_path):
+    """Fails before the fix: open() installed the new snapshot's file list, then failed reading
+    its rows, and left the log looking loaded with no rows; a compaction after one more write
+    kept only that row and removed every file, dropping an ABORTING transaction from a TC log
+    (its marker was then never written; found by the fault matrix)."""
+    root = StorageRoot.resolve(str(tmp_path))
+
+    def klog() -> KeyedLog:
+        return KeyedLog(root, ("kl",), SCHEMA, key_of=lambda r: r["k"], name="kl").open()
+
+    a = klog()
+    for i, k in enumerate(["a", "b", "c"]):
+        a.put([{"seq": 0, "k": k, "v": i}])
+    b = klog()
+    faults.install([Fault(Op.READ, match="/kl/part-")])
+    with pytest.raises(Exception, match="injected"):
+        b.open()
+    faults.clear()
+    b.put([{"seq": 0, "k": "d", "v": 3}])
+    b.compact(lambda r: True)
+    assert {k: r["v"] for k, r in klog().rows.items()} == {"a": 0, "b": 1, "c": 2, "d": 3}

@@ -113,8 +113,9 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
 
     1. fold every partition, to learn which TCs matter;
     2. resolve expired transactions, then take T0: each of those TCs' state (statuses, counters);
-       a transaction unknown at T0 whose marker lies past step 1's end of a partition began after
-       T0 (its id may still be below the counter: ids are reserved in blocks), and is hidden;
+       a transaction unknown at T0 with no data in step 1's fold and a marker past its end may
+       have begun after T0 (its id may still be below the counter: ids are reserved in blocks),
+       and is hidden; one with data in step 1's fold finished before T0, and its markers decide;
     3. fold again, up to the partitions' current ends (everything decided before T0 was written
        before T0, hence before these ends);
     4. per partition, the read limit is the first offset of the earliest transaction not decided at
@@ -127,10 +128,11 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
     first = {name: b.state() for name, b in buffers.items()}
     # Before T0: everything at or past these offsets was written after this instant.
     first_end = {name: s.end_offset for name, s in first.items()}
+    # Transactions with data before this instant (copied: a buffer's state may advance in place).
+    began_before = set().union(*(s.ongoing.keys() for s in first.values())) if first else set()
     tc_ids = {key_txn(k)[0] for s in first.values() for k in (*s.ongoing, *s.ended)}
     if coordinators is not None:
-        ongoing = set().union(*(s.ongoing.keys() for s in first.values())) if first else set()
-        _lookup(coordinators, ongoing)  # aborts expired ones before T0
+        _lookup(coordinators, began_before)  # aborts expired ones before T0
     known: dict[int, Any] = {}
     counters: dict[int, int] = {}
     for tc_id in sorted(tc_ids) if coordinators is not None else ():
@@ -165,10 +167,12 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
               if last >= limits[name] and k not in s.aborted}
     # A transaction the TCs did not know at T0 is either finished and trimmed from its log (its
     # markers all written before T0) or begun after T0, possibly with an id below its TC's counter
-    # (ids are reserved in blocks): a marker written after the first fold tells the second kind,
-    # which is hidden everywhere, as the partitions folded before its data cannot show it.
+    # (ids are reserved in blocks). One with data in the first fold began before T0, so it is the
+    # first kind (trimmed in between, as when its writer's clock runs behind), and its markers
+    # decide; one with a marker written after the first fold and no data in it may be the second
+    # kind, and is hidden everywhere, as the partitions folded before its data cannot show it.
     hidden |= {k for name, s in states.items() for k, o in s.ended.items()
-               if o >= first_end[name] and k not in known and k not in s.aborted}
+               if o >= first_end[name] and k not in known and k not in s.aborted and k not in began_before}
     visible = frozenset(k for k, m in known.items() if m.status in committed and k not in hidden)
     invisible = frozenset((set(known) - visible) | hidden)
     cut = Cut(visible, invisible, counters)

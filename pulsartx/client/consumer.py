@@ -33,6 +33,7 @@ from pulsartx.exceptions import (
     InvalidConfiguration,
     NotAllowedError,
     PulsarException,
+    StorageError,
     Timeout,
     TransactionConflict,
 )
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RESOLVE_EVERY_S = 0.5
+REDELIVER_ATTEMPTS = 5  # returning an aborted transaction's acks on redelivery, through storage faults
 SETTLE_WAIT_S = 10.0  # for this process's completion of a decided predecessor, before asking its TC
 
 
@@ -299,14 +301,24 @@ class Consumer:
         # An aborted transaction's acks that are still pending (its pass over the subscription
         # failed) come back now, not when resolution next runs: else later offsets go out first.
         for part in self._parts:
-            try:
-                cursor = part.store.cursor()
-                if cursor is not None and pending_keys(cursor):
-                    part.last_resolve = 0.0
-                    self._resolve_pending(part, cursor)
-                    part.cursor = None
-            except PulsarException as e:  # resolution runs again on the next fetch
-                log.info("returning aborted pending acks of %s on redelivery failed: %s", part.topic, e)
+            for attempt in range(REDELIVER_ATTEMPTS):
+                try:
+                    cursor = part.store.cursor()
+                    if cursor is not None and pending_keys(cursor):
+                        part.last_resolve = 0.0
+                        self._resolve_pending(part, cursor, strict=True)
+                        part.cursor = None
+                    break
+                except PulsarException as e:
+                    if attempt == REDELIVER_ATTEMPTS - 1:
+                        # Resolution runs again on a later fetch, but those messages would then
+                        # come after newer ones: say so rather than reorder silently.
+                        raise StorageError(
+                            f"redelivery on {part.topic}: the acknowledgements of an aborted transaction could not "
+                            f"be returned ({e}); they would come back after newer messages: call "
+                            "redeliver_unacknowledged_messages() again") from e
+                    log.info("returning aborted pending acks of %s on redelivery failed, retrying: %s", part.topic, e)
+                    time.sleep(0.02 * (attempt + 1))
 
     def seek(self, message_id: MessageId) -> None:
         """Reset the subscription: the next message delivered is ``message_id`` (or the
@@ -623,7 +635,7 @@ class Consumer:
             return True
         return resolve_pending(self._client.root, tcs, str(part.topic), self._subscription, left, roll_forward=True) > 0
 
-    def _resolve_pending(self, part: _Partition, cursor: CursorState) -> None:
+    def _resolve_pending(self, part: _Partition, cursor: CursorState, strict: bool = False) -> None:
         """Consumer-side resolution: a pending ack of a transaction past its timeout would hold its
         messages forever if no sweeper ran, so ask the TC (which aborts it) now and then.
 
@@ -635,7 +647,8 @@ class Consumer:
         if not keys or time.monotonic() - part.last_resolve < RESOLVE_EVERY_S:
             return
         part.last_resolve = time.monotonic()
-        resolve_pending(self._client.root, self._client._coordinators(), str(part.topic), self._subscription, keys)
+        resolve_pending(self._client.root, self._client._coordinators(), str(part.topic), self._subscription, keys,
+                        strict=strict)
 
     def _claim(self, part: _Partition, candidates: list[int], mark_delete: int) -> list[int]:
         """Shared: atomically claim the candidates no other live consumer holds. Claims expire

@@ -71,15 +71,19 @@ class KeyedLog:
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
         self._check_schema(t)
+        files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
+        # Rows first: a reload that fails must leave the log marked for reloading, never a new file
+        # list over missing rows (a compaction would then keep only the rows read since).
+        self._reopen = True
+        rows = self._read_files(files)
         self._rows = {}
         self._pending = []
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
         self._appender.on_reload = self._lost_track
-        self._reopen = False
-        files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
         self._active = set(files)
-        self._apply(self._read_files(files))
+        self._apply(rows)
         self.files_since_compaction = len(files)
+        self._reopen = False
         return self
 
     def _check_schema(self, table: Any) -> None:

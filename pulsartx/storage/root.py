@@ -233,9 +233,15 @@ class StorageRoot:
         """Object-store metadata calls (s3fs) get the Delta I/O's retry budget and its errors: a
         transient fault is retried, anything else but "not found" becomes a StorageError naming
         the path (never the credentials), not a raw botocore exception."""
-        if self.is_local:
-            return fn()
         from pulsartx.exceptions import PulsarException
+
+        if self.is_local:
+            try:
+                return fn()
+            except (FileNotFoundError, FileExistsError, NotADirectoryError, PulsarException):
+                raise
+            except OSError as e:  # a disk's EIO is a storage error too, as callers expect
+                raise StorageError(f"{what} {path} failed: {e}") from e
         from pulsartx.storage import delta
 
         try:
@@ -400,13 +406,10 @@ class StorageRoot:
 
     def exists(self, *segments: str) -> bool:
         path = self.fs_path(*segments)
-        if self.is_local:
-            faults.before(Op.LIST, path)
-            return os.path.exists(path)
 
         def check() -> bool:
             faults.before(Op.LIST, path)
-            return self.fs.exists(path)
+            return os.path.exists(path) if self.is_local else self.fs.exists(path)
 
         return self._guarded("check", path, check)
 
@@ -420,7 +423,7 @@ class StorageRoot:
             return [posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(path, detail=False)]
 
         try:
-            names = ls() if self.is_local else self._guarded("list", path, ls)
+            names = self._guarded("list", path, ls)
         except (FileNotFoundError, NotADirectoryError):
             return []
         return faults.listing(path, sorted(names))

@@ -19,7 +19,7 @@ from pulsartx.buffer.state import key_txn
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.coordinator.tclog import TransactionLog
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import PulsarException
+from pulsartx.exceptions import PulsarException, StorageError
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import end_transaction
@@ -35,7 +35,7 @@ def pending_keys(cursor: CursorState, exclude: Iterable[int] = ()) -> set[int]:
     return keys - set(exclude)
 
 
-def trimmed(root: StorageRoot, key: int) -> bool:
+def trimmed(root: StorageRoot, key: int, strict: bool = False) -> bool:
     """Whether the transaction was issued and has been trimmed from its TC log, read afresh: a
     process's copy of the log may miss a transaction another process began, and its pending acks
     must not be taken for a dead transaction's."""
@@ -43,13 +43,15 @@ def trimmed(root: StorageRoot, key: int) -> bool:
     try:
         fresh = TransactionLog(root, most).open()
     except PulsarException as e:
+        if strict:
+            raise
         log.debug("cannot read TC %d's log to resolve a pending ack: %s", most, e)
         return False
     return fresh.get(least) is None and least <= fresh.counter
 
 
 def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscription: str, keys: set[int],
-                    roll_forward: bool = False) -> int:
+                    roll_forward: bool = False, strict: bool = False) -> int:
     """Abort, on this subscription, the pending acks of the transactions in ``keys`` that their TC
     aborted (an expired one is aborted now), decided without this subscription among its
     participants (the list is fixed once COMMITTING is logged), or forgot (finished and trimmed:
@@ -57,13 +59,20 @@ def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscripti
 
     ``roll_forward``: also commit here those decided COMMIT with this subscription listed, as the
     TC's participant call will (a commit returns at its decision, before that call): the next
-    transaction's cumulative ack must not conflict with a predecessor that has already committed."""
+    transaction's cumulative ack must not conflict with a predecessor that has already committed.
+
+    ``strict``: a transaction whose TC cannot be read now raises StorageError instead of staying
+    pending until the next pass (a redelivery must return an aborted transaction's acks now)."""
     if not keys:
         return 0
     mine = Subscription(topic, subscription)
     ended = 0
-    for k, meta in _lookup(coordinators, keys).items():
-        if meta is None and not trimmed(root, k):
+    metas = _lookup(coordinators, keys)
+    if strict and keys - metas.keys():
+        raise StorageError(f"the TCs of transactions {sorted(TxnID(*key_txn(k)) for k in keys - metas.keys())} "
+                           "cannot be read now to resolve their pending acks; retry")
+    for k, meta in metas.items():
+        if meta is None and not trimmed(root, k, strict):
             continue
         if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
                 meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):

@@ -160,6 +160,18 @@ def plain_producer(role, url, options, hist_dir, stop_path, go_path, deadline, s
     return {"values": n}
 
 
+def _redeliver(cons) -> None:
+    """Redelivery raises when it could not return an aborted transaction's acks (a storage fault):
+    asked again before anything more is received, as the error says."""
+    for _ in range(50):
+        try:
+            cons.redeliver_unacknowledged_messages()
+            return
+        except Exception:
+            time.sleep(0.05)
+    cons.redeliver_unacknowledged_messages()
+
+
 def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
     from pulsartx.client.consumer import ConsumerType, InitialPosition
 
@@ -186,7 +198,7 @@ def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed
             txn = c.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
         except Exception:
             epoch += 1
-            cons.redeliver_unacknowledged_messages()
+            _redeliver(cons)
             continue
         h.ok("begin", txn=txn_list(txn))
         try:
@@ -204,7 +216,7 @@ def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed
         else:
             aborted += 1
             epoch += 1  # what this transaction acknowledged comes back: offsets may go back
-            cons.redeliver_unacknowledged_messages()
+            _redeliver(cons)
     cons.close()
     return {"committed": committed, "aborted": aborted}
 
