@@ -12,8 +12,11 @@ import re
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from pulsartx.exceptions import PulsarException
+from pulsartx.storage.presence import root_missing
+from pulsartx.storage.root import StorageRoot
 
 ERROR_EXIT_CODE = 2
 
@@ -48,12 +51,33 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def get_client(ctx: click.Context):
-    """A Client on the root given by the global ``--service-url`` / ``--storage-option``."""
+def get_client(ctx: click.Context, creates: bool = False):
+    """A Client on the root given by the global ``--service-url`` / ``--storage-option``. Only a
+    command that ``creates`` something may run on a local root that does not exist yet."""
     from pulsartx import Client
 
     obj = ctx.find_root().obj
+    if not creates:
+        require_root(ctx)
     return Client(obj["service_url"], obj["storage_options"])
+
+
+def require_root(ctx: click.Context) -> None:
+    """Refuse a local root that does not exist, naming it, where it came from and the fix."""
+    root_ctx = ctx.find_root()
+    obj = root_ctx.obj
+    root = StorageRoot.resolve(obj["service_url"], obj["storage_options"])
+    if not root_missing(root):
+        return
+    source = root_ctx.get_parameter_source("service_url")
+    if source is ParameterSource.ENVIRONMENT:
+        given = f"$PULSARTX_SERVICE_URL={obj['service_url']}"
+    elif obj["service_url"]:
+        given = f"--service-url {obj['service_url']}"
+    else:
+        given = "the default root, as neither --service-url nor $PULSARTX_SERVICE_URL is set"
+    raise PulsarTxError(f"storage root {root.url} does not exist ({given}): check --service-url, or create a "
+                        f"topic there first with `pulsartx --service-url {root.url} topics create TOPIC`")
 
 
 def json_mode(ctx: click.Context) -> bool:

@@ -21,7 +21,7 @@ def topics() -> None:
 @click.pass_context
 def topics_create(ctx: click.Context, topic: str, partitions: int) -> None:
     """Create TOPIC with its partitions."""
-    t = get_client(ctx).admin.create_topic(topic, partitions=partitions)
+    t = get_client(ctx, creates=True).admin.create_topic(topic, partitions=partitions)
     emit(ctx, {"topic": str(t), "partitions": partitions})
 
 
