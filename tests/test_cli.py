@@ -133,30 +133,61 @@ def test_topics_create_and_delete(root: str) -> None:
     assert "does not exist" in run(root, "topics", "delete", "events", code=2).stderr
 
 
+def index_figures(root: str) -> list[tuple[int, int]]:
+    """(bytes, files) of each partition, as the file index states them."""
+    from pulsartx.storage.root import StorageRoot
+
+    out = []
+    for i in range(2):
+        index = PartitionLog(StorageRoot.resolve(root), TopicName.parse(f"orders-partition-{i}")).refresh()
+        out.append((index.size_bytes(), len(index.files)))
+    return out
+
+
 def test_topics_stats(shared) -> None:
+    """Messages and markers apart (ENTRIES, the offset span, counted markers as messages), with
+    the transaction, producer and subscription tables. Rates depend on the clock: checked as
+    numbers here, exactly in test_topic_stats.py."""
     root, _ = shared
-    b0, b1 = sizes(root)
-    w = max(len("BYTES"), len(str(b0)), len(str(b1)))
-    assert lines(run(root, "topics", "stats", "orders")) == [
-        f"PARTITION  ENTRIES  {'BYTES'.ljust(w)}  START_OFFSET  END_OFFSET  MAX_READ_POSITION  ONGOING_TXN_COUNT  "
-        "ABORTED_TXN_COUNT",
-        f"0          7        {str(b0).ljust(w)}  0             7           6                  0                  1",
-        f"1          4        {str(b1).ljust(w)}  0             4           3                  0                  0",
+    (b0, f0), (b1, f1) = index_figures(root)
+    out = lines(run(root, "topics", "stats", "orders"))
+    assert out[0] == ("PARTITION  MESSAGES  MARKERS  FILE_COUNT  " + "BYTES".ljust(max(5, len(str(b0)), len(str(b1))))
+                      + "  START_OFFSET  END_OFFSET  MAX_READ_POSITION  MSG_RATE_IN  MSG_RATE_OUT")
+    rows = [r.split() for r in out[1:3]]
+    assert [r[:8] for r in rows] == [["0", "5", "2", str(f0), str(b0), "0", "7", "6"],
+                                     ["1", "3", "1", str(f1), str(b1), "0", "4", "3"]]
+    assert all(float(x) >= 0 for r in rows for x in r[8:]) and all(len(r) == 10 for r in rows)
+    assert out[3:8] == [
         "",
-        "Subscriptions:",
-        "PARTITION  SUBSCRIPTION  MARK_DELETE_POSITION  BACKLOG  PENDING_ACK_COUNT",
-        "0          billing       1                     2        0",
-        "1          billing       -1                    3        1",
+        "Transactions:",
+        "PARTITION  ONGOING_TXN_COUNT  ABORTED_TXN_COUNT  BLOCKING_TXN  STATUS  OWNER  AGE_MS  TIMEOUT_MS  HELD_ENTRIES",
+        "0          0                  1",
+        "1          0                  0",
     ]
-    assert run(root, "topics", "stats", "orders", json_out=True) == [
-        {"partition": P0, "entries": 7, "bytes": b0, "startOffset": 0, "endOffset": 7, "maxReadPosition": 6,
-         "ongoingTxnCount": 0, "abortedTxnCount": 1,
+    assert out[8:11] == ["", "Producers:", "PARTITION  PRODUCER_NAME          LAST_SEQUENCE_ID  LAST_PUBLISH_TIME"]
+    # send() makes a producer per call: a0..a2 (sequence ids 0..2), c0, x0 on partition 0; b0 b1, c1 on 1.
+    assert sorted((r.split()[0], r.split()[2]) for r in out[11:16]) == [("0", "0"), ("0", "0"), ("0", "2"),
+                                                                        ("1", "0"), ("1", "1")]
+    assert all(r.split()[1].startswith("pulsartx-") and r.split()[3].endswith("Z") for r in out[11:16])
+    assert out[16:19] == ["", "Subscriptions:", "PARTITION  SUBSCRIPTION  TYPE       CONSUMERS  MARK_DELETE_POSITION  "
+                                                "BACKLOG  UNACKED_MESSAGES  PENDING_ACK_COUNT  MSG_RATE_OUT"]
+    assert [r.split()[:-1] for r in out[19:]] == [["0", "billing", "Exclusive", "1", "2", "0", "0"],
+                                                  ["1", "billing", "Exclusive", "-1", "3", "0", "1"]]
+    stats = run(root, "topics", "stats", "orders", json_out=True)
+    for s, producers in zip(stats, (3, 2), strict=True):
+        assert s.pop("msgRateOut") == s["subscriptions"]["billing"].pop("msgRateOut") >= 0
+        assert s.pop("msgRateIn") >= 0
+        assert [p["producerName"].startswith("pulsartx-") for p in s.pop("producers")] == [True] * producers
+    billing = {"type": "Exclusive", "consumers": [], "unackedMessages": 0}
+    assert stats == [
+        {"partition": P0, "entries": 7, "messages": 5, "markers": 2, "fileCount": f0, "bytes": b0, "startOffset": 0,
+         "endOffset": 7, "maxReadPosition": 6, "ongoingTxnCount": 0, "abortedTxnCount": 1, "blockingTxn": None,
          "subscriptions": {"billing": {"markDeletePosition": 1, "individuallyAckedCount": 3, "pendingAckCount": 0,
-                                       "backlog": 2}}},
-        {"partition": P1, "entries": 4, "bytes": b1, "startOffset": 0, "endOffset": 4, "maxReadPosition": 3,
-         "ongoingTxnCount": 0, "abortedTxnCount": 0,
+                                       "backlog": 2, **billing}}},
+        {"partition": P1, "entries": 4, "messages": 3, "markers": 1, "fileCount": f1, "bytes": b1, "startOffset": 0,
+         "endOffset": 4, "maxReadPosition": 3, "ongoingTxnCount": 0, "abortedTxnCount": 0, "blockingTxn": None,
          "subscriptions": {"billing": {"markDeletePosition": -1, "individuallyAckedCount": 1, "pendingAckCount": 1,
-                                       "backlog": 3}}},
+                                       "backlog": 3, **billing}}},
     ]
     assert lines(run(root, "topics", "stats", "tenant1/ns1/events"))[-3:] == ["", "Subscriptions:", "(none)"]
 

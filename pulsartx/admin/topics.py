@@ -14,10 +14,12 @@ import time
 from typing import Any
 
 from pulsartx.buffer.snapshot import topic_snapshots
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments
 from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
+from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
@@ -122,36 +124,39 @@ class TopicsAdmin:
 
     # ---- stats and peek (pulsar-admin topics stats / peek-messages) -----------------------------------
     def topic_stats(self, topic: str) -> list[dict[str, Any]]:
-        """Per partition of ``topic`` (or the one it names): entries (end offset - start offset),
-        bytes (data files), start/end offsets, maxReadPosition, ongoing and aborted transaction
-        counts (the transaction buffer's), and each subscription's backlog: ``end offset -
-        (markDeletePosition + 1)`` minus the offsets acknowledged individually above it."""
+        """Per partition of ``topic`` (or the one it names): offsets and entries (end - start, markers
+        included), messages and markers apart, files and bytes, maxReadPosition and the transaction
+        holding it back, the transaction buffer's counts, producers, publish/consume rates, and
+        each subscription's cursor, backlog (``end offset - (markDeletePosition + 1)`` minus the
+        offsets acknowledged individually above it), type, consumers and unacked messages."""
         from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.log.partition import PartitionLog
         from pulsartx.subscription.store import SubscriptionStore
 
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
+        now = int(time.time() * 1000)
         out = []
         for p in parts:
-            plog = PartitionLog(self.root, p)
-            index = plog.refresh()
-            state = TransactionBuffer(plog).state()
-            start, end = index.start_offset, index.end_offset
+            row = partition_stats(self.root, p, self._stats_coordinators, now)
             subs: dict[str, dict[str, Any]] = {}
             for name in names:
-                c = live_cursor(SubscriptionStore(self.root, p, name))
+                store = SubscriptionStore(self.root, p, name)
+                c = live_cursor(store)
                 if c is None:
                     continue
                 subs[name] = {"markDeletePosition": c.mark_delete,
                               "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
-                              "backlog": cursor_backlog(c, start, end)}
-            out.append({"partition": str(p), "entries": end - start, "bytes": index.size_bytes(),
-                        "startOffset": start, "endOffset": end, "maxReadPosition": state.max_read_position,
-                        "ongoingTxnCount": len(state.ongoing), "abortedTxnCount": len(state.aborted),
-                        "subscriptions": subs})
+                              "backlog": cursor_backlog(c, row["startOffset"], row["endOffset"]),
+                              **subscription_extras(self.root, p, name, store, c, now)}
+            row["msgRateOut"] = round(sum(s["msgRateOut"] for s in subs.values()), 3)
+            row["subscriptions"] = subs
+            out.append(row)
         return out
+
+    def _stats_coordinators(self) -> Coordinators:
+        """The TCs that name a blocking transaction: the client's when there is one."""
+        client = getattr(self, "client", None)
+        return client._coordinators() if client is not None else Coordinators.shared(self.root)
 
     def peek(self, topic: str, n: int = 10, isolation_level: str = "READ_COMMITTED") -> list[Any]:
         """The first ``n`` messages a reader from the earliest position sees (``Message`` objects),

@@ -44,9 +44,13 @@ def topics_list(ctx: click.Context, namespace: str | None) -> None:
          ["topic", "partitions"])
 
 
-PARTITION_COLUMNS = ["partition", "entries", "bytes", "startOffset", "endOffset", "maxReadPosition",
-                     "ongoingTxnCount", "abortedTxnCount"]
-SUBSCRIPTION_COLUMNS = ["partition", "subscription", "markDeletePosition", "backlog", "pendingAckCount"]
+PARTITION_COLUMNS = ["partition", "messages", "markers", "fileCount", "bytes", "startOffset", "endOffset",
+                     "maxReadPosition", "msgRateIn", "msgRateOut"]
+TRANSACTION_COLUMNS = ["partition", "ongoingTxnCount", "abortedTxnCount", "blockingTxn", "status", "owner", "ageMs",
+                       "timeoutMs", "heldEntries"]
+PRODUCER_COLUMNS = ["partition", "producerName", "lastSequenceId", "lastPublishTime"]
+SUBSCRIPTION_COLUMNS = ["partition", "subscription", "type", "consumers", "markDeletePosition", "backlog",
+                        "unackedMessages", "pendingAckCount", "msgRateOut"]
 
 
 def _index(partition: str) -> int:
@@ -57,12 +61,22 @@ def _index(partition: str) -> int:
 @click.argument("topic")
 @click.pass_context
 def topics_stats(ctx: click.Context, topic: str) -> None:
-    """Per partition: entries, bytes, offsets, maxReadPosition, transactions, subscription backlogs."""
+    """Per partition: messages and markers, files, offsets, maxReadPosition and the transaction
+    holding it back, producers, rates (last 60 s), subscriptions."""
     stats = get_client(ctx).admin.topic_stats(topic)
     parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"])} for s in stats]
-    subs = [{"partition": _index(s["partition"]), "subscription": name, **sub}
+    txns = [{"partition": _index(s["partition"]), "ongoingTxnCount": s["ongoingTxnCount"],
+             "abortedTxnCount": s["abortedTxnCount"],
+             **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]})}
+            for s in stats]
+    producers = [{**pr, "partition": _index(s["partition"]),
+                  "lastPublishTime": None if pr["lastPublishTime"] is None else iso_ms(pr["lastPublishTime"])}
+                 for s in stats for pr in s["producers"]]
+    subs = [{"partition": _index(s["partition"]), "subscription": name, **sub,
+             "consumers": [c["name"] for c in sub["consumers"]]}
             for s in stats for name, sub in s["subscriptions"].items()]
-    emit_tables(ctx, stats, [(None, parts, PARTITION_COLUMNS), ("Subscriptions:", subs, SUBSCRIPTION_COLUMNS)])
+    emit_tables(ctx, stats, [(None, parts, PARTITION_COLUMNS), ("Transactions:", txns, TRANSACTION_COLUMNS),
+                             ("Producers:", producers, PRODUCER_COLUMNS), ("Subscriptions:", subs, SUBSCRIPTION_COLUMNS)])
 
 
 def message_dict(m: Any) -> dict[str, Any]:
