@@ -4,8 +4,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pulsartx.coordinator.keys import full_key
+from pulsartx.coordinator.keys import full_key, key_segments
 from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
+from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, TransactionNotFound
 
@@ -45,6 +46,26 @@ class TransactionsAdmin:
                         "low_water_mark": _low_water_mark(metas), "txn_ids_reserved": tc.txlog.counter + 1,
                         "log_version": tc.txlog.log.version,
                         "log_entries_since_snapshot": tc.txlog.log.files_since_compaction})
+        return out
+
+    def list_coordinators(self) -> list[dict[str, Any]]:
+        """Every TC of the root (``pulsar-admin transactions coordinators-list``): where its log and
+        transaction-key tables live, and what it holds. A TC no client has used yet has no tables;
+        it is listed as ``Unused`` and left so (nothing is created here)."""
+        tcs = self._tcs()
+        out = []
+        for tc_id in range(tcs.count):
+            row: dict[str, Any] = {"coordinator_id": tc_id, "state": "Unused",
+                                   "log": self.client.root.uri(*tc_segments(tc_id)),
+                                   "transaction_keys": self.client.root.uri(*key_segments(tc_id)),
+                                   "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0}
+            if self.client.root.exists(*tc_segments(tc_id), "_delta_log"):
+                tc = tcs.tc(tc_id)
+                metas = tc.transactions()
+                last = max((m.txn_id for m in metas), default=None)
+                row.update(state="Ready", active_txns=sum(1 for m in metas if not m.status.is_final),
+                           last_txn_id=None if last is None else str(last), txn_ids_reserved=tc.txlog.counter + 1)
+            out.append(row)
         return out
 
     def get_transaction_metadata(self, txn_id: TxnID | str) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import click
 
 from pulsartx.cli.common import emit, get_client
 
+COORDINATOR_COLUMNS = ["coordinator_id", "state", "active_txns", "last_txn_id", "txn_ids_reserved", "log",
+                       "transaction_keys"]
 META_COLUMNS = ["txn_id", "status", "open_duration_ms", "timeout_ms", "partitions", "subscriptions", "owner",
                 "transaction_key", "epoch"]
 
@@ -20,6 +22,13 @@ def transactions() -> None:
 def coordinator_stats(ctx: click.Context) -> None:
     """Per TC: open, committing and aborting transactions, the TxnID counter and the log size."""
     emit(ctx, get_client(ctx).admin.transactions.get_coordinator_stats())
+
+
+@transactions.command("coordinators-list")
+@click.pass_context
+def coordinators_list(ctx: click.Context) -> None:
+    """Every TC: its log and transaction-key tables, active transactions, the last TxnID."""
+    emit(ctx, get_client(ctx).admin.transactions.list_coordinators(), COORDINATOR_COLUMNS)
 
 
 @transactions.command("transaction-metadata")

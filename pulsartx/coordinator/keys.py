@@ -69,10 +69,14 @@ class TransactionKeyInfo:
                 "txn_ids": [str(t) for t in self.txn_ids], "claimed_ms": self.claimed_ms, "age_ms": self.age_ms}
 
 
+def key_segments(tc_id: int) -> tuple[str, ...]:
+    return ("coordinator", f"tc-{tc_id}", "transaction-keys")
+
+
 class TransactionKeyStore:
     def __init__(self, root: StorageRoot, tc_id: int):
         self.tc_id = tc_id
-        self.log = KeyedLog(root, ("coordinator", f"tc-{tc_id}", "transaction-keys"), KEY_SCHEMA,
+        self.log = KeyedLog(root, key_segments(tc_id), KEY_SCHEMA,
                             key_of=lambda r: f"{r['owner']}&{r['transaction_key']}", name=f"tc-{tc_id}-keys")
 
     def _ensure(self) -> None:

@@ -1,0 +1,46 @@
+"""``pulsartx transactions coordinators-list``: every TC of the root, where its tables are and
+what it holds; a TC nobody used is listed as Unused and not created by looking."""
+from __future__ import annotations
+
+import json
+import os
+
+from click.testing import CliRunner
+
+import pulsartx
+from pulsartx.cli.main import cli
+
+
+def test_coordinators_list(tmp_path) -> None:
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, num_coordinators=3) as c:
+        c.admin.create_topic("t")
+        p = c.create_producer("t")
+        committed = c.new_transaction()
+        p.send(b"c", txn=committed)
+        committed.commit()
+        opened = c.new_transaction(timeout_ms=600_000)
+        p.send(b"o", txn=opened)
+        c.flush()
+        ids = {committed.id.most_bits: committed.id, opened.id.most_bits: opened.id}
+        assert len(ids) == 2  # round robin: two TCs used, one not
+        r = CliRunner().invoke(cli, ["--service-url", root, "--json", "transactions", "coordinators-list"])
+        assert r.exit_code == 0, r.stderr
+        rows = json.loads(r.stdout)
+    expected = []
+    for tc in range(3):
+        log, keys = f"{root}/coordinator/tc-{tc}/log", f"{root}/coordinator/tc-{tc}/transaction-keys"
+        if tc in ids:
+            expected.append({"coordinator_id": tc, "state": "Ready", "log": log, "transaction_keys": keys,
+                             "active_txns": 1 if ids[tc] == opened.id else 0, "last_txn_id": str(ids[tc]),
+                             "txn_ids_reserved": rows[tc]["txn_ids_reserved"]})
+            assert rows[tc]["txn_ids_reserved"] > ids[tc].least_bits
+        else:
+            expected.append({"coordinator_id": tc, "state": "Unused", "log": log, "transaction_keys": keys,
+                             "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0})
+            assert not os.path.exists(log)
+    assert rows == expected
+    table = CliRunner().invoke(cli, ["--service-url", root, "transactions", "coordinators-list"]).stdout.splitlines()
+    assert table[0].split() == ["COORDINATOR_ID", "STATE", "ACTIVE_TXNS", "LAST_TXN_ID", "TXN_IDS_RESERVED", "LOG",
+                                "TRANSACTION_KEYS"]
+    assert [r.split()[:2] for r in table[1:]] == [[str(e["coordinator_id"]), e["state"]] for e in expected]
