@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from datasource.held_back import warn_held_back
 from pulsartx.buffer.state import VisibilityFilter
 from pulsartx.log.schema import MessageType
 
@@ -64,7 +65,9 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
     from pulsartx.coordinator.registry import Coordinators
 
     buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
-    filters = consistent_cut(Coordinators.shared(root), buffers)
+    tcs = Coordinators.shared(root)
+    filters = consistent_cut(tcs, buffers)
+    warn_held_back(tcs, buffers, filters)
     return {name: Visibility(isolation_level, filters[name]) for name in plogs}
 
 
