@@ -457,9 +457,9 @@ def test_console_script(shared) -> None:
 
 def test_command_tree_and_ops_hook() -> None:
     for group, commands in {
-        "topics": {"create", "delete", "list", "stats", "peek"},
+        "topics": {"create", "delete", "list", "stats", "peek", "timeline"},
         "subscriptions": {"list", "reset", "skip", "delete"},
-        "transactions": {"coordinator-stats", "transaction-metadata", "slow-transactions", "buffer-stats",
+        "transactions": {"coordinator-stats", "coordinators-list", "transaction-metadata", "slow-transactions", "buffer-stats",
                          "pending-ack-stats", "list-transaction-keys", "get-transaction-key",
                          "delete-transaction-key", "abort", "transaction-in-buffer-stats",
                          "transaction-in-pending-ack-stats"},

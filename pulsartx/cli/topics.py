@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import click
 
 from pulsartx.cli.common import emit, emit_tables, get_client
+from pulsartx.naming import TopicName
+from pulsartx.observe.render import FORMATS, write
+from pulsartx.observe.timeline import DEFAULT_LAST, partition_timeline
 
 
 @click.group()
@@ -77,6 +81,35 @@ def topics_stats(ctx: click.Context, topic: str) -> None:
             for s in stats for name, sub in s["subscriptions"].items()]
     emit_tables(ctx, stats, [(None, parts, PARTITION_COLUMNS), ("Transactions:", txns, TRANSACTION_COLUMNS),
                              ("Producers:", producers, PRODUCER_COLUMNS), ("Subscriptions:", subs, SUBSCRIPTION_COLUMNS)])
+
+
+@topics.command("timeline")
+@click.argument("topic")
+@click.option("--partition", "-p", type=click.IntRange(min=0), default=None,
+              help="Partition index (default: the one TOPIC names, else 0).")
+@click.option("--last", "-k", "last", type=click.IntRange(min=1), default=DEFAULT_LAST, show_default=True,
+              help="How many of the partition's last entries to draw.")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="File to write: FILE.svg, or FILE.html (the picture and a table of its transactions).")
+@click.pass_context
+def topics_timeline(ctx: click.Context, topic: str, partition: int | None, last: int, out: str) -> None:
+    """Draw a partition's recent history: entries, each transaction's span coloured by outcome,
+    markers, maxReadPosition, the end, and the open transaction holding maxReadPosition back."""
+    if Path(out).suffix.lower() not in FORMATS:
+        raise click.BadParameter(f"{out!r}: use a file name ending in .svg or .html", param_hint="--out")
+    client = get_client(ctx)
+    t = TopicName.parse(topic)
+    if partition is not None:
+        if t.partition is not None and t.partition != partition:
+            raise click.BadParameter(f"{partition} but TOPIC names partition {t.partition}: give one of them",
+                                     param_hint="--partition")
+        t = t.base.with_partition(partition)
+    elif t.partition is None:
+        t = t.with_partition(0)
+    client.admin.get_partitions(str(t))  # TopicNotFound names the topic, or the partitions it has
+    timeline = partition_timeline(client.root, t, client._coordinators, last=last)
+    written = write(timeline, out)
+    emit(ctx, {"out": str(written), **timeline.as_dict()})
 
 
 def message_dict(m: Any) -> dict[str, Any]:
