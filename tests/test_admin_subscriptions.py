@@ -100,19 +100,26 @@ def test_cursor_backlog_counts_individual_acks_out() -> None:
 def test_topic_stats(shared) -> None:
     client = shared
     stats = client.admin.topic_stats("orders")
-    sizes = [PartitionLog(client.root, TopicName.parse(f"orders-partition-{i}")).refresh().size_bytes()
-             for i in range(2)]
+    indexes = [PartitionLog(client.root, TopicName.parse(f"orders-partition-{i}")).refresh() for i in range(2)]
+    sizes = [i.size_bytes() for i in indexes]
     assert all(s > 0 for s in sizes)
+    # Clock- and name-dependent figures (exact in test_topic_stats.py): rates, producer names.
+    for s, producers in zip(stats, (3, 2), strict=True):
+        assert s.pop("msgRateIn") > 0 and s.pop("msgRateOut") == s["subscriptions"]["billing"].pop("msgRateOut")
+        assert len(s.pop("producers")) == producers  # one per send() call
+    billing = {"type": "Exclusive", "consumers": [], "unackedMessages": 0}
     assert stats == [
-        {"partition": f"{T}-partition-0", "entries": 7, "bytes": sizes[0], "startOffset": 0, "endOffset": 7,
-         "maxReadPosition": 6, "ongoingTxnCount": 0, "abortedTxnCount": 1,
+        {"partition": f"{T}-partition-0", "entries": 7, "messages": 5, "markers": 2,
+         "fileCount": len(indexes[0].files), "bytes": sizes[0], "startOffset": 0, "endOffset": 7,
+         "maxReadPosition": 6, "ongoingTxnCount": 0, "abortedTxnCount": 1, "blockingTxn": None,
          # markers and aborted data (4, 5, 6) were acked as the consumer passed them
          "subscriptions": {"billing": {"markDeletePosition": 1, "individuallyAckedCount": 3, "pendingAckCount": 0,
-                                       "backlog": 2}}},
-        {"partition": f"{T}-partition-1", "entries": 4, "bytes": sizes[1], "startOffset": 0, "endOffset": 4,
-         "maxReadPosition": 3, "ongoingTxnCount": 0, "abortedTxnCount": 0,
+                                       "backlog": 2, **billing}}},
+        {"partition": f"{T}-partition-1", "entries": 4, "messages": 3, "markers": 1,
+         "fileCount": len(indexes[1].files), "bytes": sizes[1], "startOffset": 0, "endOffset": 4,
+         "maxReadPosition": 3, "ongoingTxnCount": 0, "abortedTxnCount": 0, "blockingTxn": None,
          "subscriptions": {"billing": {"markDeletePosition": -1, "individuallyAckedCount": 1, "pendingAckCount": 1,
-                                       "backlog": 3}}},
+                                       "backlog": 3, **billing}}},
     ]
     assert [s["partition"] for s in client.admin.topic_stats("orders-partition-1")] == [f"{T}-partition-1"]
 
@@ -124,6 +131,8 @@ def test_topic_stats_shows_open_transactions(client) -> None:
     send(client, 0, "after")
     s = client.admin.topic_stats("orders")[0]
     assert (s["entries"], s["maxReadPosition"], s["ongoingTxnCount"], s["subscriptions"]) == (3, 0, 1, {})
+    assert (s["blockingTxn"]["txnId"], s["blockingTxn"]["firstOffset"], s["blockingTxn"]["heldEntries"]) == (
+        str(t.id), 1, 2)
     t.abort()
 
 
