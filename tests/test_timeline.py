@@ -180,3 +180,25 @@ def test_without_matplotlib_the_error_names_the_extra(held, tmp_path) -> None:
     assert r.stderr.startswith("error: drawing a timeline needs matplotlib, which is not installed")
     assert r.stderr.rstrip().endswith("install the viz extra, pip install 'pulsartx[viz]'")
     assert not (tmp_path / "x.svg").exists()
+
+
+def test_an_old_open_transaction_still_shows(tmp_path) -> None:
+    """Its only entry lies before the drawn window: it still spans the window as the blocker, and
+    maxReadPosition's line sits at the window's edge, labelled as before it."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, num_coordinators=1) as c:
+        c.admin.create_topic("tl")
+        p = c.create_producer("tl")
+        t = c.new_transaction(timeout_ms=600_000)
+        p.send(b"o", txn=t)
+        for _ in range(5):
+            p.send(b"x")
+        out = tmp_path / "old.svg"
+        summary = draw(root, out, "--last", "3")
+        assert (summary["start"], summary["entries"], summary["transactions"]["open"]) == (3, 3, 1)
+        assert (summary["blockingTxn"]["firstOffset"], summary["blockingTxn"]["heldEntries"]) == (0, 6)
+        tree = ET.parse(out)
+        texts = " ".join("".join(e.itertext()) for e in tree.iter(f"{SVG_NS}text"))
+        assert "blocking-txn" in {e.get("id") for e in tree.iter()}
+        assert f"\u2190 {t.id}" in texts and "maxReadPosition -1 (before these entries)" in texts
+        t.abort()

@@ -81,10 +81,13 @@ def figure(t: Timeline):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("offset")
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6, zorder=0)
-    ax.axvline(t.max_read_position + 0.5, color=MAX_READ_COLOR, linestyle="--", linewidth=1.6, zorder=5,
-               gid="max-read-position")
+    # maxReadPosition before the window (an old transaction holds it): drawn at the left edge.
+    mrp_x = max(t.max_read_position + 0.5, lo)
+    mrp_text = f" maxReadPosition {t.max_read_position}" + (" (before these entries)" if mrp_x == lo and
+                                                            t.max_read_position + 0.5 < lo else "")
+    ax.axvline(mrp_x, color=MAX_READ_COLOR, linestyle="--", linewidth=1.6, zorder=5, gid="max-read-position")
     ax.axvline(t.end - 0.5, color=END_COLOR, linewidth=1.6, zorder=5, gid="end")
-    ax.text(t.max_read_position + 0.5, -0.55, f" maxReadPosition {t.max_read_position}", color=MAX_READ_COLOR,
+    ax.text(mrp_x, -0.55, mrp_text, color=MAX_READ_COLOR,
             fontsize=9, va="top", ha="left", gid="max-read-position-label")
     ax.text(t.end - 0.5, rows - 0.45, f"end {t.end} ", color=END_COLOR, fontsize=9, va="bottom", ha="right",
             gid="end-label")
@@ -100,8 +103,8 @@ def figure(t: Timeline):
                 ("" if age is None else f"age {age / 1000:.1f} s of its {b.timeout_ms / 1000:g} s timeout, ") +
                 f"{b.held_entries} entries held back")
         row = 1 + next((i for i, s in enumerate(spans) if s.txn_id == b.txn_id), 0)
-        ax.annotate(text, xy=(b.first_offset - 0.5, row), xytext=(0.98, 1 - 0.08 / fig.get_figheight()),
-                    textcoords="figure fraction",
+        ax.annotate(text, xy=(max(b.first_offset - 0.5, lo), row), xytext=(0.98, 1 - 0.08 / fig.get_figheight()),
+                    textcoords="figure fraction", annotation_clip=False,
                     ha="right", va="top", fontsize=9, gid="blocking-label", zorder=6,
                     bbox={"boxstyle": "round", "fc": "#fff3e0", "ec": COLORS[OPEN]},
                     arrowprops={"arrowstyle": "->", "color": COLORS[OPEN]})

@@ -36,7 +36,8 @@ class Entry:
 @dataclass(frozen=True)
 class Span:
     """One transaction in the window: ``first`` is its first entry in the partition (it may lie
-    before the window: ``clipped``), ``marker`` its commit/abort marker (None while open)."""
+    before the window: ``clipped``), ``marker`` its commit/abort marker (None while open: then it
+    runs on to the partition's end)."""
 
     txn_id: TxnID
     first: int
@@ -98,10 +99,13 @@ def partition_timeline(root: StorageRoot, partition: TopicName, coordinators: Ca
             first = state.ongoing.get(k, min(data))
             outcome = OPEN if k in state.ongoing or k not in state.ended else \
                 ABORTED if k in state.aborted else COMMITTED
-            last_shown = max(data)
+            last_shown = end - 1 if outcome == OPEN else max(data)  # an open one runs on to the end
         clipped = first is None or first < start
         spans.append(Span(TxnID(*key_txn(k)), start if clipped else first, last_shown,
                           None if marker is None else marker.offset, outcome, clipped))
+    # Open since before the window, with no entry in it: still spans it (and may be the blocker).
+    spans.extend(Span(TxnID(*key_txn(k)), start, end - 1, None, OPEN, True)
+                 for k, first in state.ongoing.items() if k not in seen and first < start)
     spans.sort(key=lambda s: (s.first, s.txn_id))
     blocker = holding_back(coordinators(), str(partition), state) if state.read_limit < end else None
     return Timeline(str(partition), start, end, index.start_offset, state.max_read_position, entries, spans,
