@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from pulsartx.buffer.reads import VisibilityReader
+from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.client.message import Message, Records
-from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S, check_isolation
+from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S
 from pulsartx.coordinator.state import Subscription
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
