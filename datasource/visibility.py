@@ -21,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pulsartx.buffer.state import VisibilityFilter
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import consistent_cut
+from pulsartx.buffer.state import VisibilityFilter, keep_rows
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.log.schema import MessageType
 
 if TYPE_CHECKING:
@@ -59,9 +62,6 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
     in place by the fold, so the index the caller plans files from covers what the cut folded."""
     if isolation_level != READ_COMMITTED:
         return {name: Visibility(isolation_level) for name in plogs}
-    from pulsartx.buffer.buffer import TransactionBuffer
-    from pulsartx.buffer.reads import consistent_cut
-    from pulsartx.coordinator.registry import Coordinators
 
     buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
     filters = consistent_cut(Coordinators.shared(root), buffers)
@@ -73,7 +73,5 @@ def visible_records(records: pa.Table, visibility: Visibility) -> pa.Table:
     if visibility.filter is not None:
         return visibility.filter.apply(records)
     import pyarrow.compute as pc
-
-    from pulsartx.buffer.state import keep_rows
 
     return keep_rows(records, pc.equal(records.column("type"), MessageType.DATA.value))

@@ -13,15 +13,17 @@ import logging
 import time
 from typing import Any
 
+from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
+from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
-from pulsartx.log.partition import forget_shared, partition_segments
+from pulsartx.log.partition import PartitionLog, forget_shared, partition_segments
 from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.storage import delta
 from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
-from pulsartx.subscription.store import forget_shared_stores
+from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
 
 log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
@@ -90,8 +92,6 @@ class TopicsAdmin:
         topic would make a re-created topic's subscriber skip the new topic's first
         mark-delete + 1 messages. Subscriptions are tombstoned like ``delete_subscription``, not
         removed, since open consumers elsewhere may still hold handles on their tables."""
-        from pulsartx.admin.subscriptions import tombstone_topic
-
         t = TopicName.parse(topic).base
         parts = self.partitions_of(t)  # TopicNotFound names the topic
         subs = tombstone_topic(self.root, parts)
@@ -120,16 +120,12 @@ class TopicsAdmin:
                     out.append(str(TopicName(tn, ns, name)))
         return sorted(out)
 
-    # ---- stats and peek (pulsar-admin topics stats / peek-messages) -----------------------------------
+    # ---- stats (pulsar-admin topics stats) -----------------------------------------------------------
     def topic_stats(self, topic: str) -> list[dict[str, Any]]:
         """Per partition of ``topic`` (or the one it names): entries (end offset - start offset),
         bytes (data files), start/end offsets, maxReadPosition, ongoing and aborted transaction
         counts (the transaction buffer's), and each subscription's backlog: ``end offset -
         (markDeletePosition + 1)`` minus the offsets acknowledged individually above it."""
-        from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.log.partition import PartitionLog
-        from pulsartx.subscription.store import SubscriptionStore
 
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
@@ -152,29 +148,3 @@ class TopicsAdmin:
                         "ongoingTxnCount": len(state.ongoing), "abortedTxnCount": len(state.aborted),
                         "subscriptions": subs})
         return out
-
-    def peek(self, topic: str, n: int = 10, isolation_level: str = "READ_COMMITTED") -> list[Any]:
-        """The first ``n`` messages a reader from the earliest position sees (``Message`` objects),
-        READ_COMMITTED by default. No subscription is touched."""
-        from pulsartx.client.reader import check_isolation
-        from pulsartx.log.message_id import MessageId
-
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise InvalidConfiguration(f"peek on {topic}: n={n!r} must be a non-negative integer")
-        level = check_isolation(isolation_level)
-        self.get_partitions(topic)
-        client = getattr(self, "client", None)
-        own = client is None
-        if own:  # a bare TopicsAdmin(root): a client for the reader (TC decisions need one)
-            from pulsartx.client.client import Client
-
-            client = Client(self.root.url, self.root.storage_options)
-        try:
-            out: list[Any] = []
-            with client.create_reader(topic, MessageId.earliest, isolation_level=level) as reader:
-                while len(out) < n and reader.has_message_available():
-                    out.append(reader.read_next())
-            return out
-        finally:
-            if own:
-                client.close()

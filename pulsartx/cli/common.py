@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from pulsartx.client import Client
 from pulsartx.exceptions import PulsarException
 
 ERROR_EXIT_CODE = 2
@@ -50,8 +51,6 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def get_client(ctx: click.Context):
     """A Client on the root given by the global ``--service-url`` / ``--storage-option``."""
-    from pulsartx import Client
-
     obj = ctx.find_root().obj
     return Client(obj["service_url"], obj["storage_options"])
 
