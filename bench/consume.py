@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 TARGET_CONSUME = 0.8
-TARGET_CTP = 0.7
+TARGET_CTP = 0.8
 RECEIVE_TIMEOUT_MS = 30_000
 
 
