@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pulsartx.storage.root import StorageRoot
+from pulsartx.storage.root import StorageRoot, read_url_text
 
 log = logging.getLogger("pulsartx.commit_protocol")
 Offsets = dict[str, dict[str, int]]
@@ -65,8 +65,6 @@ def forget(root: StorageRoot, subscription: str, end: Offsets) -> None:
 def checkpoint_offsets(checkpoint: str, batch_id: int) -> list[Any]:
     """The per-source offsets Spark logged for ``batch_id`` (None where a line is not JSON), or []
     when the offset log has no such batch."""
-    from pulsartx.storage.root import read_url_text
-
     try:
         lines = read_url_text(checkpoint.rstrip("/") + f"/offsets/{batch_id}").splitlines()
     except FileNotFoundError:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.storage.root import StorageRoot
@@ -58,8 +59,6 @@ class JobTransaction:
         prefix = producer_name or f"spark-{uuid.uuid4().hex[:12]}"
         if not transactional:
             return cls(root, None, prefix, timeout_ms)
-        from pulsartx.coordinator.registry import Coordinators
-
         tcs = Coordinators.shared(root, recover_on_open=True)
         tc = tcs.tc(tcs.pick())
         parts = sorted(set(partitions))
@@ -73,8 +72,6 @@ class JobTransaction:
         return self.txn_id is not None
 
     def _tc(self):
-        from pulsartx.coordinator.registry import Coordinators
-
         assert self.txn_id is not None
         return Coordinators.shared(self.root).for_txn(self.txn_id)
 

@@ -33,13 +33,17 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from commit_protocol import handoff
 from commit_protocol.job import JobTransaction
+from pulsartx.buffer.state import txn_key
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all
+from pulsartx.coordinator.keys import full_key
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError
 from pulsartx.naming import TopicName
-from pulsartx.storage.root import StorageRoot
+from pulsartx.storage.root import StorageRoot, read_url_text
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
+from pulsartx.subscription.store import shared_store
 
 log = logging.getLogger("pulsartx.commit_protocol")
 BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
@@ -65,8 +69,6 @@ def query_id(checkpoint: str | None) -> str:
     if not checkpoint:
         return ""
     import json
-
-    from pulsartx.storage.root import read_url_text
 
     try:
         return str(json.loads(read_url_text(checkpoint.rstrip("/") + "/metadata").splitlines()[0]).get("id", ""))
@@ -113,8 +115,6 @@ class MicroBatchTransaction:
     def begin(cls, root: StorageRoot, key: str, checkpoint: str | None, *, timeout_ms: int,
               producer_name: str | None = None, connection: str | None = None,
               partitions: frozenset[str] = frozenset()) -> MicroBatchTransaction:
-        from pulsartx.coordinator.keys import full_key
-        from pulsartx.coordinator.registry import Coordinators
 
         tcs = Coordinators.shared(root)
         tc_id = tcs.pick(full_key(OWNER, key))
@@ -144,8 +144,6 @@ class MicroBatchTransaction:
         return cls(JobTransaction(root, txn, f"stream-{key}", timeout_ms), key, -1, checkpoint)
 
     def _tcs(self):
-        from pulsartx.coordinator.registry import Coordinators
-
         return Coordinators.shared(self.job.root)
 
     def batch_token(self, batch_id: int) -> str:
@@ -161,8 +159,6 @@ class MicroBatchTransaction:
         whose compaction always keeps the key's latest committed one: the only batch Spark replays
         is the latest, so its committing transaction is found however many transactions the key
         began since (the key row lists only the last few: a crash loop pushed it off that list)."""
-        from pulsartx.coordinator.keys import full_key
-
         tcs = self._tcs()
         token = self.batch_token(batch_id)
         for meta in tcs.tc(tcs.pick(full_key(OWNER, self.key))).transactions(refresh=True):
@@ -201,8 +197,6 @@ class MicroBatchTransaction:
 
     def _ack_inputs(self, batch_id: int) -> None:
         """Cumulatively acknowledge the batch's input on its subscription inside the transaction."""
-        from pulsartx.buffer.state import txn_key
-
         root, txn = self.job.root, self.job.txn_id
         assert txn is not None
         plans = []
@@ -231,8 +225,6 @@ class MicroBatchTransaction:
 def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
     """(store, partition, position) to acknowledge for one hand-off record; None when the
     subscription is not at the batch's start, i.e. the record belongs to another query."""
-    from pulsartx.subscription.store import shared_store
-
     targets = []
     for topic, parts in h.end.items():
         for p, end in parts.items():

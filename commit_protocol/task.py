@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from commit_protocol.job import JobTransaction, TaskReport
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.client.routing import partition_for_key
 from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
 from pulsartx.log.partition import PartitionLog, records_from_arrow, shared_log
@@ -56,8 +57,6 @@ class TaskAppender:
     def _partitions_of(self, topic: str) -> int:
         n = self.counts.get(topic)
         if n is None:
-            from pulsartx.admin.topics import TopicsAdmin
-
             admin = TopicsAdmin(self.job.root)
             try:
                 n = admin.get_partitions(topic)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
 from pulsartx.log.compression import CompressionType
-from pulsartx.naming import TopicName
+from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.storage.root import StorageRoot
 
 SERVICE_URL = "service.url"
@@ -273,8 +273,6 @@ class StreamOptions:
 def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     """``spark.readStream.format("pulsartx")``: the batch options, plus admission control, data-loss
     policy and the durable subscription. startingOffsets defaults to latest, as in Kafka's source."""
-    from pulsartx.naming import check_subscription_name
-
     opts = _lower(options)
     if STARTING_OFFSETS.lower() not in opts:
         opts[STARTING_OFFSETS.lower()] = "latest"

@@ -28,6 +28,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 
 from commit_protocol.microbatch import BATCH_PROPERTY, COMMIT_REQUESTED_PROPERTY
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnMeta, TxnStatus
 from pulsartx.storage.root import StorageRoot
 
@@ -76,8 +77,6 @@ class BatchTransactions:
 
     def _coordinators(self):
         if self._tcs is None:
-            from pulsartx.coordinator.registry import Coordinators
-
             self._tcs = Coordinators(self.root, recover_on_open=False)
         return self._tcs
 

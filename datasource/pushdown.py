@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from datasource.schema import canonical_column
+
 PUSHDOWN_WORKER = "pyspark.sql.worker.data_source_pushdown_filters"
 
 
@@ -70,8 +72,6 @@ def push(filters: list[Any]) -> tuple[Pushed, list[Any]]:
         LessThan,
         LessThanOrEqual,
     )
-
-    from datasource.schema import canonical_column
 
     p = Pushed()
     rejected: list[Any] = []

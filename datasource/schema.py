@@ -94,6 +94,7 @@ def projection(schema: StructType) -> Projection:
     Rows have the fixed topic schema (like the Kafka source's); ``.schema()`` may restate it or
     name a subset of its columns. Anything else is refused here, naming the column and the fix,
     instead of failing later with an opaque Arrow mismatch in the executor."""
+    # Imported here: Spark's data-source discovery imports this module, which must stay pyspark-only.
     from pulsartx.exceptions import InvalidConfiguration
 
     declared = schema.simpleString()

@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from commit_protocol import handoff
 from datasource.batch_reader import (
     OffsetRangePartition,
     PackedPartition,
@@ -44,8 +45,13 @@ from datasource.options import StreamOptions
 from datasource.schema import FULL, Projection
 from datasource.topics import partitions_to_read
 from datasource.visibility import Visibility
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import resolved_filter
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
+from pulsartx.subscription.store import shared_store
 
 log = logging.getLogger("pulsartx.datasource")
 Offsets = dict[str, dict[str, int]]
@@ -91,8 +97,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions_to_read(self.root, self.opts.read.selection)
 
     def _log(self, p: TopicName):
-        from pulsartx.log.partition import PartitionLog
-
         key = str(p)
         if key not in self._logs:
             self._logs[key] = PartitionLog(self.root, p)
@@ -107,9 +111,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _filter(self, p: TopicName):
         """The partition's READ_COMMITTED filter, ongoing transactions resolved through their TCs
         (the client readers' path): an expired transaction is aborted, not waited for."""
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.buffer.reads import resolved_filter
-        from pulsartx.coordinator.registry import Coordinators
 
         key = str(p)
         if key not in self._buffers:
@@ -117,8 +118,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return resolved_filter(Coordinators.shared(self.root), self._buffers[key])
 
     def _store(self, p: TopicName):
-        from pulsartx.subscription.store import shared_store
-
         assert self.opts.subscription is not None
         return shared_store(self.root, p, self.opts.subscription)  # loaded once per worker process
 
@@ -237,8 +236,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     visibility = Visibility(self.opts.read.isolation_level)
                 planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition))
         if self.opts.subscription is not None and planned:
-            from commit_protocol import handoff
-
             handoff.record(self.root, self.opts.subscription, start, end)
         return pack_ranges(planned, self.opts.min_entries_per_task, self.opts.read.max_entries_per_partition)
 
@@ -260,8 +257,6 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 store = self._store(p)
                 if store.exists() and off > 0:
                     store.update(lambda c, off=off: c.ack_cumulative(off - 1))
-        from commit_protocol import handoff
-
         handoff.forget(self.root, self.opts.subscription, end)
 
     def stop(self) -> None:

@@ -14,7 +14,20 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from commit_protocol.job import JobTransaction
+from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
+from datasource.options import (
+    CHECKPOINT_LOCATION,
+    DEFAULT_MICROBATCH_TIMEOUT_MS,
+    TRANSACTION_KEY,
+    TRANSACTION_TIMEOUT_MS,
+    _lower,
+    parse_positive_int,
+    parse_write_options,
+)
 from datasource.writer import TaskWriting, resolve_targets
+from pulsartx.coordinator.keys import full_key
+from pulsartx.exceptions import InvalidConfiguration
 
 if TYPE_CHECKING:
     from commit_protocol.microbatch import MicroBatchTransaction
@@ -30,18 +43,6 @@ def in_sink_runner() -> bool:
 
 
 def prepare_stream_write(options, schema: StructType, overwrite: bool) -> PulsarTxStreamWriter:
-    from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
-    from datasource.options import (
-        CHECKPOINT_LOCATION,
-        DEFAULT_MICROBATCH_TIMEOUT_MS,
-        TRANSACTION_KEY,
-        TRANSACTION_TIMEOUT_MS,
-        _lower,
-        parse_positive_int,
-        parse_write_options,
-    )
-    from pulsartx.coordinator.keys import full_key
-    from pulsartx.exceptions import InvalidConfiguration
 
     raw = _lower(options)
     opts = parse_write_options(raw)
@@ -73,8 +74,6 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
 class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
     def __init__(self, mbt: MicroBatchTransaction | None, root: StorageRoot, key: str, checkpoint: str | None,
                  timeout_ms: int, *args):
-        from commit_protocol.job import JobTransaction
-
         super().__init__(mbt.job if mbt is not None else JobTransaction(root, None, f"stream-{key}", timeout_ms), *args)
         self.mbt = mbt
         self.root = root
@@ -83,13 +82,9 @@ class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
         self.timeout_ms = timeout_ms
 
     def _batch_txn(self, messages: list[WriterCommitMessage | None]) -> MicroBatchTransaction | None:
-        from commit_protocol.microbatch import MicroBatchTransaction
-
         return MicroBatchTransaction.for_commit(self.root, self.key, self.checkpoint, self.timeout_ms, messages)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's name)
-        from commit_protocol.microbatch import MicroBatchTransaction
-
         mbt = self._batch_txn(messages)
         if mbt is None:
             # No task wrote anything; the input may still need acknowledging, atomically as always.

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from datasource.held_back import warn_held_back
-from pulsartx.buffer.state import VisibilityFilter
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import consistent_cut
+from pulsartx.buffer.state import VisibilityFilter, keep_rows
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.log.schema import MessageType
 
 if TYPE_CHECKING:
@@ -60,9 +63,6 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
     in place by the fold, so the index the caller plans files from covers what the cut folded."""
     if isolation_level != READ_COMMITTED:
         return {name: Visibility(isolation_level) for name in plogs}
-    from pulsartx.buffer.buffer import TransactionBuffer
-    from pulsartx.buffer.reads import consistent_cut
-    from pulsartx.coordinator.registry import Coordinators
 
     buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
     tcs = Coordinators.shared(root)
@@ -76,7 +76,5 @@ def visible_records(records: pa.Table, visibility: Visibility) -> pa.Table:
     if visibility.filter is not None:
         return visibility.filter.apply(records)
     import pyarrow.compute as pc
-
-    from pulsartx.buffer.state import keep_rows
 
     return keep_rows(records, pc.equal(records.column("type"), MessageType.DATA.value))

@@ -31,6 +31,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from commit_protocol.job import JobTransaction, TaskReport
+from commit_protocol.task import TaskAppender
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 
 if TYPE_CHECKING:
@@ -78,8 +81,6 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
     """Driver side, shared by batch and streaming writes: validate mode, columns and topic, create
     the topic when asked. Returns (columns, partition counts, partitions to register up front,
     skip) where skip means saveMode=ignore found the topic, so nothing is written."""
-    from pulsartx.admin.topics import TopicsAdmin
-
     if overwrite:
         raise InvalidConfiguration(
             "mode('overwrite') is not supported (nor is streaming outputMode complete): pulsartx topics are "
@@ -116,8 +117,6 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
 
 def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> PulsarTxBatchWriter:
     """Driver side (``writer()``): validate everything, then begin the job's transaction."""
-    from commit_protocol.job import JobTransaction
-
     columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
     job = JobTransaction.begin(opts.root, transactional=opts.transactional and not skip,
                                timeout_ms=opts.transaction_timeout_ms, producer_name=opts.producer_name,
@@ -147,8 +146,6 @@ class TaskWriting:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
 
-        from commit_protocol.job import TaskReport
-        from commit_protocol.task import TaskAppender
 
         if self.skip:
             collections.deque(iterator, maxlen=0)  # saveMode=ignore on an existing topic: write nothing

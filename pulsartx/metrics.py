@@ -18,6 +18,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.state import key_txn
+from pulsartx.log.partition import PartitionLog
+
 # Pulsar's pulsar_txn_execution_latency_le_* buckets, in milliseconds.
 LATENCY_BUCKETS_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
 
@@ -140,9 +144,6 @@ class PulsarTxCollector:
     def _partitions(self, metas_by_tc):
         from prometheus_client.core import GaugeMetricFamily
 
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.buffer.state import key_txn
-        from pulsartx.log.partition import PartitionLog
 
         entries = GaugeMetricFamily("pulsartx_partition_entries", "Offsets in the partition log",
                                     labels=["topic", "partition"])

@@ -15,6 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.log.partition import PartitionLog
+from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.storage.delta import StorageUnavailable
+
 log = logging.getLogger("pulsartx.service")
 
 
@@ -45,9 +50,6 @@ class CoordinatorService:
         self._stop.set()
 
     def run_pass(self) -> None:
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.log.partition import PartitionLog
-        from pulsartx.storage.delta import StorageUnavailable
 
         for tc in self.client._coordinators().all():
             if self._stop.is_set():
@@ -64,8 +66,6 @@ class CoordinatorService:
                 try:
                     TransactionBuffer(PartitionLog(self.client.root, p)).state()  # folds; snapshots when due
                     if compact:
-                        from pulsartx.maintenance.compaction import compact_partition
-
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)
                 except StorageUnavailable:

@@ -455,7 +455,7 @@ def test_console_script(shared) -> None:
                           "with client.admin.create_topic() or `pulsartx topics create`\n")
 
 
-def test_command_tree_and_ops_hook() -> None:
+def test_command_tree() -> None:
     for group, commands in {
         "topics": {"create", "delete", "list", "stats", "peek", "timeline"},
         "subscriptions": {"list", "reset", "skip", "delete"},
@@ -465,9 +465,5 @@ def test_command_tree_and_ops_hook() -> None:
                          "transaction-in-pending-ack-stats"},
     }.items():
         assert set(cli.commands[group].commands) == commands
-    # Without pulsartx/cli/ops.py the CLI still loads, with the three groups only.
-    code = ("import sys; sys.modules['pulsartx.cli.ops'] = None\n"
-            "from pulsartx.cli.main import cli; print(sorted(cli.commands))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['subscriptions', 'topics', 'transactions']"
+    assert set(cli.commands["coordinator"].commands) == {"run"}
+    assert set(cli.commands) == {"topics", "subscriptions", "transactions", "coordinator", "compact", "retention"}

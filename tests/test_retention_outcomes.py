@@ -111,6 +111,7 @@ def test_a_straggler_folded_after_its_transaction_was_forgotten_stays_hidden(tmp
         t = c.new_transaction()
         p.send(f"n{i}".encode(), txn=t)
         t.commit()
+    c.flush()  # the markers: commit() returns at the decision, the background completer writes them
     buf = TransactionBuffer(PartitionLog(c.root, PART))
     assert buf.state().ongoing == {}  # `old` already forgotten here
     PartitionLog(c.root, PART).append(build_records([b"straggler"], txn=old.id.as_tuple()))

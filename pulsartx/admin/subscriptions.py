@@ -19,15 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pulsartx.admin.host import AdminHost
+from pulsartx.buffer.reads import VisibilityReader
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException
 from pulsartx.log.message_id import MessageId
+from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.store import SubscriptionStore, subscription_dir
 
 if TYPE_CHECKING:
-    from pulsartx.client.client import Client
     from pulsartx.log.partition import PartitionLog
 
 SKIP_CHUNK = 10_000  # offsets read per step while looking for the next deliverable messages
@@ -86,7 +89,7 @@ class SubscriptionsAdmin:
     """Mixed into :class:`pulsartx.admin.Admin` (which provides ``root``, ``client`` and
     ``partitions_of``)."""
 
-    client: Client
+    client: AdminHost
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _store(self, partition: TopicName, subscription: str) -> SubscriptionStore:
@@ -112,8 +115,6 @@ class SubscriptionsAdmin:
         return out
 
     def _plog(self, partition: TopicName) -> PartitionLog:
-        from pulsartx.log.partition import PartitionLog
-
         return PartitionLog(self.client.root, partition)
 
     # ---- pulsar-admin topics subscriptions ------------------------------------------------------------
@@ -186,8 +187,6 @@ class SubscriptionsAdmin:
     def _readable_end(self, plog: PartitionLog) -> int:
         """The READ_COMMITTED end: everything before it is decided, everything from it on is not
         delivered yet, so a reset there skips no message of a transaction still open."""
-        from pulsartx.buffer.reads import VisibilityReader
-
         return VisibilityReader(self.client, plog, "READ_COMMITTED").end_position()
 
     # ---- pulsar-admin topics skip -------------------------------------------------------------------
@@ -208,8 +207,6 @@ class SubscriptionsAdmin:
         return out
 
     def _skip_partition(self, store: SubscriptionStore, n: int) -> tuple[int, CursorState]:
-        from pulsartx.buffer.reads import VisibilityReader
-
         vis = VisibilityReader(self.client, self._plog(store.partition), "READ_COMMITTED")
         for _ in range(MAX_SKIP_ATTEMPTS):
             c0 = store.cursor()
@@ -254,8 +251,6 @@ class SubscriptionsAdmin:
         Refused while a consumer holds a live lease on it, unless ``force``: there is no broker to
         disconnect that consumer, which then stops receiving (its cursor is gone) until it is
         closed. A pending ack dropped here makes its transaction's commit or abort a no-op here."""
-        from pulsartx.subscription.leases import LeaseStore
-
         stores = self._subscription_stores(topic, subscription)
         base = stores[0][0].partition.base
         if not force and self.client.root.exists(*subscription_dir(base, subscription), "consumers", "_delta_log"):

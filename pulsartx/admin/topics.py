@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
@@ -23,7 +24,7 @@ from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
-from pulsartx.subscription.store import forget_shared_stores
+from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
 
 log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
@@ -92,8 +93,6 @@ class TopicsAdmin:
         topic would make a re-created topic's subscriber skip the new topic's first
         mark-delete + 1 messages. Subscriptions are tombstoned like ``delete_subscription``, not
         removed, since open consumers elsewhere may still hold handles on their tables."""
-        from pulsartx.admin.subscriptions import tombstone_topic
-
         t = TopicName.parse(topic).base
         parts = self.partitions_of(t)  # TopicNotFound names the topic
         subs = tombstone_topic(self.root, parts)
@@ -122,16 +121,13 @@ class TopicsAdmin:
                     out.append(str(TopicName(tn, ns, name)))
         return sorted(out)
 
-    # ---- stats and peek (pulsar-admin topics stats / peek-messages) -----------------------------------
+    # ---- stats (pulsar-admin topics stats) -----------------------------------------------------------
     def topic_stats(self, topic: str) -> list[dict[str, Any]]:
         """Per partition of ``topic`` (or the one it names): offsets and entries (end - start, markers
         included), messages and markers apart, files and bytes, maxReadPosition and the transaction
         holding it back, the transaction buffer's counts, producers, publish/consume rates, and
         each subscription's cursor, backlog (``end offset - (markDeletePosition + 1)`` minus the
         offsets acknowledged individually above it), type, consumers and unacked messages."""
-        from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names
-        from pulsartx.subscription.store import SubscriptionStore
-
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
         now = int(time.time() * 1000)
@@ -157,29 +153,3 @@ class TopicsAdmin:
         """The TCs that name a blocking transaction: the client's when there is one."""
         client = getattr(self, "client", None)
         return client._coordinators() if client is not None else Coordinators.shared(self.root)
-
-    def peek(self, topic: str, n: int = 10, isolation_level: str = "READ_COMMITTED") -> list[Any]:
-        """The first ``n`` messages a reader from the earliest position sees (``Message`` objects),
-        READ_COMMITTED by default. No subscription is touched."""
-        from pulsartx.client.reader import check_isolation
-        from pulsartx.log.message_id import MessageId
-
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise InvalidConfiguration(f"peek on {topic}: n={n!r} must be a non-negative integer")
-        level = check_isolation(isolation_level)
-        self.get_partitions(topic)
-        client = getattr(self, "client", None)
-        own = client is None
-        if own:  # a bare TopicsAdmin(root): a client for the reader (TC decisions need one)
-            from pulsartx.client.client import Client
-
-            client = Client(self.root.url, self.root.storage_options)
-        try:
-            out: list[Any] = []
-            with client.create_reader(topic, MessageId.earliest, isolation_level=level) as reader:
-                while len(out) < n and reader.has_message_available():
-                    out.append(reader.read_next())
-            return out
-        finally:
-            if own:
-                client.close()

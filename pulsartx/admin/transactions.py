@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pulsartx.admin.host import AdminHost
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.coordinator.keys import full_key, key_segments
 from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
 from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, TransactionNotFound
-
-if TYPE_CHECKING:
-    from pulsartx.client.client import Client
+from pulsartx.log.partition import PartitionLog
+from pulsartx.subscription.store import SubscriptionStore
 
 
 def meta_dict(m: TxnMeta, now_ms: int | None = None) -> dict[str, Any]:
@@ -28,7 +30,7 @@ def meta_dict(m: TxnMeta, now_ms: int | None = None) -> dict[str, Any]:
 
 
 class TransactionsAdmin:
-    def __init__(self, client: Client):
+    def __init__(self, client: AdminHost):
         self.client = client
 
     def _tcs(self):
@@ -99,8 +101,6 @@ class TransactionsAdmin:
     # ---- transaction buffer ------------------------------------------------------------------------
     def get_transaction_buffer_stats(self, topic: str) -> list[dict[str, Any]]:
         """Per partition: state, maxReadPosition, ongoing and aborted counts, last snapshot offset."""
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.log.partition import PartitionLog
 
         return [TransactionBuffer(PartitionLog(self.client.root, p)).stats()
                 for p in self.client.admin.partitions_of(topic)]
@@ -108,9 +108,6 @@ class TransactionsAdmin:
     def get_transaction_in_buffer_stats(self, txn_id: TxnID | str, topic: str) -> list[dict[str, Any]]:
         """Where one transaction stands in each partition of ``topic``: ONGOING (with its first
         offset), COMMITTED/ABORTED (with the marker offset), or NONE."""
-        from pulsartx.buffer.buffer import TransactionBuffer
-        from pulsartx.buffer.state import txn_key
-        from pulsartx.log.partition import PartitionLog
 
         t = TxnID.parse(txn_id)
         k = txn_key(t.most_bits, t.least_bits)
@@ -130,8 +127,6 @@ class TransactionsAdmin:
     # ---- pending acks ------------------------------------------------------------------------------
     def get_pending_ack_stats(self, topic: str, subscription: str) -> list[dict[str, Any]]:
         """Per partition: the cursor position and what is in PENDING_ACK, by transaction."""
-        from pulsartx.buffer.state import key_txn
-        from pulsartx.subscription.store import SubscriptionStore
 
         out = []
         for p in self.client.admin.partitions_of(topic):
@@ -154,8 +149,6 @@ class TransactionsAdmin:
     def get_transaction_in_pending_ack_stats(self, txn_id: TxnID | str, topic: str,
                                              subscription: str) -> list[dict[str, Any]]:
         """Per partition: the offsets ``txn_id`` holds in PENDING_ACK on ``subscription``."""
-        from pulsartx.buffer.state import txn_key
-        from pulsartx.subscription.store import SubscriptionStore
 
         t = TxnID.parse(txn_id)
         k = txn_key(t.most_bits, t.least_bits)

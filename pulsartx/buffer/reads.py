@@ -27,17 +27,28 @@ import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import BufferState, Cut, Decision, VisibilityFilter, key_txn, txn_key
+from pulsartx.coordinator.coordinator import now_ms
+from pulsartx.coordinator.state import TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.log.schema import MessageType
 
 log = logging.getLogger(__name__)
 
+ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
+
+
+def check_isolation(level: str) -> str:
+    """The isolation level, upper-cased; an unknown one names the valid levels."""
+    norm = str(level).upper()
+    if norm not in ISOLATION_LEVELS:
+        raise InvalidConfiguration(f"isolation_level={level!r}: must be one of {', '.join(ISOLATION_LEVELS)}")
+    return norm
+
 
 def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
     """TC metadata for each transaction key (None: unknown to its TC), one log refresh per TC."""
-    from pulsartx.coordinator.coordinator import now_ms
-    from pulsartx.coordinator.txnid import TxnID
-    from pulsartx.exceptions import PulsarException, TransactionNotFound
 
     by_tc: dict[int, list[int]] = defaultdict(list)
     for k in keys:
@@ -67,8 +78,6 @@ def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
 
 def _decisions(metas: Mapping[int, Any], name: str, state: BufferState) -> dict[int, Decision]:
     """Outcomes for the transactions still ongoing in ``state`` that their TCs decided."""
-    from pulsartx.coordinator.state import TxnStatus
-
     decided: dict[int, Decision] = {}
     for k, first in state.ongoing.items():
         if k not in metas:
@@ -99,8 +108,6 @@ def resolved_filter(coordinators: Any, buffer: TransactionBuffer) -> VisibilityF
     state = buffer.state()
     if not state.ongoing or coordinators is None:
         return state.filter()
-    from pulsartx.coordinator.state import TxnStatus
-
     metas = _lookup(coordinators, set(state.ongoing))
     if any(m is not None and m.status is TxnStatus.COMMITTED for m in metas.values()):
         state = buffer.state()  # folded after the lookup: every marker written before COMMITTED is in
@@ -122,8 +129,6 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
        T0; a transaction is shown only if decided COMMIT at T0 (or finished before it) and none of its
        data lies at or past any partition's limit: otherwise it is hidden everywhere.
     """
-    from pulsartx.coordinator.state import TxnStatus
-    from pulsartx.exceptions import PulsarException, StorageError
 
     first = {name: b.state() for name, b in buffers.items()}
     # Before T0: everything at or past these offsets was written after this instant.

@@ -14,6 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from pulsartx.client import Client
 from pulsartx.exceptions import PulsarException
 from pulsartx.storage.presence import root_missing
 from pulsartx.storage.root import StorageRoot
@@ -54,8 +55,6 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 def get_client(ctx: click.Context, creates: bool = False):
     """A Client on the root given by the global ``--service-url`` / ``--storage-option``. Only a
     command that ``creates`` something may run on a local root that does not exist yet."""
-    from pulsartx import Client
-
     obj = ctx.find_root().obj
     if not creates:
         require_root(ctx)

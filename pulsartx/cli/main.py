@@ -1,9 +1,8 @@
 """The ``pulsartx`` command (after ``pulsar-admin``). Every command takes ``--service-url`` and
 ``--storage-option KEY=VALUE``; output is a table, or JSON with ``--json``.
 
-Command groups live in their own modules (``topics``, ``subscriptions``, ``transactions``); shared
-helpers in ``common``. An optional ``pulsartx.cli.ops`` module adds operational commands through
-its ``register(cli)``.
+Command groups live in their own modules (``topics``, ``subscriptions``, ``transactions``, and
+``ops`` for the operational ones); shared helpers in ``common``.
 """
 from __future__ import annotations
 
@@ -11,14 +10,13 @@ import sys
 
 import click
 
-from pulsartx.cli.common import RootGroup, emit, get_client, parse_options
+from pulsartx.cli.common import RootGroup, emit, parse_options
+from pulsartx.cli.ops import compact, coordinator, retention
 from pulsartx.cli.subscriptions import subscriptions
 from pulsartx.cli.topics import topics
 from pulsartx.cli.transactions import transactions
 from pulsartx.exceptions import PulsarException
 
-_client = get_client  # older name, kept for modules written against it
-_parse_options = parse_options
 __all__ = ["cli", "emit", "main"]
 
 
@@ -37,16 +35,9 @@ def cli(ctx: click.Context, service_url: str | None, storage_option: tuple[str, 
 cli.add_command(topics)
 cli.add_command(subscriptions)
 cli.add_command(transactions)
-
-# Operational commands (coordinator run, compact, retention) come from pulsartx/cli/ops.py when it
-# exists; only that module being absent is tolerated, an error inside it is not hidden.
-try:
-    from pulsartx.cli.ops import register as _register_ops
-except ModuleNotFoundError as _e:
-    if _e.name != "pulsartx.cli.ops":
-        raise
-else:
-    _register_ops(cli)
+cli.add_command(coordinator)
+cli.add_command(compact)
+cli.add_command(retention)
 
 
 def main() -> None:

@@ -5,11 +5,11 @@ import logging
 
 import click
 
-
-def _client(ctx: click.Context):
-    from pulsartx.cli.main import _client as make
-
-    return make(ctx)
+from pulsartx.cli.common import emit, get_client
+from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.maintenance.retention import apply_retention, vacuum
+from pulsartx.metrics import start_metrics_server
+from pulsartx.service import CoordinatorService
 
 
 def _partitions(client, topic: str | None):
@@ -17,70 +17,61 @@ def _partitions(client, topic: str | None):
     return [p for t in topics for p in client.admin.partitions_of(t)]
 
 
-def register(cli: click.Group) -> None:
-    from pulsartx.cli.main import emit
+@click.group()
+def coordinator() -> None:
+    """The transaction coordinator service."""
 
-    @cli.group()
-    def coordinator() -> None:
-        """The transaction coordinator service."""
+@coordinator.command("run")
+@click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
+@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
+@click.option("--compact-every", default=0, type=int, help="Compact every N passes (0: never).")
+@click.option("--grace-ms", default=None, type=int, help="Finish COMMITTING/ABORTING left this long.")
+@click.pass_context
+def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: int | None, compact_every: int,
+                    grace_ms: int | None) -> None:
+    """Sweep timeouts, finish abandoned transactions, snapshot buffers; stops cleanly on SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = get_client(ctx)
+    if metrics_port is not None:
+        start_metrics_server(metrics_port, client)
+        click.echo(f"metrics on :{metrics_port}/metrics", err=True)
+    stats = CoordinatorService(client, sweep_interval_ms / 1000.0, compact_every, grace_ms).run()
+    emit(ctx, {"passes": stats.passes, "timed_out": stats.timed_out, "completed": stats.completed,
+               "failed": stats.failed})
 
-    @coordinator.command("run")
-    @click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
-    @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
-    @click.option("--compact-every", default=0, type=int, help="Compact every N passes (0: never).")
-    @click.option("--grace-ms", default=None, type=int, help="Finish COMMITTING/ABORTING left this long.")
-    @click.pass_context
-    def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: int | None, compact_every: int,
-                        grace_ms: int | None) -> None:
-        """Sweep timeouts, finish abandoned transactions, snapshot buffers; stops cleanly on SIGTERM."""
-        from pulsartx.service import CoordinatorService
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        client = _client(ctx)
-        if metrics_port is not None:
-            from pulsartx.metrics import start_metrics_server
+@click.command()
+@click.argument("topic", required=False)
+@click.pass_context
+def compact(ctx: click.Context, topic: str | None) -> None:
+    """Drop aborted and excluded messages from old files (offsets kept); all topics by default."""
+    client = get_client(ctx)
+    parts = _partitions(client, topic)
+    rows = []
+    with click.progressbar(parts, label="compacting", file=click.get_text_stream("stderr")) as bar:
+        for p in bar:
+            rows.append(compact_partition(client.root, p).as_dict())
+    emit(ctx, rows, ["partition", "files_before", "files_after", "rows_dropped", "bytes_before", "skipped"])
 
-            start_metrics_server(metrics_port, client)
-            click.echo(f"metrics on :{metrics_port}/metrics", err=True)
-        stats = CoordinatorService(client, sweep_interval_ms / 1000.0, compact_every, grace_ms).run()
-        emit(ctx, {"passes": stats.passes, "timed_out": stats.timed_out, "completed": stats.completed,
-                   "failed": stats.failed})
 
-    @cli.command()
-    @click.argument("topic", required=False)
-    @click.pass_context
-    def compact(ctx: click.Context, topic: str | None) -> None:
-        """Drop aborted and excluded messages from old files (offsets kept); all topics by default."""
-        from pulsartx.maintenance.compaction import compact_partition
-
-        client = _client(ctx)
-        parts = _partitions(client, topic)
-        rows = []
-        with click.progressbar(parts, label="compacting", file=click.get_text_stream("stderr")) as bar:
-            for p in bar:
-                rows.append(compact_partition(client.root, p).as_dict())
-        emit(ctx, rows, ["partition", "files_before", "files_after", "rows_dropped", "bytes_before", "skipped"])
-
-    @cli.command()
-    @click.argument("topic", required=False)
-    @click.option("--max-age-ms", type=int, default=None)
-    @click.option("--max-bytes", type=int, default=None)
-    @click.option("--force", is_flag=True, help="Delete past the slowest subscription too.")
-    @click.option("--vacuum-retention-hours", type=float, default=1.0, show_default=True)
-    @click.pass_context
-    def retention(ctx: click.Context, topic: str | None, max_age_ms: int | None, max_bytes: int | None, force: bool,
-                  vacuum_retention_hours: float) -> None:
-        """Delete old files by age or size (never past the slowest subscription unless --force), then vacuum."""
-        from pulsartx.maintenance.retention import apply_retention, vacuum
-
-        if max_age_ms is None and max_bytes is None:
-            raise click.UsageError("give --max-age-ms and/or --max-bytes")
-        client = _client(ctx)
-        rows = []
-        with click.progressbar(_partitions(client, topic), label="retention", file=click.get_text_stream("stderr")) as bar:
-            for p in bar:
-                r = apply_retention(client.root, p, max_age_ms, max_bytes, force).as_dict()
-                r["vacuumed"] = vacuum(client.root, p, vacuum_retention_hours)
-                rows.append(r)
-        emit(ctx, rows, ["partition", "files_deleted", "bytes_deleted", "new_start_offset", "held_by_subscription",
-                         "vacuumed"])
+@click.command()
+@click.argument("topic", required=False)
+@click.option("--max-age-ms", type=int, default=None)
+@click.option("--max-bytes", type=int, default=None)
+@click.option("--force", is_flag=True, help="Delete past the slowest subscription too.")
+@click.option("--vacuum-retention-hours", type=float, default=1.0, show_default=True)
+@click.pass_context
+def retention(ctx: click.Context, topic: str | None, max_age_ms: int | None, max_bytes: int | None, force: bool,
+              vacuum_retention_hours: float) -> None:
+    """Delete old files by age or size (never past the slowest subscription unless --force), then vacuum."""
+    if max_age_ms is None and max_bytes is None:
+        raise click.UsageError("give --max-age-ms and/or --max-bytes")
+    client = get_client(ctx)
+    rows = []
+    with click.progressbar(_partitions(client, topic), label="retention", file=click.get_text_stream("stderr")) as bar:
+        for p in bar:
+            r = apply_retention(client.root, p, max_age_ms, max_bytes, force).as_dict()
+            r["vacuumed"] = vacuum(client.root, p, vacuum_retention_hours)
+            rows.append(r)
+    emit(ctx, rows, ["partition", "files_deleted", "bytes_deleted", "new_start_offset", "held_by_subscription",
+                     "vacuumed"])

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
-from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, PulsarException, short_cause
+from pulsartx.exceptions import (
+    AlreadyClosed,
+    InvalidConfiguration,
+    InvalidTxnStatusError,
+    PulsarException,
+    short_cause,
+)
 from pulsartx.log.compression import DEFAULT_COMPRESSION, CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import build_records, shared_log
@@ -313,8 +319,6 @@ class Producer:
             for k in keys:
                 self._first_enqueued.pop(k, None)
         if dropped:
-            from pulsartx.exceptions import InvalidTxnStatusError
-
             self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"))
             self._errors.clear()
         # A batch the flush loop already took is being appended right now: let it finish before the

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.message import Message, messages_from_table
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
@@ -24,22 +25,10 @@ POLL_MIN_S, POLL_MAX_S = 0.005, 0.2
 # While other partitions have messages buffered, a caught-up partition (whose check costs a storage
 # refresh) is re-checked at most this often: reading n messages then costs O(n), not O(n x partitions).
 RECHECK_S = 0.05
-ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
-
-
-def check_isolation(level: str) -> str:
-    norm = str(level).upper()
-    if norm not in ISOLATION_LEVELS:
-        raise InvalidConfiguration(f"isolation_level={level!r}: must be one of {', '.join(ISOLATION_LEVELS)}")
-    return norm
-
-
 class PartitionFetcher:
     """Reads visible messages of one partition from a position onwards."""
 
     def __init__(self, client: Client, topic: TopicName, isolation_level: str):
-        from pulsartx.buffer.reads import VisibilityReader
-
         self.topic = topic
         self.log = PartitionLog(client.root, topic)
         self.visible = VisibilityReader(client, self.log, isolation_level)

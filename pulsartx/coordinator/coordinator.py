@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from pulsartx import metrics
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.participants import end_on_participants
@@ -78,8 +79,6 @@ class TransactionCoordinator:
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
 
     def _emit(self, event: str, meta: TxnMeta) -> None:
-        from pulsartx import metrics
-
         metrics.record_tc_event(self.tc_id, event, meta)
         if self.on_event is not None:
             self.on_event(event, meta)

@@ -8,8 +8,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
 from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.pendingack import end_transaction_on_subscription
 
 log = logging.getLogger(__name__)
 MAX_PARALLEL = 16
@@ -31,8 +33,6 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: TxnAction) -> None:
-    from pulsartx.buffer.markers import write_marker
-
     entries = None
     if meta.commit_entries is not None:
         entries = [(a, b) for p, a, b in meta.commit_entries if p == partition]
@@ -40,8 +40,6 @@ def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: T
 
 
 def end_on_subscription(root: StorageRoot, meta: TxnMeta, sub: Subscription, action: TxnAction) -> None:
-    from pulsartx.subscription.pendingack import end_transaction_on_subscription
-
     end_transaction_on_subscription(root, sub.topic, sub.subscription, meta.txn_id, action)
 
 

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
+from pulsartx.admin.subscriptions import live_cursor, subscription_names
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import BufferState, txn_key_column
 from pulsartx.log.index import DataFile
-from pulsartx.log.partition import PartitionLog
+from pulsartx.log.partition import PartitionLog, partition_segments
 from pulsartx.log.schema import STATS_COLUMNS, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
+from pulsartx.subscription.store import SubscriptionStore
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,6 @@ class RetentionResult:
 
 def slowest_subscription(root: StorageRoot, partition: TopicName) -> tuple[str | None, int | None]:
     """(name, first unacknowledged offset) of the live subscription furthest behind on the partition."""
-    from pulsartx.admin.subscriptions import live_cursor, subscription_names
-    from pulsartx.subscription.store import SubscriptionStore
 
     slowest: tuple[str | None, int | None] = (None, None)
     for name in subscription_names(root, [partition]):
@@ -119,8 +119,6 @@ def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | N
 def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0) -> int:
     """Physically delete files unreferenced for ``retention_hours``: long enough for any read that
     planned them to finish. Returns the number of files deleted."""
-    from pulsartx.log.partition import partition_segments
-
     table = delta.open_table(root, *partition_segments(partition))
     if table is None:
         return 0

@@ -12,7 +12,6 @@ import logging
 import os
 import posixpath
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,27 +19,14 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
-from pulsartx.exceptions import InvalidConfiguration, StorageError, causes
+from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError, causes
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
+from pulsartx.storage.retry import describe, retrying, secrets_of
+from pulsartx.storage.secrets import REDACTED, redact_options, scrub_logs_of  # noqa: F401  (re-exported)
 
 ENV_SERVICE_URL = "PULSARTX_SERVICE_URL"
 DEFAULT_SERVICE_URL = "./pulsartx-data"
-# Any key containing one of these is a credential. "KEY" alone is deliberately broad: object_store
-# spells secrets AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY...
-_SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "SESSION", "KEY", "CREDENTIAL", "SAS", "AUTH", "SIGNATURE",
-                 "PRIVATE", "CERT")
-REDACTED = "***"
-
-
-def redact_options(options: dict[str, str]) -> dict[str, str]:
-    """Storage options with every credential-looking value hidden, for logs, errors and reprs."""
-    return {k: (REDACTED if any(h in str(k).upper() for h in _SECRET_HINTS) else v) for k, v in options.items()}
-
-
-_LOG_SECRETS: set[str] = set()
-_LOG_SECRETS_LOCK = threading.Lock()
-_MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
 # Names of the temporary files a local put-if-absent publishes from: unique per process (the pid
 # tells forked children apart) without a uuid4 per commit, which costs a getrandom call.
 _TMP_TAG = uuid.uuid4().hex[:12]
@@ -66,37 +52,6 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 _PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
 
-
-def scrub_logs_of(options: dict[str, str]) -> None:
-    """Hide these options' credential values from every log record made in this process.
-
-    Our own messages never include options, but the libraries we hand them to do at DEBUG:
-    botocore logs each canonical request, ``x-amz-security-token`` header included. A log record
-    factory (records are only built for enabled levels) replaces the values wherever they appear.
-    """
-    secrets = {str(v) for k, v in options.items()
-               if redact_options({k: v})[k] == REDACTED and len(str(v)) >= _MIN_SCRUBBED_LENGTH}
-    if not secrets or secrets <= _LOG_SECRETS:
-        return
-    with _LOG_SECRETS_LOCK:
-        first = not _LOG_SECRETS
-        _LOG_SECRETS.update(secrets)
-        if first:
-            base = logging.getLogRecordFactory()
-
-            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-                record = base(*args, **kwargs)
-                try:
-                    msg = record.getMessage()
-                except Exception:  # a malformed record is logging's to report, not ours
-                    return record
-                if any(s in msg for s in _LOG_SECRETS):
-                    for s in _LOG_SECRETS:
-                        msg = msg.replace(s, REDACTED)
-                    record.msg, record.args = msg, ()
-                return record
-
-            logging.setLogRecordFactory(factory)
 
 
 def _upper(options: dict[str, str]) -> dict[str, str]:
@@ -233,8 +188,6 @@ class StorageRoot:
         """Object-store metadata calls (s3fs) get the Delta I/O's retry budget and its errors: a
         transient fault is retried, anything else but "not found" becomes a StorageError naming
         the path (never the credentials), not a raw botocore exception."""
-        from pulsartx.exceptions import PulsarException
-
         if self.is_local:
             try:
                 return fn()
@@ -242,14 +195,12 @@ class StorageRoot:
                 raise
             except OSError as e:  # a disk's EIO is a storage error too, as callers expect
                 raise StorageError(f"{what} {path} failed: {e}") from e
-        from pulsartx.storage import delta
-
         try:
-            return delta.retrying(what, path, fn, root=self)
+            return retrying(what, path, fn, root=self)
         except (FileNotFoundError, PulsarException):
             raise
         except Exception as e:
-            raise StorageError(f"{what} {path} failed: {delta.describe(e, delta.secrets_of(self))}") from e
+            raise StorageError(f"{what} {path} failed: {describe(e, secrets_of(self))}") from e
 
     def cat(self, path: str) -> bytes:
         """The bytes of the file at ``path`` (an :meth:`fs_path`); FileNotFoundError if missing.

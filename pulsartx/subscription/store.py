@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from pulsartx import metrics
+from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import StorageError
@@ -51,14 +53,10 @@ STATE_SCHEMA = pa.schema([
 
 
 def _key(most: int, least: int) -> int:
-    from pulsartx.buffer.state import txn_key
-
     return txn_key(most, least)
 
 
 def _bits(key: int) -> tuple[int, int]:
-    from pulsartx.buffer.state import key_txn
-
     return key_txn(key)
 
 
@@ -258,6 +256,4 @@ def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: Tx
 
     t0 = time.monotonic()
     if store.update(apply):  # writes only if the transaction had something pending here
-        from pulsartx import metrics
-
         metrics.record_pending_ack(action is TxnAction.COMMIT, 1000 * (time.monotonic() - t0))

@@ -1,0 +1,203 @@
+"""Acknowledgement: plain acks are grouped and persisted every ``acknowledgment_group_time_ms``
+(Pulsar's ack grouping); transactional acks are durable in the pending-ack store before the call
+returns."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pulsartx.buffer.state import key_txn, txn_key
+from pulsartx.client.consumer_state import ConsumerCore, ConsumerType, PartitionState
+from pulsartx.client.message import Message
+from pulsartx.coordinator.state import Subscription
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException, TransactionConflict
+from pulsartx.log.message_id import MessageId
+from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.resolution import pending_keys, resolve_pending
+
+log = logging.getLogger("pulsartx.client.consumer")
+SETTLE_WAIT_S = 10.0  # for this process's completion of a decided predecessor, before asking its TC
+
+
+class Acknowledgement(ConsumerCore):
+    def acknowledge(self, message: Message | MessageId | Iterable[Message | MessageId], txn: Any = None) -> None:
+        """Acknowledge one message (or several). With ``txn`` the acks are PENDING_ACK until the
+        transaction ends, durable before this returns, and may raise TransactionConflict."""
+        self._check_open()
+        by_part = self._group(message)
+        if txn is None:
+            with self._lock:
+                for part, offs in by_part.items():
+                    for o in offs:
+                        part.held.pop(o, None)
+                    part.acks.extend(offs)
+            if self._group_s == 0:
+                self._flush_acks()
+            return
+        self._txn_ack(txn, by_part, lambda c, k, offs: c.txn_ack(k, offs))
+
+    def acknowledge_cumulative(self, message: Message | MessageId, txn: Any = None) -> None:
+        """Acknowledge everything up to and including ``message`` on its partition."""
+        self._check_open()
+        if isinstance(message, list | tuple | set):
+            raise NotAllowedError("acknowledge_cumulative takes one message or MessageId, not several")
+        if self._type is ConsumerType.Shared:
+            raise NotAllowedError(f"cumulative acknowledgement is not allowed on a Shared subscription "
+                                  f"({self._subscription!r}): acknowledge messages individually")
+        (part, offs), = self._group(message).items()
+        pos = offs[0]
+        if txn is None:
+            with self._lock:
+                for o in [o for o in part.held if o <= pos]:
+                    del part.held[o]
+                part.cumulative = pos if part.cumulative is None else max(part.cumulative, pos)
+            if self._group_s == 0:
+                self._flush_acks()
+            return
+        self._txn_ack(txn, {part: offs}, lambda c, k, offs: c.txn_ack_cumulative(k, offs[0]), cumulative=pos)
+
+    def _group(self, message: Any) -> dict[PartitionState, list[int]]:
+        items = message if isinstance(message, list | tuple | set) else [message]
+        out: dict[PartitionState, list[int]] = {}
+        for m in items:
+            if isinstance(m, Message):  # a received message: a real position, no id object needed
+                out.setdefault(self._part(m._rows.partition), []).append(m._offset)
+                continue
+            if not isinstance(m, MessageId) or m.is_earliest or m.is_latest:
+                raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
+            out.setdefault(self._part(m.partition()), []).append(m.offset())
+        return out
+
+    def _part(self, index: int) -> PartitionState:
+        for p in self._parts:
+            if p.index == index:
+                return p
+        if len(self._parts) == 1:
+            return self._parts[0]
+        raise InvalidConfiguration(f"partition {index} is not part of {self._topic}")
+
+    def _txn_ack(self, txn: Any, by_part: dict[PartitionState, list[int]], apply, cumulative: int | None = None) -> None:
+        """ADD_SUBSCRIPTION (to the TC) and the PENDING_ACK writes (to the subscription's store) are
+        appends to different tables, so they run side by side: one append of latency, not two.
+
+        Why that is safe, though the pending ack may land before the TC lists the subscription:
+        * the ack returns (or the transaction can commit) only after both landed;
+        * a registration that fails (the transaction timed out, was fenced or ended; storage)
+          withdraws the pending acks this call wrote, as if never made, and the error is raised;
+        * a crash in between leaves pending acks of a transaction the TC does not list for this
+          subscription: once the TC has ended it (a timeout aborts it), consumer-side resolution
+          returns them (``_resolve_pending``), as the TC's participant call would have."""
+        txn._check_usable()
+        subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
+        written = txn._written
+        registering = txn._register_subscriptions(subs)
+        if not written:
+            # The transaction's NEW entry goes with this registration: until it lands no TC knows the
+            # transaction, and a pending ack written first could be taken for a dead one's.
+            for fut in registering:
+                fut.result()
+            registering = []
+        k = txn_key(*txn.id.as_tuple())
+        released: dict[PartitionState, dict[int, float]] = {}  # per partition written: what left `held`
+        failed = True
+        try:
+            for part, offs in by_part.items():
+                try:
+                    try:
+                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                    except TransactionConflict:
+                        if not self._settle_decided(part, k):
+                            raise
+                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                except TransactionConflict as e:
+                    txn._mark_conflict(e)
+                    raise
+                with self._lock:
+                    gone = [o for o in part.held if o <= cumulative] if cumulative is not None else offs
+                    released[part] = {o: part.held.pop(o) for o in gone if o in part.held}
+                    part.cursor = None
+            failed = False
+        finally:
+            for fut in registering:
+                self._await_registration(txn, fut, by_part, released, cumulative, raise_error=not failed)
+
+    def _await_registration(self, txn: Any, registering: Any, by_part: dict[PartitionState, list[int]],
+                            released: dict[PartitionState, dict[int, float]], cumulative: int | None,
+                            raise_error: bool) -> None:
+        try:
+            registering.result()
+        except Exception as e:
+            # The TC will not end what this call wrote: take it back (only this call's acks, and as
+            # if never made: the messages stay with this consumer, no redelivery is counted).
+            k = txn_key(*txn.id.as_tuple())
+            for part, held in list(released.items()):
+                offs = [] if cumulative is not None else by_part[part]
+                try:
+                    part.store.update(lambda c, offs=offs: c.withdraw(k, offs, cumulative))
+                except PulsarException as undo:  # resolution returns them once the TC ended the txn
+                    log.warning("taking back the pending acks of %s on %s after its failed registration "
+                                "failed (they return when the transaction ends): %s", txn.id, part.topic, undo)
+                    continue
+                del released[part]  # several registrations to wait for: take back once
+                with self._lock:  # held again, as before the call
+                    for o, t in held.items():
+                        part.held.setdefault(o, t)
+                    part.cursor = None
+            if raise_error:
+                raise e from None
+            log.debug("registration of %s's subscription also failed: %s", txn.id, e)
+
+    def _settle_decided(self, part: PartitionState, own: int) -> bool:
+        """Apply here the outcome of decided transactions whose pending acks are in the way of
+        ``own``'s (a commit returns at its decision, and its acknowledgements are committed on the
+        subscription just after): this process's completions are waited for, others' decisions read
+        from their TCs. True if anything changed, so the acknowledgement is worth trying again."""
+        cursor = part.store.cursor()
+        keys = pending_keys(cursor, exclude=[own]) if cursor is not None else set()
+        if not keys:
+            return False
+        tcs = self._client._coordinators()
+        tcs.completer.wait([TxnID(*key_txn(k)) for k in keys], timeout_s=SETTLE_WAIT_S)
+        cursor = part.store.cursor()
+        left = pending_keys(cursor, exclude=[own]) if cursor is not None else set()
+        if left != keys:
+            return True
+        return resolve_pending(self._client.root, tcs, str(part.topic), self._subscription, left, roll_forward=True) > 0
+
+    def _flush_acks(self) -> None:
+        # One flush at a time: the background thread and the caller's (close, seek, redeliver,
+        # acknowledgment_group_time_ms=0) would otherwise overwrite each other's in-flight lists.
+        with self._flush_lock:
+            self._flush_acks_locked()
+
+    def _flush_acks_locked(self) -> None:
+        for part in self._parts:
+            with self._lock:
+                acks, cum, bumps = part.acks, part.cumulative, part.redeliver
+                part.acks, part.cumulative, part.redeliver = [], None, []
+                part.inflight, part.inflight_cumulative, part.inflight_redeliver = acks, cum, bumps
+            if not acks and cum is None and not bumps:
+                continue
+
+            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps) -> None:
+                if bumps:
+                    c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
+                if acks:
+                    c.ack(acks)
+                if cum is not None:
+                    c.ack_cumulative(cum)
+
+            try:
+                part.cursor = part.store.update(lambda c, f=apply: (f(c), c)[1])
+            except PulsarException as e:  # keep them for the next flush: an ack is never dropped
+                log.warning("persisting acknowledgements of %s failed, will retry: %s", self._name, e)
+                with self._lock:
+                    part.acks[:0] = acks
+                    part.redeliver[:0] = bumps
+                    if cum is not None:
+                        part.cumulative = cum if part.cumulative is None else max(part.cumulative, cum)
+            finally:
+                with self._lock:
+                    part.inflight, part.inflight_cumulative, part.inflight_redeliver = [], None, []

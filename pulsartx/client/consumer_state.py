@@ -1,0 +1,95 @@
+"""What every part of a consumer shares: its types and per-partition state.
+
+The consumer is one object whose concerns live in separate modules: receiving (dispatch from
+storage), acknowledgement (plain, cumulative, transactional) and redelivery (negative acks,
+redelivery, the unacked timeout). They work on the state declared here, set up by
+:class:`pulsartx.client.consumer.Consumer`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from pulsartx.buffer.reads import VisibilityReader
+from pulsartx.client.message import Message
+from pulsartx.exceptions import AlreadyClosed
+from pulsartx.naming import TopicName
+from pulsartx.subscription.cursor import CursorState
+from pulsartx.subscription.leases import LeaseStore
+from pulsartx.subscription.store import SubscriptionStore
+
+if TYPE_CHECKING:
+    from pulsartx.client.client import Client
+
+
+class ConsumerType(Enum):
+    Exclusive = 0
+    Shared = 1
+    Failover = 2
+    KeyShared = 3
+
+
+class InitialPosition(Enum):
+    Latest = 0
+    Earliest = 1
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(eq=False)  # identity: used as a dict key
+class PartitionState:
+    """One partition of the subscription, as this consumer sees it."""
+
+    topic: TopicName
+    store: SubscriptionStore
+    visible: VisibilityReader
+    queue: deque[Message] = field(default_factory=deque)
+    held: dict[int, float] = field(default_factory=dict)  # delivered, unacked: offset -> delivery time
+    nacked: dict[int, float] = field(default_factory=dict)  # offset -> redeliver-not-before (monotonic)
+    acks: list[int] = field(default_factory=list)  # grouped plain acks not yet persisted
+    cumulative: int | None = None
+    redeliver: list[int] = field(default_factory=list)  # redelivery-count bumps not yet persisted
+    # Acks taken by a flush whose cursor write has not landed: still not deliverable meanwhile.
+    inflight: list[int] = field(default_factory=list)
+    inflight_cumulative: int | None = None
+    inflight_redeliver: list[int] = field(default_factory=list)
+    cursor: CursorState | None = None
+    last_resolve: float = 0.0
+
+    @property
+    def index(self) -> int:
+        assert self.topic.partition is not None
+        return self.topic.partition
+
+
+class ConsumerCore:
+    """The state the consumer's concerns share (set in ``Consumer.__init__``)."""
+
+    _client: Client
+    _topic: str
+    _subscription: str
+    _type: ConsumerType
+    _name: str
+    _id: str
+    _queue_size: int
+    _unacked_timeout: int | None
+    _nack_delay: float
+    _lease_ms: int
+    _group_s: float
+    _lock: threading.RLock
+    _flush_lock: threading.Lock
+    _closed: bool
+    _active: bool
+    _leases: LeaseStore
+    _parts: list[PartitionState]
+    _rr: int
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")
