@@ -1,0 +1,160 @@
+"""docs/interop.md's recipe, run as the doc writes it: the SQL and the Python helpers are taken
+from the doc's fenced blocks, so the doc cannot drift from what is tested. Through DuckDB (with
+the delta extension shipped by ``duckdb-extension-delta``) and through Polars, the recipe must
+return exactly what pulsartx's READ_COMMITTED reader returns: same offsets, same payloads, same
+order, on partitions holding plain messages, committed, aborted and open transactions, Spark
+write jobs (one with a retried task whose first attempt the commit leaves out) and a straggler
+written after its own transaction's marker; before and after compaction.
+"""
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from spark_jobs.checks import write
+
+from commit_protocol.job import JobTransaction
+from commit_protocol.task import TaskAppender
+from pulsartx import MessageId
+from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
+
+pytestmark = pytest.mark.spark
+DOC = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
+
+
+def fenced(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+
+
+(RECIPE,) = fenced("sql")
+HELPERS: dict[str, Any] = {}
+for block in fenced("python"):
+    exec(compile(block, str(DOC), "exec"), HELPERS)
+
+
+def partition_path(root: str, topic: str, i: int) -> str:
+    t = TopicName.parse(topic)
+    return str(Path(root) / "topics" / t.tenant / t.namespace / t.local_name / f"partition-{i}")
+
+
+def pulsartx_read(client: Any, topic: str) -> dict[int, list[tuple[int, bytes]]]:
+    """What a fresh READ_COMMITTED reader returns, per partition: [(offset, payload)] in order."""
+    reader = client.create_reader(topic, MessageId.earliest)
+    out: dict[int, list[tuple[int, bytes]]] = {}
+    while reader.has_message_available():
+        m = reader.read_next(timeout_millis=3000)
+        out.setdefault(m.message_id().partition(), []).append((m.message_id().offset(), m.data()))
+    reader.close()
+    return out
+
+
+def recipe_reads(root: str, topic: str, i: int) -> dict[str, list[tuple[int, bytes]]]:
+    path = partition_path(root, topic, i)
+    duck = HELPERS["read_committed_duckdb"](path, RECIPE)
+    polars = HELPERS["read_committed_polars"](path, RECIPE).to_arrow()
+    return {name: list(zip(t.column("offset").to_pylist(), t.column("value").to_pylist(), strict=True))
+            for name, t in (("duckdb", duck), ("polars", polars))}
+
+
+def task_attempt(job: JobTransaction, topic: TopicName, attempt: int, values: list[bytes],
+                 registered: frozenset[str] = frozenset()) -> Any:
+    """One attempt of a Spark write task, through the write path's own task code."""
+    task = TaskAppender(job, topic, {str(topic): 1}, None, 0, attempt, registered=registered)
+    task.add(pa.RecordBatch.from_pydict({"value": pa.array(values, pa.binary())}))
+    return task.finish()
+
+
+def test_recipe_returns_exactly_read_committed_on_one_partition(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("mixed", 1)
+    p = client.create_producer("mixed")
+    for i in range(3):
+        p.send(f"plain-{i}".encode())
+    a = client.new_transaction()
+    p.send(b"a-0", txn=a)
+    p.send(b"a-1", txn=a)
+    a.commit()
+    b = client.new_transaction()
+    p.send(b"b-0", txn=b)
+    b.abort()
+    write(spark.range(4, numPartitions=2).selectExpr("concat('spark-', id) as value"), root, topic="mixed")
+    write(spark.range(2, numPartitions=1).selectExpr("concat('sparkplain-', id) as value"), root, topic="mixed",
+          transactional="false")
+    # A write job whose task ran twice: the commit lists only the second attempt's entries.
+    topic = TopicName.parse("mixed")
+    job = JobTransaction.begin(StorageRoot.resolve(root), partitions=[str(topic.with_partition(0))])
+    task_attempt(job, topic, 0, [b"retried-0", b"retried-1"])
+    job.commit([task_attempt(job, topic, 1, [b"retried-0", b"retried-1"])])
+    # A zombie attempt of the same task, still appending after the job committed: a straggler.
+    task_attempt(job, topic, 2, [b"retried-0"], registered=frozenset({str(topic.with_partition(0))}))
+    p.send(b"plain-3")
+    held = client.new_transaction(timeout_ms=600_000)  # open: holds maxReadPosition here
+    p.send(b"open-0", txn=held)
+    later = client.new_transaction()
+    p.send(b"later-0", txn=later)
+    later.commit()
+    p.send(b"plain-4")
+    client.flush()  # the markers, written by the background completer
+
+    expected_values = [b"plain-0", b"plain-1", b"plain-2", b"a-0", b"a-1", *sorted(
+        f"spark-{i}".encode() for i in range(4)), b"sparkplain-0", b"sparkplain-1", b"retried-0", b"retried-1",
+        b"plain-3"]
+    got = pulsartx_read(client, "mixed")[0]
+    # Spark's tasks may append in either order: compare the Spark rows as a set, the rest in order.
+    assert sorted(v for _, v in got) == sorted(expected_values)
+    assert [v for _, v in got if not v.startswith(b"spark-")] == [v for v in expected_values
+                                                                  if not v.startswith(b"spark-")]
+    assert recipe_reads(root, "mixed", 0) == {"duckdb": got, "polars": got}
+
+    # Once the open transaction commits, everything after it shows, in both.
+    held.commit()
+    client.flush()
+    got = pulsartx_read(client, "mixed")[0]
+    assert [v for _, v in got][-4:] == [b"plain-3", b"open-0", b"later-0", b"plain-4"]
+    assert recipe_reads(root, "mixed", 0) == {"duckdb": got, "polars": got}
+
+    # Compaction drops the aborted and left-out rows and leaves the replaced files until vacuum:
+    # the recipe, through the Delta log, still returns exactly the same; a glob of the files does not.
+    res = compact_partition(StorageRoot.resolve(root), topic.with_partition(0))
+    assert res.skipped is None and res.rows_dropped > 0
+    assert pulsartx_read(client, "mixed")[0] == got
+    assert recipe_reads(root, "mixed", 0) == {"duckdb": got, "polars": got}
+    files = glob.glob(partition_path(root, "mixed", 0) + "/*.parquet")
+    globbed = pa.concat_tables([pq.read_table(f, columns=["offset"]) for f in files]).column("offset").to_pylist()
+    assert len(globbed) > len(set(globbed))
+
+
+def test_recipe_on_every_partition_of_a_topic(spark: Any, client: Any, root: str) -> None:
+    client.admin.create_topic("multi", 3)
+    p = client.create_producer("multi")
+    write(spark.range(30, numPartitions=2).selectExpr("concat('job-', id) as value"), root, topic="multi")
+    keyed = [(f"k{i}", f"m-{i}".encode()) for i in range(12)]
+    for k, v in keyed[:4]:
+        p.send(v, partition_key=k)
+    committed = client.new_transaction()
+    aborted = client.new_transaction()
+    for k, v in keyed[4:8]:
+        p.send(b"c-" + v, partition_key=k, txn=committed)
+        p.send(b"x-" + v, partition_key=k, txn=aborted)
+    committed.commit()
+    aborted.abort()
+    held = client.new_transaction(timeout_ms=600_000)
+    p.send(b"open", partition_key="k0", txn=held)  # holds back one partition only
+    p.send(b"after-open", partition_key="k0")
+    for k, v in keyed[8:]:
+        p.send(v, partition_key=k)
+    client.flush()
+
+    got = pulsartx_read(client, "multi")
+    assert sum(len(v) for v in got.values()) > 30
+    assert not any(v.startswith((b"x-", b"open", b"after-open")) for rows in got.values() for _, v in rows)
+    assert {b"c-" + v for _, v in keyed[4:8]} <= {v for rows in got.values() for _, v in rows}
+    for i in range(3):
+        assert recipe_reads(root, "multi", i) == {"duckdb": got.get(i, []), "polars": got.get(i, [])}
+    held.abort()
