@@ -9,6 +9,7 @@ written after its own transaction's marker; before and after compaction.
 from __future__ import annotations
 
 import glob
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ from spark_jobs.checks import write
 from commit_protocol.job import JobTransaction
 from commit_protocol.task import TaskAppender
 from pulsartx import MessageId
-from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.log.index import DataFile
+from pulsartx.maintenance.compaction import compact_partition, rewrite_plan
 from pulsartx.naming import TopicName
+from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 
 pytestmark = pytest.mark.spark
@@ -158,3 +161,90 @@ def test_recipe_on_every_partition_of_a_topic(spark: Any, client: Any, root: str
     for i in range(3):
         assert recipe_reads(root, "multi", i) == {"duckdb": got.get(i, []), "polars": got.get(i, [])}
     held.abort()
+
+
+# ---- compaction commits, as a Delta reader sees them -----------------------------------------------------
+def commits(table_path: str) -> list[list[dict[str, Any]]]:
+    return [[json.loads(line) for line in open(f)] for f in sorted(glob.glob(table_path + "/_delta_log/*.json"))]
+
+
+def flags(commit: list[dict[str, Any]], action: str) -> list[bool]:
+    return [a[action]["dataChange"] for a in commit if action in a]
+
+
+def operation(commit: list[dict[str, Any]]) -> str:
+    (info,) = [a["commitInfo"] for a in commit if "commitInfo" in a]
+    return info["operation"]
+
+
+def test_partition_compaction_is_an_optimize_with_data_change_only_where_rows_drop(client: Any, root: str) -> None:
+    client.admin.create_topic("opt", 1)
+    p = client.create_producer("opt")
+    for i in range(3):  # three files, nothing to drop
+        p.send(f"plain-{i}".encode())
+    sroot, part = StorageRoot.resolve(root), TopicName.parse("opt").with_partition(0)
+    path = partition_path(root, "opt", 0)
+    before = pulsartx_read(client, "opt")
+    assert compact_partition(sroot, part).rows_dropped == 0
+    last = commits(path)[-1]
+    assert operation(last) == "OPTIMIZE"
+    assert flags(last, "remove") == [False] * 3 and flags(last, "add") == [False]
+    info = next(a["commitInfo"] for a in last if "commitInfo" in a)
+    assert info["operationParameters"] == {"predicate": "[]", "zOrderBy": "[]"} and info["isBlindAppend"] is False
+    assert pulsartx_read(client, "opt") == before
+
+    # An aborted transaction between plain files: the files it touches drop rows (a data change),
+    # the runs around them are rearranged only.
+    x = client.new_transaction()
+    p.send(b"x-0", txn=x)
+    x.abort()
+    client.flush()
+    for i in range(3, 5):
+        p.send(f"plain-{i}".encode())
+    before = pulsartx_read(client, "opt")
+    assert [v for _, v in before[0]] == [f"plain-{i}".encode() for i in range(5)]
+    res = compact_partition(sroot, part)
+    assert res.rows_dropped == 1
+    last = commits(path)[-1]
+    assert operation(last) == "OPTIMIZE"
+    # files: [compacted plain 0-2], [x-0], [abort marker], [plain-3], [plain-4]
+    assert flags(last, "remove") == [False, True, False, False, False]
+    assert flags(last, "add") == [False, False]  # x-0's file kept nothing
+    assert pulsartx_read(client, "opt") == before
+    assert recipe_reads(root, "opt", 0) == {"duckdb": before[0], "polars": before[0]}
+    # deltalake opens the table and reads one row per offset: the file x-0 was alone in is gone.
+    import deltalake
+
+    offsets = deltalake.DeltaTable(path).to_pyarrow_table(columns=["offset"]).column("offset").to_pylist()
+    assert sorted(offsets) == sorted(set(offsets)) and len(offsets) == 6  # 5 plain + 1 marker
+
+
+def test_rewrite_plan_flags_runs_of_files_that_lose_rows() -> None:
+    """A file that loses some rows is rewritten at dataChange=true with its survivors; runs of
+    files that lose none merge at dataChange=false; offset ranges stay disjoint and ordered."""
+    files = [DataFile(0, 1, "a", 10, 2), DataFile(2, 3, "b", 10, 2), DataFile(4, 6, "c", 10, 3),
+             DataFile(7, 7, "d", 10, 1), DataFile(8, 9, "e", 10, 2)]
+    kept = pa.table({"offset": pa.array([0, 1, 2, 3, 4, 6, 8, 9], pa.int64())})  # 5 and 7 dropped
+    parts, removes = rewrite_plan(files, kept)
+    assert [(t.column("offset").to_pylist(), change) for t, change in parts] == [
+        ([0, 1, 2, 3], False), ([4, 6], True), ([8, 9], False)]
+    assert removes == [("a", 10, False), ("b", 10, False), ("c", 10, True), ("d", 10, True), ("e", 10, False)]
+
+
+def test_keyed_log_compaction_is_an_optimize_that_changes_data(root: str) -> None:
+    """Keyed logs (TC logs, subscriptions) compact by keeping each key's newest row: superseded rows
+    go, so Delta must see a data change; deltalake still reads exactly the live rows."""
+    import deltalake
+
+    sroot = StorageRoot.resolve(root)
+    schema = pa.schema([("seq", pa.int64(), False), ("key", pa.string(), False), ("v", pa.string())])
+    kl = KeyedLog(sroot, ("kl",), schema, key_of=lambda r: r["key"], name="kl").open()
+    for i in range(3):
+        kl.put([{"seq": 0, "key": f"k{i}", "v": "old"}])
+        kl.put([{"seq": 1, "key": f"k{i}", "v": "new"}])
+    assert kl.compact(lambda r: True)
+    last = commits(sroot.uri("kl"))[-1]
+    assert operation(last) == "OPTIMIZE"
+    assert flags(last, "remove") == [True] * 6 and flags(last, "add") == [True]
+    rows = deltalake.DeltaTable(sroot.uri("kl")).to_pyarrow_table().sort_by("key").to_pylist()
+    assert rows == [{"seq": 1, "key": f"k{i}", "v": "new"} for i in range(3)]
