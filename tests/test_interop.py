@@ -23,6 +23,7 @@ from commit_protocol.job import JobTransaction
 from commit_protocol.task import TaskAppender
 from pulsartx import MessageId
 from pulsartx.log.index import DataFile
+from pulsartx.log.partition import build_records, shared_log
 from pulsartx.maintenance.compaction import compact_partition, rewrite_plan
 from pulsartx.naming import TopicName
 from pulsartx.storage.keyed_log import KeyedLog
@@ -83,6 +84,10 @@ def test_recipe_returns_exactly_read_committed_on_one_partition(spark: Any, clie
     p.send(b"a-0", txn=a)
     p.send(b"a-1", txn=a)
     a.commit()
+    client.flush()
+    # A zombie writer of the committed transaction, appending after its marker: a straggler.
+    shared_log(StorageRoot.resolve(root), TopicName.parse("mixed").with_partition(0)).append(
+        build_records([b"a-late"], txn=a.txn_id.as_tuple()))
     b = client.new_transaction()
     p.send(b"b-0", txn=b)
     b.abort()
