@@ -229,14 +229,15 @@ def test_a_compaction_commit_replaces_exactly_the_files_it_names(table):
     theirs.catch_up()
     theirs.append(rows(10, 11))  # after mine's snapshot
     late = active_files(table) - snapshot
-    v = mine.append(rows(0, 3), removes=sorted(snapshot))
+    v = mine.rewrite([(rows(0, 3), False)], [(f, None, False) for f in sorted(snapshot)])
     after = active_files(table)
     assert v == 5 and len(after) == 2 and late <= after and not after & snapshot
     t = dl.DeltaTable(mine.uri).to_pyarrow_table().sort_by("seq")
     assert t.column("seq").to_pylist() == [0, 1, 2, 10]
     commit = [json.loads(line) for line in open(os.path.join(mine.uri, "_delta_log", delta.commit_file(5)))]
     assert sorted(a["remove"]["path"] for a in commit if "remove" in a) == sorted(snapshot)
-    assert [a["commitInfo"]["operationParameters"]["mode"] for a in commit if "commitInfo" in a] == ["Overwrite"]
+    assert [a["commitInfo"]["operation"] for a in commit if "commitInfo" in a] == ["OPTIMIZE"]
+    assert {a[k]["dataChange"] for a in commit for k in ("add", "remove") if k in a} == {False}
 
 
 def test_two_compactions_of_the_same_files_one_gives_up(table):
@@ -245,10 +246,10 @@ def test_two_compactions_of_the_same_files_one_gives_up(table):
     a.append(rows(1, 2))
     b.catch_up()
     files = sorted(active_files(table))
-    a.append(rows(0, 2), removes=files)
+    a.rewrite([(rows(0, 2), False)], [(f, None, False) for f in files])
     before = active_files(table)
     with pytest.raises(delta.ConcurrentCommit, match="removed files"):
-        b.append(rows(0, 2), removes=files)
+        b.rewrite([(rows(0, 2), False)], [(f, None, False) for f in files])
     assert active_files(table) == before  # the loser committed nothing ...
     assert len(os.listdir(os.path.join(b.uri))) == len(before) + 2 + 1  # ... and deleted its data file
     assert dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist() == [0, 1]

@@ -5,20 +5,29 @@ still undecided are never rewritten. The rewrite drops DATA rows of aborted tran
 commit marker left out, and stragglers after their own transaction's marker; it keeps plain
 messages, committed messages and markers with their offsets, in order. Offsets never change, so
 cursors, MessageIds and transaction-buffer snapshots stay valid.
+
+The commit is recorded as Delta records an OPTIMIZE (docs/design/compaction-commits.md): runs of
+files that lose no row become one file each, at ``dataChange=false`` (the same rows, rearranged:
+a Delta streaming reader skips them); runs of files that lose rows become one file each at
+``dataChange=true``, as a Delta DELETE rewrites the files it touches. Runs keep the files' offset
+ranges disjoint, as the file index needs.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
-from pulsartx.log.schema import STATS_COLUMNS, MessageType
+from pulsartx.log.schema import RECORD_SCHEMA, STATS_COLUMNS, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
+from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -39,6 +48,24 @@ class CompactionResult:
         return dict(self.__dict__)
 
 
+def rewrite_plan(files: list[DataFile], kept: pa.Table) -> tuple[list[tuple[pa.Table, bool]],
+                                                                    list[tuple[str, int, bool]]]:
+    """The OPTIMIZE commit of ``files`` (in offset order) whose surviving rows are ``kept`` (sorted
+    by offset): one new file per run of consecutive files that all lose rows or all lose none,
+    flagged ``dataChange`` accordingly, and a remove of every file with its own file's flag."""
+    offsets = kept.column("offset").to_numpy()
+    lo = np.searchsorted(offsets, [f.min_offset for f in files], side="left")
+    hi = np.searchsorted(offsets, [f.max_offset for f in files], side="right")
+    changed = [int(b - a) != f.num_records for f, a, b in zip(files, lo.tolist(), hi.tolist(), strict=True)]
+    parts: list[tuple[pa.Table, bool]] = []
+    start = 0
+    for i in range(1, len(files) + 1):
+        if i == len(files) or changed[i] != changed[start]:
+            parts.append((kept.slice(int(lo[start]), int(hi[i - 1] - lo[start])), changed[start]))
+            start = i
+    return parts, [(f.path, f.size, c) for f, c in zip(files, changed, strict=True)]
+
+
 def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 2) -> CompactionResult:
     plog = PartitionLog(root, partition)
     index = plog.refresh()
@@ -57,10 +84,15 @@ def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 
     res.rows_before = raw.num_rows
     res.rows_dropped = raw.num_rows - kept.num_rows
     res.bytes_before = sum(f.size for f in files)
-    table = delta.open_table(root, *plog.segments)
+    table = delta.open_table(root, *plog.segments, version=index.version)
+    writer = DeltaAppender(root, plog.segments, table, RECORD_SCHEMA)
     try:
-        delta.replace_files(root, table, plog.segments, [(f.path, f.size) for f in files], kept, STATS_COLUMNS,
-                            data_change=res.rows_dropped > 0)
+        if writer.fast:
+            parts, removes = rewrite_plan(files, kept)
+            writer.rewrite(parts, removes)
+        else:  # a store without put-if-absent: delta-rs's commit, recorded as a WRITE
+            delta.replace_files(root, table, plog.segments, [(f.path, f.size) for f in files], kept, STATS_COLUMNS,
+                                data_change=True)
     except delta.ConcurrentCommit as e:
         res.skipped = f"concurrent change, try again: {e}"
         return res

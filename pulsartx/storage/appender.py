@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -256,41 +256,81 @@ class DeltaAppender:
 
     # ---- appending -----------------------------------------------------------------------------
     def append(self, data: pa.Table | None, app_transactions: Mapping[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None,
-               removes: Iterable[str] = ()) -> int:
+               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None) -> int:
         """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
         commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries).
         ``codecs``: parquet codecs of some columns (the payload's compression type); others zstd-1.
 
-        ``removes``: data files (as of :attr:`version`) the same commit removes, which makes it a
-        compaction: a commit after our snapshot that removed one of them too (another compaction)
-        raises ConcurrentCommit; files others added meanwhile stay, as their rows are not in ours.
-
         ``data`` None: a commit of app ids alone, no data file (a TxnID block lease)."""
         apps = {k: int(v) for k, v in (app_transactions or {}).items()}
-        removes = list(removes)
         if not self.fast:
-            if removes:
-                raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
             return self.write_with_deltalake(data, apps=apps, metadata=metadata)
-        if time.monotonic() - self._synced > STALE_AFTER_S:
-            self.reload()
-            raise delta.ConcurrentCommit(f"{self.uri}: snapshot older than {STALE_AFTER_S:g} s, re-read the table")
+        self._check_fresh()
         if data is not None and data.schema != self.schema:
             data = data.cast(self.schema)
         now = int(time.time() * 1000)
         commit_id = str(uuid.uuid4())  # also names the data file: both need a globally unique id
         add = None if data is None else self._write_data_file(data, now, codecs, commit_id)
         actions: list[dict[str, Any]] = [
-            {"commitInfo": {"timestamp": now, "operation": "WRITE",
-                            "operationParameters": {"mode": "Overwrite" if removes else "Append"},
-                            "isBlindAppend": not removes, "engineInfo": ENGINE, "clientVersion": ENGINE,
+            {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                            "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE,
                             "txnId": commit_id, **dict(metadata or {})}},
             *({"txn": {"appId": k, "version": v, "lastUpdated": now}} for k, v in apps.items()),
-            *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}} for p in removes),
             *([{"add": add}] if add is not None else []),
         ]
-        removing = set(removes)
+        return self._commit(actions, commit_id, apps, set(), [add] if add is not None else [])
+
+    def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
+                codecs: Mapping[str, str] | None = None) -> int:
+        """Commit a compaction as Delta records an OPTIMIZE: ``removes`` ((path, size, dataChange)
+        of data files as of :attr:`version`) replaced by one new file per ``parts`` entry
+        ((rows, dataChange)); returns the version. ``dataChange`` False says the rows are the same
+        rows rearranged, which a Delta streaming reader skips; True that rows were dropped
+        (docs/design/compaction-commits.md). A commit after our snapshot that removed one of the
+        same files (another compaction, retention) raises ConcurrentCommit; files others added
+        meanwhile stay, as their rows are not in ours."""
+        if not self.fast:
+            raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
+        self._check_fresh()
+        now = int(time.time() * 1000)
+        commit_id = str(uuid.uuid4())
+        adds: list[dict[str, Any]] = []
+        try:
+            for i, (data, change) in enumerate(parts):
+                if data.num_rows:
+                    add = self._write_data_file(data.cast(self.schema), now, codecs, f"{commit_id}-{i}")
+                    adds.append({**add, "dataChange": change})
+        except BaseException:
+            for add in adds:
+                self._discard(add)
+            raise
+        read_version = self.version
+        actions: list[dict[str, Any]] = [
+            {"commitInfo": {"timestamp": now, "operation": "OPTIMIZE",
+                            "operationParameters": {"predicate": "[]", "zOrderBy": "[]"},
+                            "readVersion": read_version, "isolationLevel": "SnapshotIsolation",
+                            "isBlindAppend": False, "engineInfo": ENGINE, "clientVersion": ENGINE,
+                            "operationMetrics": {
+                                "numRemovedFiles": str(len(removes)), "numAddedFiles": str(len(adds)),
+                                "numRemovedBytes": str(sum(s or 0 for _, s, _ in removes)),
+                                "numAddedBytes": str(sum(a["size"] for a in adds))},
+                            "txnId": commit_id}},
+            *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": change, "extendedFileMetadata": True,
+                          "partitionValues": {}, **({"size": size} if size is not None else {})}}
+              for p, size, change in removes),
+            *({"add": add} for add in adds),
+        ]
+        return self._commit(actions, commit_id, {}, {p for p, _, _ in removes}, adds)
+
+    def _check_fresh(self) -> None:
+        if time.monotonic() - self._synced > STALE_AFTER_S:
+            self.reload()
+            raise delta.ConcurrentCommit(f"{self.uri}: snapshot older than {STALE_AFTER_S:g} s, re-read the table")
+
+    def _commit(self, actions: list[dict[str, Any]], commit_id: str, apps: Mapping[str, int], removing: set[str],
+                adds: list[dict[str, Any]]) -> int:
+        """Create the next free commit file holding ``actions``, stepping over others' commits that
+        do not conflict (see the module); the data files of ``adds`` are deleted when it gives up."""
         vanished = 0
         body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
         while True:
@@ -312,7 +352,7 @@ class DeltaAppender:
                 # inconsistently. Retried a few times, never forever.
                 vanished += 1
                 if vanished >= MAX_VANISHED_SLOTS:
-                    self._discard(add)
+                    self._discard_all(adds)
                     raise StorageError(
                         f"{self.uri}: version {version} answered that it exists but it cannot be read ({vanished} "
                         "times): the table was deleted, or the store does not answer consistently; open it again")
@@ -323,15 +363,15 @@ class DeltaAppender:
                 return version
             self._apply(version, theirs)
             if any("metaData" in a or "protocol" in a for a in theirs):
-                self._discard(add)
+                self._discard_all(adds)
                 self.reload()
                 raise delta.ConcurrentCommit(f"{self.uri}: table metadata changed at version {version}")
             clash = sorted(a["txn"]["appId"] for a in theirs if "txn" in a and a["txn"]["appId"] in apps)
             if clash:
-                self._discard(add)
+                self._discard_all(adds)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} also set {', '.join(clash)}")
             if removing and any("remove" in a and a["remove"]["path"] in removing for a in theirs):
-                self._discard(add)
+                self._discard_all(adds)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
 
     def _slot_after_failed_put(self, version: int, error: StorageError) -> bool:
@@ -356,6 +396,10 @@ class DeltaAppender:
         size = self._io("write a data file to", lambda: delta.put_parquet(self.root, self.segments, name, data, codecs))
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}
+
+    def _discard_all(self, adds: list[dict[str, Any]]) -> None:
+        for add in adds:
+            self._discard(add)
 
     def _discard(self, add: dict[str, Any] | None) -> None:
         """Delete the data file of a commit that lost its race (vacuum would, later)."""

@@ -329,7 +329,7 @@ class KeyedLog:
         entry committed concurrently survives; a concurrent compaction makes one of the two give up
         (ConcurrentCommit), and we skip this round.
 
-        Written by our appender as one commit with the removes (a few ms). Through
+        Written by our appender as one OPTIMIZE commit with the removes (a few ms). Through
         ``write_deltalake(mode="overwrite")`` it cost ~120 ms (bringing the handle over the ~100-200
         commits since the last compaction, then delta-rs's write), every 100-200 protocol steps:
         2-3 ms on average added to each transactional acknowledgement
@@ -344,7 +344,9 @@ class KeyedLog:
             self._flush()
             live = pa.Table.from_pylist([r for r in self._rows.values() if keep(r)], schema=self.schema)
             if fast:
-                writer.append(live, removes=sorted(self._active))
+                # Superseded and trimmed rows are dropped: a data change in Delta's terms
+                # (docs/design/compaction-commits.md).
+                writer.rewrite([(live, True)], [(p, None, True) for p in sorted(self._active)])
             else:
                 writer.write_with_deltalake(live, mode="overwrite")
                 self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
