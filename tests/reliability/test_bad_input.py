@@ -1,4 +1,4 @@
-"""Issue 8, suite 4 "Bad input": every bad option, name, payload or corrupted file gives a clear
+"""Suite 4, "Bad input": every bad option, name, payload or corrupted file gives a clear
 error naming the option/value/partition/file and how to fix it, or round-trips exactly; a
 rejected input leaves nothing half-written, and one broken partition breaks nothing else.
 

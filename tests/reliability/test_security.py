@@ -1,4 +1,4 @@
-"""Issue 8, suite 5 "Security".
+"""Suite 5, "Security".
 
 1. No topic, namespace or subscription name reaches a path outside the storage root: hypothesis
    throws traversal tricks at every API that turns a name into a path (create, produce, subscribe,
