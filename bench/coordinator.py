@@ -183,7 +183,7 @@ def worker_main(args: dict) -> None:
     except BaseException as e:  # report, never hang the parent
         print(json.dumps({"error": repr(e)}), flush=True)
     finally:
-        os._exit(0)  # deltalake may abort at interpreter exit (notes/deltalake.md); the line is out
+        os._exit(0)  # deltalake may abort at interpreter exit (docs/design/deltalake-in-processes.md); the line is out
 
 
 def bench_throughput(work: str, procs: int, seconds: float, tcs: int) -> dict:

@@ -21,7 +21,7 @@ Sides, each forced to produce every column of every row (``write.format("noop")`
     "minimal reader of the same parquet files", also a target side;
   * ``arrow 6 columns``: returns only the six stored columns the topic schema is built from, fewer
     columns than the topic schema has; informative only (Python data sources have no column
-    pruning, so this gap is the price of the schema the issue fixes, not of the implementation);
+    pruning, so this gap is the price of the topic schema, not of the implementation);
 * ``spark parquet``: ``spark.read.parquet`` of the same files and columns (JVM vectorized reader).
 
 Runs are interleaved round by round, rotating which side goes first. Ratios are throughput ratios

@@ -1,7 +1,7 @@
 """One Spark write job = one pulsartx transaction.
 
 pyspark runs ``writer()``, each task's ``write()`` and the job's ``commit()``/``abort()`` in
-different Python processes (notes/spark-python-datasource.md), so nothing may live in memory:
+different Python processes (docs/design/spark-job-state-in-storage.md), so nothing may live in memory:
 :class:`JobTransaction` is created in ``writer()``, pickled into every task and into the commit
 worker, and carries only the storage root and the TxnID. Everything else is in storage:
 

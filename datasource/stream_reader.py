@@ -260,5 +260,5 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         handoff.forget(self.root, self.opts.subscription, end)
 
     def stop(self) -> None:
-        """Never called by pyspark (notes/spark-python-datasource.md); nothing depends on it."""
+        """Never called by pyspark (docs/design/spark-job-state-in-storage.md); nothing depends on it."""
 

@@ -75,7 +75,7 @@ class CorruptedLog(StorageError):
     """A Delta log or data file is unreadable; the message names the partition and the file."""
 
 
-# Transaction errors (coordinator, buffer and subscription issues).
+# Transaction errors (coordinator, buffer and subscriptions).
 class TransactionCoordinatorNotFoundError(PulsarException):
     """The TC id does not exist under this root."""
 

@@ -1,7 +1,7 @@
 """Real child processes for the coordinator tests and bench/coordinator.py.
 
 Every child is a fresh interpreter (``subprocess.Popen([python, this file, command, json-args])``):
-deltalake panics in a forked child once the parent used it (notes/deltalake.md). A child talks to
+deltalake panics in a forked child once the parent used it (docs/design/deltalake-in-processes.md). A child talks to
 the parent through stdout lines ``@@EVENT <name> <json>`` (it reached a step and is now waiting to
 be killed) and ``@@RESULT <json>`` (its work is done), then leaves with ``os._exit(0)``, so the
 occasional abort at interpreter exit can neither hide nor fake a result: the parent judges children

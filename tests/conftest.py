@@ -61,7 +61,7 @@ RGW_MODULES = frozenset({
     "test_transactions", "test_coordinator", "test_pending_ack", "test_partition_log", "test_fencing",
     "test_client",
 })
-# test_consumer moved here in session 3: CI took 1,499 s with it on RGW, at the edge of the budget.
+# test_consumer runs on RGW only at full scale: CI took 1,499 s with it there, at the edge of the budget.
 RGW_EXTRA_MODULES = frozenset({"test_admin_subscriptions", "test_consumer"})
 RGW_SLOW = frozenset({
     "test_transactions.py::test_large_aborted_then_committed_over_20_partitions",  # 237 s on RGW, 3 s local
@@ -126,7 +126,7 @@ def rgw_server() -> Iterator[object]:
 
     # A bootstrap can fail transiently (a free port taken between choosing and binding it, a daemon
     # slow under load): one more attempt before every rgw test of the session skips. Seen once in
-    # session 3 (98 rgw tests skipped in a full run; the same tests passed right after).
+    # a full run (98 rgw tests skipped; the same tests passed right after).
     reasons: list[str] = []
     server = None
     for _ in range(2):
@@ -184,7 +184,7 @@ def client(root: str) -> Iterator[object]:
 
 
 # deltalake's Rust runtime sometimes crashes the interpreter during teardown, after all work is done
-# (notes/deltalake.md: "terminate called without an active exception", or SIGSEGV). Exit with
+# (docs/design/deltalake-in-processes.md: "terminate called without an active exception", or SIGSEGV). Exit with
 # pytest's own status once everything is reported, skipping that teardown, so a finished run can
 # never be turned into a failure by it.
 def pytest_sessionfinish(session, exitstatus):

@@ -134,14 +134,65 @@ def test_delete_topic_deletes_its_subscriptions(cl):
     c.close()
 
 
-def test_missing_topic(cl):
-    with pytest.raises(TopicNotFound, match="persistent://public/default/ghost does not exist"):
-        cl.create_producer("ghost")
-    with pytest.raises(TopicNotFound, match="ghost"):
-        cl.create_reader("ghost", MessageId.earliest)
-    with pytest.raises(TopicNotFound):
-        cl.get_topic_partitions("ghost")
+def test_missing_topic_without_auto_creation(root):
+    with Client(root, auto_create_topics=False) as c:
+        with pytest.raises(TopicNotFound, match="persistent://public/default/ghost does not exist"):
+            c.create_producer("ghost")
+        with pytest.raises(TopicNotFound, match="ghost"):
+            c.create_reader("ghost", MessageId.earliest)
+        with pytest.raises(TopicNotFound, match="persistent://public/default/ghost does not exist"):
+            c.subscribe("ghost", "s")
+        with pytest.raises(TopicNotFound):
+            c.get_topic_partitions("ghost")
+        assert c.admin.list_topics() == []
     assert issubclass(TopicNotFound, pulsartx.PulsarException)
+
+
+def test_missing_topics_are_created_on_first_use_by_default(cl):
+    """Pulsar's broker default (allowAutoTopicCreation=true, non-partitioned): producing,
+    subscribing or reading creates the topic, with one partition."""
+    assert cl.auto_create_topics is True and cl.auto_create_partitions == 1
+    with cl.create_producer("made-by-producer") as p:
+        assert p.send(b"first") == MessageId(0, 0)
+    c = cl.subscribe("made-by-consumer", "s", initial_position=pulsartx.InitialPosition.Earliest)
+    r = cl.create_reader("made-by-reader", MessageId.earliest)
+    assert cl.admin.list_topics() == ["persistent://public/default/made-by-consumer",
+                                      "persistent://public/default/made-by-producer",
+                                      "persistent://public/default/made-by-reader"]
+    assert [cl.admin.get_partitions(t) for t in ("made-by-producer", "made-by-consumer", "made-by-reader")] == [1, 1, 1]
+    assert [m.data() for m in _read_all(cl, "made-by-producer")] == [b"first"]
+    assert cl.admin.list_subscriptions("made-by-consumer") == ["s"]
+    c.close()
+    r.close()
+    # An existing topic keeps its partition count; a -partition-N name is never auto-created.
+    cl.admin.create_topic("wide", partitions=3)
+    cl.create_producer("wide").close()
+    assert cl.admin.get_partitions("wide") == 3
+    with pytest.raises(TopicNotFound, match="has 3 partition"):
+        cl.create_producer("wide-partition-5")
+    with pytest.raises(TopicNotFound, match="ghost does not exist"):
+        cl.create_producer("ghost-partition-0")
+
+
+def test_auto_created_topics_take_the_configured_partition_count(root):
+    with Client(root, auto_create_partitions=4) as c:
+        with c.create_producer("four") as p:
+            for i in range(8):
+                p.send(f"m{i}".encode(), partition_key=f"k{i}")
+        assert c.admin.get_partitions("four") == 4
+        assert sorted(m.data() for m in _read_all(c, "four")) == [f"m{i}".encode() for i in range(8)]
+        c.subscribe("four-b", "s").close()
+        assert c.admin.get_partitions("four-b") == 4
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"auto_create_topics": "yes"}, r"auto_create_topics='yes': must be True or False"),
+    ({"auto_create_partitions": 0}, r"auto_create_partitions=0: must be an integer from 1 to 10000"),
+    ({"auto_create_partitions": True}, r"auto_create_partitions=True: must be an integer"),
+])
+def test_auto_creation_keywords_are_checked(root, kw, match):
+    with pytest.raises(InvalidConfiguration, match=match):
+        Client(root, **kw)
 
 
 # ---- producer -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Real processes racing on one partition (multiprocessing 'spawn': deltalake panics in forked children).
 
 Children report through JSON files and leave with ``os._exit`` once the file is written, so the
-occasional abort at interpreter exit (notes/deltalake.md) cannot hide or fake a result: the parent
+occasional abort at interpreter exit (docs/design/deltalake-in-processes.md) cannot hide or fake a result: the parent
 judges by the files and by what is in the table, never by exit codes alone.
 """
 from __future__ import annotations

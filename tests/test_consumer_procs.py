@@ -2,7 +2,7 @@
 a Shared consumer's claims expiring after kill -9, and PENDING_ACK across consumer restarts.
 
 Children are fresh interpreters started with subprocess (deltalake must never run in a forked
-child, notes/deltalake.md); this file is also the child's script. They speak ``_procs``'s protocol
+child, docs/design/deltalake-in-processes.md); this file is also the child's script. They speak ``_procs``'s protocol
 (``@@EVENT``/``@@RESULT`` lines, then ``os._exit(0)``), so they are judged by what they printed and
 by what is in storage, never by exit codes.
 """

@@ -1,4 +1,4 @@
-"""The Python client: Client, Producer, Reader (later Consumer and Transaction)."""
+"""The Python client (names from pulsar-client): Client, Producer, Reader, Consumer, Transaction."""
 from pulsartx.client.client import Client
 from pulsartx.client.message import Message
 from pulsartx.client.producer import Producer

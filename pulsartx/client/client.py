@@ -2,6 +2,13 @@
 
 There is no broker: a Client is a handle on a storage root, and every producer, reader and
 transaction it creates works directly against the Delta tables there.
+
+Topics are created on first use, as a Pulsar broker does by default (``allowAutoTopicCreation=true``,
+non-partitioned): ``create_producer``, ``subscribe`` and ``create_reader`` on a missing topic create
+it with ``auto_create_partitions`` partitions (1, the nearest to Pulsar's non-partitioned topic).
+``Client(..., auto_create_topics=False)`` makes them raise ``TopicNotFound`` instead, as a broker
+with ``allowAutoTopicCreation=false`` does; topics are then created with ``client.admin.create_topic``
+or ``pulsartx topics create``. A ``-partition-N`` name is never auto-created.
 """
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import threading
 from typing import Any
 
 from pulsartx.admin import Admin
+from pulsartx.admin.topics import MAX_PARTITIONS
 from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
 from pulsartx.client.producer import Producer
 from pulsartx.client.reader import Reader
@@ -18,8 +26,9 @@ from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError
+from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError, TopicNotFound
 from pulsartx.log.message_id import MessageId
+from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -28,7 +37,11 @@ log = logging.getLogger(__name__)
 class Client:
     def __init__(self, service_url: str | None = None, storage_options: dict[str, str] | None = None, *,
                  transaction_key: str | None = None, owner: str | None = None, num_coordinators: int | None = None,
-                 coordinator_config: CoordinatorConfig | None = None, **kwargs: Any):
+                 coordinator_config: CoordinatorConfig | None = None, auto_create_topics: bool = True,
+                 auto_create_partitions: int = 1, **kwargs: Any):
+        _check_auto_create(auto_create_topics, auto_create_partitions)
+        self.auto_create_topics = auto_create_topics
+        self.auto_create_partitions = auto_create_partitions
         self.root = StorageRoot.resolve(service_url, storage_options)
         self._closed = False
         self._children: list[Any] = []
@@ -103,14 +116,28 @@ class Client:
         self._children.append(obj)
         return obj
 
+    def _auto_create(self, topic: str) -> None:
+        """Pulsar's allowAutoTopicCreation: a missing topic is created on first use (see the module
+        docstring). Racing creators agree: the first one's partition count wins."""
+        if not self.auto_create_topics or self._closed or TopicName.parse(topic).partition is not None:
+            return
+        try:
+            self.admin.get_partitions(topic)
+        except TopicNotFound:
+            n = self.admin.ensure_topic(topic, self.auto_create_partitions)
+            log.info("auto-created topic %s with %d partition(s) (Client(auto_create_topics=False) turns this off)",
+                     topic, n)
+
     def create_producer(self, topic: str, producer_name: str | None = None, batching_max_messages: int = 1000,
                         batching_max_publish_delay_ms: int = 10, **kwargs: Any) -> Producer:
+        self._auto_create(topic)
         return self._track(Producer(self, topic, producer_name=producer_name, batching_max_messages=batching_max_messages,
                                     batching_max_publish_delay_ms=batching_max_publish_delay_ms, **kwargs))
 
     def create_reader(self, topic: str, start_message_id: MessageId, reader_name: str | None = None,
                       start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
                       **kwargs: Any) -> Reader:
+        self._auto_create(topic)
         return self._track(Reader(self, topic, start_message_id, reader_name=reader_name,
                                   start_message_id_inclusive=start_message_id_inclusive,
                                   isolation_level=isolation_level, **kwargs))
@@ -120,6 +147,7 @@ class Client:
                   receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
                   negative_ack_redelivery_delay_ms: int = 60000, **kwargs: Any) -> Consumer:
         """A consumer on a durable subscription (created at ``initial_position`` if new)."""
+        self._auto_create(topic)
         return self._track(Consumer(self, topic, subscription_name, consumer_type=consumer_type,
                                     initial_position=initial_position, isolation_level=isolation_level,
                                     receiver_queue_size=receiver_queue_size,
@@ -155,3 +183,12 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_auto_create(auto_create_topics: Any, auto_create_partitions: Any) -> None:
+    if not isinstance(auto_create_topics, bool):
+        raise InvalidConfiguration(f"auto_create_topics={auto_create_topics!r}: must be True or False")
+    if not isinstance(auto_create_partitions, int) or isinstance(auto_create_partitions, bool) \
+            or not 1 <= auto_create_partitions <= MAX_PARTITIONS:
+        raise InvalidConfiguration(f"auto_create_partitions={auto_create_partitions!r}: must be an integer "
+                                   f"from 1 to {MAX_PARTITIONS} (the partition count of auto-created topics)")

@@ -3,12 +3,12 @@ compare-and-set, and tail the commit log.
 
 Appends go through :mod:`pulsartx.storage.appender` (which falls back on :func:`write` here for
 tables it cannot write itself); overwrites use ``write_deltalake`` on a reused DeltaTable handle:
-re-opening a table re-reads its log, so latency would grow with history (notes/deltalake.md),
+re-opening a table re-reads its log, so latency would grow with history (docs/design/delta-app-id-compare-and-set.md),
 whereas a reused handle is advanced in place by each successful write.
 
 The compare-and-set: a commit carrying ``Transaction(app_id, v)`` fails if any commit after the
 writer's snapshot set the same app_id. delta-rs does not check ``v`` itself, so callers compare the
-snapshot's ``transaction_version`` before committing (see notes/deltalake.md).
+snapshot's ``transaction_version`` before committing (see docs/design/delta-app-id-compare-and-set.md).
 
 Every operation retries transient storage faults through :mod:`pulsartx.storage.retry`.
 Retrying a commit whose response was lost is safe: the repeated put of the same version fails its
@@ -66,7 +66,7 @@ def _delta_options(root: StorageRoot) -> dict[str, str] | None:
 
 def _deltalake():
     # Imported lazily: deltalake's runtime panics in a forked child once the parent has used it,
-    # and Spark's daemon forks workers (notes/deltalake.md).
+    # and Spark's daemon forks workers (docs/design/deltalake-in-processes.md).
     import deltalake
 
     return deltalake
@@ -359,7 +359,7 @@ def update(table: Any, root: StorageRoot, segments: tuple[str, ...]) -> None:
 
 
 def txn_version(table: Any, app_id: str) -> int | None:
-    """``transaction_version`` with the 0-is-falsy trap avoided (notes/deltalake.md)."""
+    """``transaction_version`` with the 0-is-falsy trap avoided (docs/design/delta-app-id-compare-and-set.md)."""
     v = table.transaction_version(app_id)
     return None if v is None else int(v)
 

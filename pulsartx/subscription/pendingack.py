@@ -1,4 +1,5 @@
-"""Pending-ack store participant entry point (completed by the subscriptions issue)."""
+"""The pending-ack store's participant call: what a TC runs on a subscription when one of its
+transactions commits or aborts."""
 from __future__ import annotations
 
 from pulsartx.coordinator.state import TxnAction

@@ -4,10 +4,10 @@ on loopback, bootstrapped in a temporary directory.
 Why Ceph RGW: it is the one real S3 implementation installable from Debian here (MinIO & co. are
 not packaged), it enforces ``If-None-Match: *`` (delta-rs' conditional-put commits), and its
 gateway is a separate process from the data (OSD), so a test can kill and restart the *gateway*
-without losing what was written -- the shape of a real S3 outage. See
-``/work/shared/notes/s3-test-servers.md`` and issue 8 for the recipe this follows.
+without losing what was written -- the shape of a real S3 outage. docs/reliability.md lists the
+settings this recipe needs and why.
 
-API (everything R2's crash matrix and the storage fixture need)::
+API (everything the crash matrix and the storage fixture need)::
 
     from tests.reliability import rgw
 

@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
 
-    ap = argparse.ArgumentParser(description="pulsartx concurrency soak (issue 8, suite 2)")
+    ap = argparse.ArgumentParser(description="pulsartx concurrency soak (reliability suite 2, docs/reliability.md)")
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("PULSARTX_SOAK_SECONDS", "300")))
     ap.add_argument("--rgw", action="store_true", help="run on a throw-away Ceph RGW instead of local disk")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Issue 8, suite 5 "Security".
+"""Suite 5, "Security".
 
 1. No topic, namespace or subscription name reaches a path outside the storage root: hypothesis
    throws traversal tricks at every API that turns a name into a path (create, produce, subscribe,
@@ -328,7 +328,8 @@ def test_credentials_never_in_logs_errors_or_reprs(moto, caplog):
     # Errors: a missing bucket, an unknown topic, and an unreachable endpoint, all with the secret set.
     texts["missing bucket"] = _error_text(
         lambda: pulsartx.Client("s3://no-such-bucket/root", _options(moto)).admin.create_topic("x"))
-    texts["unknown topic"] = _error_text(lambda: client.create_producer("nope"))
+    texts["unknown topic"] = _error_text(lambda: pulsartx.Client(
+        "s3://sec/root", _options(moto), auto_create_topics=False).create_producer("nope"))
     texts["unreachable endpoint"] = _error_text(
         lambda: pulsartx.Client("s3://sec/root", _options("http://127.0.0.1:1")).admin.list_topics())
     for c in (consumer, reader, producer):

@@ -1,4 +1,4 @@
-"""Suite 2 (issue 8): the concurrency soak (tests/reliability/soak.py), 8 processes at once.
+"""Suite 2: the concurrency soak (tests/reliability/soak.py), 8 processes at once.
 
 ``PULSARTX_SOAK_SECONDS`` (default 60) bounds it; ``PULSARTX_SOAK_STORAGE`` = local (default), rgw or
 all. The checker must find no anomaly, and every role must really have done its work.

@@ -1,4 +1,4 @@
-"""Suite 3, storage faults (issue 8): the object store goes away in the middle of a transactional
+"""Suite 3, storage faults: the object store goes away in the middle of a transactional
 commit, storage is read-only, the bucket is missing.
 
 The outage is a real one: the Ceph RGW *gateway* process is SIGKILLed after the commit markers of

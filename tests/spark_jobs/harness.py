@@ -2,7 +2,7 @@
 follow its progress through the events file, and SIGKILL the whole process tree.
 
 Children are judged by the events they wrote and by what is in storage, never by exit codes:
-deltalake may abort at interpreter exit after the work is done (notes/deltalake.md), which is why
+deltalake may abort at interpreter exit after the work is done (docs/design/deltalake-in-processes.md), which is why
 the job script leaves with ``os._exit(0)`` after its last event.
 
 SIGKILL of the driver: ``spark-submit`` execs the driver JVM, which starts the pyspark daemon and

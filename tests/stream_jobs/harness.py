@@ -3,7 +3,7 @@ group), follow it through its events file, SIGKILL the whole process tree; and t
 streaming test makes on storage (READ_COMMITTED output, per-key order, subscription cursors).
 
 Children are judged by the events they wrote and by what is in storage, never by exit codes:
-deltalake may abort at interpreter exit after the work is done (notes/deltalake.md), which is why
+deltalake may abort at interpreter exit after the work is done (docs/design/deltalake-in-processes.md), which is why
 the job leaves with ``os._exit`` after its last event.
 
 The pyspark daemon moves itself into its own process group, so killing the job's group alone would
