@@ -25,9 +25,11 @@
    transaction, i.e. 3*batch times more versions and removed-file tombstones than here; the Delta
    table's version count and tombstones are printed for both sides so that can be judged.
 
-3. Transactions per second (empty begin + commit, each process its own Client, round-robin over
-   ``--tcs`` TCs) with ``--procs`` processes divided by 1 process, each for ``--seconds`` after a
-   common start signal. Scaling is bounded by the machine's cores (printed).
+3. Transactions per second (empty begin + commit, each process its own Client, each on the TC
+   log it leases, of ``--tcs``) with ``--procs`` processes divided by 1 process, each for
+   ``--seconds`` after a common start signal. Target >= 1.5 with 4 processes on 16 TCs: an empty
+   transaction is one TC-log commit, so it waits on storage as much as it computes and scales
+   past the machine's cores (printed); before leases every process wrote every log (0.32-0.58).
 """
 from __future__ import annotations
 
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             ("empty txn round trip / plain deltalake append", rt["ratio"], "<= 1"),
             (f"TC open after {args.finished} finished / after {args.small}", open_ratio, "<= 1.5"),
             (f"txn/s with {args.procs} processes / 1 process ({os.cpu_count()} CPUs)", scaling,
-             f"(report; ideal {min(args.procs, os.cpu_count() or 1)})"),
+             ">= 1.5 (4 processes, 16 TCs)"),
         ]
         for name, ratio, target in rows:
             print(f"  {name:58s} {ratio:7.2f}  {target}")

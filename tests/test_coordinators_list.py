@@ -13,17 +13,17 @@ from pulsartx.cli.main import cli
 
 def test_coordinators_list(tmp_path) -> None:
     root = str(tmp_path / "root")
-    with pulsartx.Client(root, num_coordinators=3) as c:
+    with pulsartx.Client(root, num_coordinators=3) as c, pulsartx.Client(root) as c2:
         c.admin.create_topic("t")
         p = c.create_producer("t")
         committed = c.new_transaction()
         p.send(b"c", txn=committed)
         committed.commit()
-        opened = c.new_transaction(timeout_ms=600_000)
-        p.send(b"o", txn=opened)
+        opened = c2.new_transaction(timeout_ms=600_000)
+        c2.create_producer("t").send(b"o", txn=opened)
         c.flush()
         ids = {committed.id.most_bits: committed.id, opened.id.most_bits: opened.id}
-        assert len(ids) == 2  # round robin: two TCs used, one not
+        assert len(ids) == 2  # each client leases its own TC: two TCs used, one not
         r = CliRunner().invoke(cli, ["--service-url", root, "--json", "transactions", "coordinators-list"])
         assert r.exit_code == 0, r.stderr
         rows = json.loads(r.stdout)

@@ -174,6 +174,8 @@ class Client:
             except Exception as e:  # close everything, then report
                 errors.append(e)
         self.flush()
+        if self._tcs is not None:
+            self._tcs.release()
         self._closed = True
         if errors:
             raise errors[0]
