@@ -47,8 +47,12 @@ Figures:
   raised shows all or none of its messages, and the consumer received each message of its topic
   exactly once. A step that fails its check prints INVALID instead of met/MISSED.
 * Where the time goes (diagnostics): CPU seconds of the producers and the consumer against the
-  cores x seconds available, and per transaction the Delta commits (put-if-absent) made on the
-  commit path and by the background completer, and the commit races lost to another writer.
+  cores x seconds available; per transaction, the Delta commits (put-if-absent) made on the commit
+  path and by the background completer, the ones that lost their version to another writer (each
+  one is retried after reading the winner's commit) and the time spent in those puts; and the
+  end-to-end latency of each message split into: until the consumer's look at the partition that
+  fetched it began (its idle-poll backoff, or it was busy), that look (reading cursor, log and
+  transaction states from storage), and the time it then sat in the consumer's local queue.
 
 Targets (ratios; "now" is what the multi-process scaling work started from):
 
@@ -58,6 +62,11 @@ Targets (ratios; "now" is what the multi-process scaling work started from):
     Ceph RGW, 8 processes / 1 process                             now 0.40 (4 procs)   >= 5
     commit -> consumer in another process, p99 / p99 append       now ~200 ms          <= 4
     txn/s after 150 s of load / at the start                      now 0.62             >= 0.9
+
+The latency and growth rows are printed for every P with the same target, the RGW txn/s ratio for
+2 and 4 processes as a report. Ratios to the plain append use the appends made during the window;
+the summary's ``quiet`` column gives the same ratio to the appends on the idle machine, which is
+what a figure measured against an uncontended append compares with.
 
 bench/coordinator.py (section 3) measures the remaining row of that table, empty transactions'
 txn/s with 4 processes / 1 process on 16 TCs (target >= 1.5).
@@ -183,10 +192,25 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
     client = pulsartx.Client(args["root"], storage_options=args["options"] or None)
     consumer = client.subscribe(TOPICS[0], SUBSCRIPTION, consumer_type=pulsartx.ConsumerType.Exclusive,
                                 initial_position=pulsartx.InitialPosition.Earliest)
+    fills: list[tuple[float, bool]] = []  # (seconds, found something) of each look at the partition
+    looked: dict[int, tuple[float, float]] = {}  # offset -> wall times of the look that fetched it
+    plain_fill = consumer._fill
+
+    def timed_fill(part: Any) -> None:
+        t0, w0, before = time.perf_counter(), time.time(), len(part.queue)
+        try:
+            plain_fill(part)
+        finally:
+            fills.append((time.perf_counter() - t0, len(part.queue) > before))
+            w1 = time.time()
+            for m in list(part.queue)[before:]:
+                looked[m._offset] = (w0, w1)
+
+    consumer._fill = timed_fill
     signal_ready(args)
     wait_go(args)
     cpu0 = cpu_seconds()
-    got: list[list[Any]] = []  # [payload, receive() return wall time]
+    got: list[list[Any]] = []  # [payload, start and end of the look that fetched it, receive() return], wall
     expected, give_up = None, 0.0
     while True:
         try:
@@ -194,7 +218,8 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
         except pulsartx.Timeout:
             msg = None
         if msg is not None:
-            got.append([msg.data().decode(), time.time()])
+            received = time.time()
+            got.append([msg.data().decode(), *looked.pop(msg._offset, (received, received)), received])
             consumer.acknowledge(msg)
         if expected is None and os.path.exists(args["stop"]):
             with open(args["stop"]) as f:
@@ -204,7 +229,10 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
             break
     cpu = cpu_seconds() - cpu0
     consumer.close()
-    return {"got": got, "cpu_s": cpu}
+    found = [t for t, yes in fills if yes]
+    empty = [t for t, yes in fills if not yes]
+    return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile(found, 0.5),
+            "found_p99": percentile(found, 0.99), "empty": len(empty), "empty_p50": percentile(empty, 0.5)}
 
 
 def worker_main(args: dict[str, Any]) -> None:
@@ -311,7 +339,7 @@ def read_committed(root: str, options: dict[str, str]) -> Counter:
     return seen
 
 
-def check_step(producers: list[dict], seen: Counter, consumed: list[list[Any]]) -> tuple[bool, str]:
+def check_step(producers: list[dict], seen: Counter, consumed: list[str]) -> tuple[bool, str]:
     """Exactly once at READ_COMMITTED, atomic failed commits, and the consumer's view of topic A."""
     committed = set()
     for r in producers:
@@ -331,7 +359,7 @@ def check_step(producers: list[dict], seen: Counter, consumed: list[list[Any]]) 
             unexpected += 1
     partial = sum(1 for n in per_failed.values() if n != MESSAGES_PER_TXN)
     want_a = {p for p in want if int(p.rsplit(":", 1)[1]) % len(TOPICS) == 0}
-    got_a = Counter(p for p, _ in consumed)
+    got_a = Counter(consumed)
     c_dup = sum(1 for n in got_a.values() if n > 1)
     c_missing = len(want_a - got_a.keys())
     ok = not (dup or missing or unexpected or partial or c_dup or c_missing)
@@ -379,17 +407,21 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     if errors or "error" in consumer:
         return {"procs": procs, "error": "; ".join(errors + [consumer.get("error", "")]).strip("; ")}
 
-    ok, check_text = check_step(results, read_committed(root, options), consumer["got"])
+    ok, check_text = check_step(results, read_committed(root, options), [g[0] for g in consumer["got"]])
     txns = [t for r in results for t in r["txns"]]
     done_at = {(r["wid"], int(t[0])): t[3] for r in results for t in r["txns"]}
     tenth = args.seconds / 10
     first = sum(1 for t in txns if start <= t[3] < start + tenth)
     last = sum(1 for t in txns if deadline - tenth <= t[3] <= deadline)
-    e2e = []
-    for payload, received in consumer["got"]:
+    e2e, wait, look, queued = [], [], [], []
+    for payload, look_start, look_end, received in consumer["got"]:
         w, s, _ = payload.split(":")
-        if (int(w), int(s)) in done_at:
-            e2e.append(received - done_at[(int(w), int(s))])
+        done = done_at.get((int(w), int(s)))
+        if done is not None:
+            e2e.append(received - done)
+            wait.append(look_start - done)
+            look.append(look_end - look_start)
+            queued.append(received - look_end)
     puts: dict[str, list[float]] = {}
     for r in results:
         for k, (count, secs) in r["puts"].items():
@@ -404,6 +436,11 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
         "txn_p50": percentile([t[3] - t[1] for t in txns], 0.5),
         "e2e_p50": percentile(e2e, 0.5), "e2e_p99": percentile(e2e, 0.99), "e2e_n": len(e2e),
         "e2e_negative": sum(1 for x in e2e if x < 0),
+        "wait_p50": percentile(wait, 0.5), "wait_p99": percentile(wait, 0.99),
+        "look_p50": percentile(look, 0.5), "look_p99": percentile(look, 0.99),
+        "queued_p50": percentile(queued, 0.5), "queued_p99": percentile(queued, 0.99),
+        "fills": consumer["fills"], "found_p50": consumer["found_p50"], "found_p99": consumer["found_p99"],
+        "empty": consumer["empty"], "empty_p50": consumer["empty_p50"],
         "append_p50": percentile(loaded, 0.5), "append_p99": percentile(loaded, 0.99), "append_n": len(loaded),
         "quiet_p50": percentile(quiet, 0.5), "quiet_p99": percentile(quiet, 0.99),
         "failed": sum(len(r["failed"]) for r in results),
@@ -430,6 +467,12 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"return p50 {ms(s['txn_p50'])} ms")
     print(f"    commit -> consumer p50 {ms(s['e2e_p50'])} p99 {ms(s['e2e_p99'])} ms ({s['e2e_n']} messages, "
           f"{s['e2e_negative']} seen before commit() returned)")
+    print(f"      = until the consumer's next look at the partition began p50 {ms(s['wait_p50'])} p99 "
+          f"{ms(s['wait_p99'])} ms + that look p50 {ms(s['look_p50'])} p99 {ms(s['look_p99'])} ms + in the "
+          f"consumer's queue p50 {ms(s['queued_p50'])} p99 {ms(s['queued_p99'])} ms")
+    print(f"      the consumer looked {s['fills']} times: {s['fills'] - s['empty']} found messages (p50 "
+          f"{ms(s['found_p50'])} p99 {ms(s['found_p99'])} ms a look), {s['empty']} found none (p50 "
+          f"{ms(s['empty_p50'])} ms)")
     print(f"    plain append during the run p50 {ms(s['append_p50'])} p99 {ms(s['append_p99'])} ms "
           f"({s['append_n']} appends); quiet, before and after p50 {ms(s['quiet_p50'])} p99 {ms(s['quiet_p99'])} ms")
     budget = cores * seconds
