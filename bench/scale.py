@@ -462,7 +462,8 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
         print(f"[{store}] {s['procs']} processes: FAILED: {s['error']}", flush=True)
         return
     print(f"[{store}] {s['procs']} process(es), {seconds:g} s: {s['tps']:.1f} txn/s ({s['txns']} txns, "
-          f"{s['failed']} failed; first tenth {s['first']}, last tenth {s['last']})")
+          f"{s['failed']} failed; first tenth {s['first']}, last tenth {s['last']}; 1-minute load average "
+          f"{os.getloadavg()[0]:.1f} after the step)")
     print(f"    commit() p50 {ms(s['commit_p50'])} p99 {ms(s['commit_p99'])} ms; new_transaction() to commit() "
           f"return p50 {ms(s['txn_p50'])} ms")
     print(f"    commit -> consumer p50 {ms(s['e2e_p50'])} p99 {ms(s['e2e_p99'])} ms ({s['e2e_n']} messages, "
