@@ -192,17 +192,21 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
     client = pulsartx.Client(args["root"], storage_options=args["options"] or None)
     consumer = client.subscribe(TOPICS[0], SUBSCRIPTION, consumer_type=pulsartx.ConsumerType.Exclusive,
                                 initial_position=pulsartx.InitialPosition.Earliest)
-    fills: list[tuple[float, bool]] = []  # (seconds, found something) of each look at the partition
+    fills: list[tuple[float, float, bool, bool]] = []  # per look at the partition: wall s, CPU s, found, held back
     looked: dict[int, tuple[float, float]] = {}  # offset -> wall times of the look that fetched it
     plain_fill = consumer._fill
 
     def timed_fill(part: Any) -> None:
-        t0, w0, before = time.perf_counter(), time.time(), len(part.queue)
+        t0, c0, w0, before = time.perf_counter(), time.thread_time(), time.time(), len(part.queue)
         try:
             plain_fill(part)
         finally:
-            fills.append((time.perf_counter() - t0, len(part.queue) > before))
-            w1 = time.time()
+            wall, cpu, w1 = time.perf_counter() - t0, time.thread_time() - c0, time.time()
+            try:  # records in the log beyond what READ_COMMITTED may show: an undecided transaction holds them
+                held = part.visible.log.end_offset(refresh=False) > part.visible._end
+            except Exception:
+                held = False
+            fills.append((wall, cpu, len(part.queue) > before, held))
             for m in list(part.queue)[before:]:
                 looked[m._offset] = (w0, w1)
 
@@ -229,10 +233,12 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
             break
     cpu = cpu_seconds() - cpu0
     consumer.close()
-    found = [t for t, yes in fills if yes]
-    empty = [t for t, yes in fills if not yes]
-    return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile(found, 0.5),
-            "found_p99": percentile(found, 0.99), "empty": len(empty), "empty_p50": percentile(empty, 0.5)}
+    found = [f for f in fills if f[2]]
+    empty = [f for f in fills if not f[2]]
+    return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile([f[0] for f in found], 0.5),
+            "found_p99": percentile([f[0] for f in found], 0.99), "found_cpu_p50": percentile([f[1] for f in found], 0.5),
+            "empty": len(empty), "empty_p50": percentile([f[0] for f in empty], 0.5),
+            "empty_held": sum(1 for f in empty if f[3])}
 
 
 def worker_main(args: dict[str, Any]) -> None:
@@ -440,7 +446,8 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
         "look_p50": percentile(look, 0.5), "look_p99": percentile(look, 0.99),
         "queued_p50": percentile(queued, 0.5), "queued_p99": percentile(queued, 0.99),
         "fills": consumer["fills"], "found_p50": consumer["found_p50"], "found_p99": consumer["found_p99"],
-        "empty": consumer["empty"], "empty_p50": consumer["empty_p50"],
+        "empty": consumer["empty"], "empty_p50": consumer["empty_p50"], "empty_held": consumer["empty_held"],
+        "found_cpu_p50": consumer["found_cpu_p50"],
         "append_p50": percentile(loaded, 0.5), "append_p99": percentile(loaded, 0.99), "append_n": len(loaded),
         "quiet_p50": percentile(quiet, 0.5), "quiet_p99": percentile(quiet, 0.99),
         "failed": sum(len(r["failed"]) for r in results),
@@ -472,8 +479,9 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"{ms(s['wait_p99'])} ms + that look p50 {ms(s['look_p50'])} p99 {ms(s['look_p99'])} ms + in the "
           f"consumer's queue p50 {ms(s['queued_p50'])} p99 {ms(s['queued_p99'])} ms")
     print(f"      the consumer looked {s['fills']} times: {s['fills'] - s['empty']} found messages (p50 "
-          f"{ms(s['found_p50'])} p99 {ms(s['found_p99'])} ms a look), {s['empty']} found none (p50 "
-          f"{ms(s['empty_p50'])} ms)")
+          f"{ms(s['found_p50'])} p99 {ms(s['found_p99'])} ms a look, of which CPU p50 {ms(s['found_cpu_p50'])} ms), "
+          f"{s['empty']} found none (p50 {ms(s['empty_p50'])} ms; {s['empty_held']} of them with records in the log "
+          "held back by an undecided transaction)")
     print(f"    plain append during the run p50 {ms(s['append_p50'])} p99 {ms(s['append_p99'])} ms "
           f"({s['append_n']} appends); quiet, before and after p50 {ms(s['quiet_p50'])} p99 {ms(s['quiet_p99'])} ms")
     budget = cores * seconds
