@@ -46,8 +46,8 @@ Figures:
   READ_COMMITTED (both topics, from the earliest position), nothing else is there, a commit that
   raised shows all or none of its messages, and the consumer received each message of its topic
   exactly once. A step that fails its check prints INVALID instead of met/MISSED.
-* Where the time goes (diagnostics): CPU seconds of the producers and the consumer against the
-  cores x seconds available; per transaction, the Delta commits (put-if-absent) made on the commit
+* Where the time goes (diagnostics): CPU seconds of the producers, the consumer, the parent's
+  plain appends and (RGW) the Ceph daemons, against the cores x seconds available; per transaction, the Delta commits (put-if-absent) made on the commit
   path and by the background completer, the ones that lost their version to another writer (each
   one is retried after reading the winner's commit) and the time spent in those puts; and the
   end-to-end latency of each message split into: until the consumer's look at the partition that
@@ -139,6 +139,20 @@ class PutSpy:
 def cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def pids_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the given processes have used so far, from /proc (Linux): the
+    Ceph daemons share the cores with the bench, and what they use is not the bench's."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
@@ -399,8 +413,11 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     start = time.time() + 0.2
     deadline = start + args.seconds
     release(consumer_go)
+    daemons = [p.pid for p in store.server.procs.values()] if store.server is not None else []
     release(go, {"start": start, "deadline": deadline})
+    main0, daemons0 = cpu_seconds(), pids_cpu_seconds(daemons)
     loaded = plain.until(start, deadline, args.append_gap_ms / 1000)
+    cpu_main, cpu_daemons = cpu_seconds() - main0, pids_cpu_seconds(daemons) - daemons0  # the window
     results = collect(workers, args.seconds + 300)
     errors = [r["error"] for r in results if "error" in r]
     sent_a = 0
@@ -452,6 +469,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
         "quiet_p50": percentile(quiet, 0.5), "quiet_p99": percentile(quiet, 0.99),
         "failed": sum(len(r["failed"]) for r in results),
         "cpu_workers": sum(r["cpu_s"] for r in results), "cpu_consumer": consumer["cpu_s"],
+        "cpu_main": cpu_main, "cpu_daemons": cpu_daemons if daemons else None,
         "puts_per_txn": {k: (c / n, secs / n) for k, (c, secs) in sorted(puts.items())},
         "flush_s": max(r["flush_s"] for r in results),
     }
@@ -485,9 +503,11 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
     print(f"    plain append during the run p50 {ms(s['append_p50'])} p99 {ms(s['append_p99'])} ms "
           f"({s['append_n']} appends); quiet, before and after p50 {ms(s['quiet_p50'])} p99 {ms(s['quiet_p99'])} ms")
     budget = cores * seconds
+    daemons = "" if s["cpu_daemons"] is None else f", Ceph daemons {s['cpu_daemons']:.1f} s"
     print(f"    CPU: producers {s['cpu_workers']:.1f} s ({1000 * s['cpu_workers'] / max(1, s['txns']):.1f} ms/txn), "
-          f"consumer {s['cpu_consumer']:.1f} s (its CPU includes the drain after the window), of {budget:g} "
-          f"core-seconds; background completion after the window {s['flush_s']:.1f} s")
+          f"consumer {s['cpu_consumer']:.1f} s (with its drain after the window), plain appends "
+          f"{s['cpu_main']:.1f} s{daemons}, of {budget:g} core-seconds; background completion after the window "
+          f"{s['flush_s']:.1f} s")
     per = ", ".join(f"{k} {c:.2f} ({ms(secs)} ms)" for k, (c, secs) in s["puts_per_txn"].items())
     print(f"    Delta commit puts per txn (table/side/race, time in those puts): {per}")
     print(f"    check: {'ok' if s['ok'] else 'WRONG'}: {s['check']}", flush=True)
@@ -582,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, value, quiet, now, target, result in rows:
         q = "" if quiet is None else f"{quiet:.2f}"
         print(f"  {name:52s} {value:7.2f} {q:>7s}  {now:<13s} {target:<9s} {result}")
-    print("  quiet: the same ratio to the plain appends made before and after the step, on an idle machine")
+    print("  quiet: the same ratio to the plain appends made right before and after the step, with none of the "
+          "bench's processes running")
     return 0
 
 
