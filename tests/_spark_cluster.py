@@ -131,20 +131,21 @@ class Standalone(Daemons):
 class ConnectServer(Daemons):
     """``spark-submit --class SparkConnectServer`` on ``master``, serving gRPC on a free loopback port."""
 
-    def __init__(self, workdir: Path, master: str = "local[2]"):
+    def __init__(self, workdir: Path, master: str = "local[2]", env: dict[str, str] | None = None,
+                 confs: dict[str, str] | None = None):
         super().__init__(workdir)
         self.port = free_port()
         self.url = f"sc://{LOCALHOST}:{self.port}"
-        self.master = master
+        self.master, self.env, self.confs = master, dict(env or {}), dict(confs or {})
 
     def start(self, timeout: float = 120) -> ConnectServer:
+        confs = {"spark.connect.grpc.binding.address": LOCALHOST, "spark.connect.grpc.binding.port": str(self.port),
+                 "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", **self.confs}
         argv = [str(BIN / "spark-submit"), "--class", CONNECT_SERVER, "--master", self.master,
-                "--conf", f"spark.connect.grpc.binding.address={LOCALHOST}",
-                "--conf", f"spark.connect.grpc.binding.port={self.port}",
-                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+                *(a for k, v in confs.items() for a in ("--conf", f"{k}={v}")),
                 "--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J2} {JVM_FAST_START}",
                 "spark-internal"]
-        self.spawn("connect-server", argv, spark_env())
+        self.spawn("connect-server", argv, spark_env(**self.env))
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
@@ -159,6 +160,13 @@ class ConnectServer(Daemons):
 
 
 # ---- where tasks ran --------------------------------------------------------------------------------
+def event_log_confs(directory: Path) -> dict[str, str]:
+    """Spark confs that make an application log its events to ``directory``, as one plain file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(directory),
+            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+
+
 def event_log(directory: Path) -> list[dict[str, Any]]:
     """The events of the one application that logged to ``directory`` (plain, not rolled)."""
     (path,) = [p for p in directory.iterdir() if p.is_file()]

@@ -23,6 +23,7 @@ from _reads import committed_values
 from _spark_cluster import (
     Standalone,
     event_log,
+    event_log_confs,
     executor_workers,
     files_containing,
     job_env,
@@ -62,12 +63,9 @@ def submit(cluster: Standalone, workdir: Path, config: dict[str, Any], storage_o
     """Run ``cluster_job.py`` on the cluster: two one-core executors, the job started only once both
     have registered; returns its ``done`` event and its event log."""
     events_dir = workdir / f"eventlog-{config['run']}"
-    events_dir.mkdir()
     confs = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.executor.memory": "512m",
              "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.executor.extraJavaOptions": JVM_FAST_START,
-             "spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events_dir),
-             "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",
-             "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+             "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", **event_log_confs(events_dir)}
     submit_args = ["--master", cluster.url, *(a for k, v in confs.items() for a in ("--conf", f"{k}={v}")), *args]
     env = job_env(PULSARTX_JOB_STORAGE_OPTIONS=json.dumps(storage_options))
     job = StreamJob("cluster_job.py", config, workdir, env=env, submit_args=submit_args)
