@@ -6,8 +6,10 @@ Each test proves where its work ran from Spark's own event log (every task's exe
 executor's worker): both executors, on different workers, ran tasks of the write job and of the
 pipeline's micro-batches. Outcomes are exact: every written row committed once, in one
 transaction; the pipeline's output is its transformed input, message for message, in per-key
-order, with the subscription acknowledged through the end. The storage credentials reach the
-executors inside the pickled plan only: the secret appears in no log, event log or work file.
+order, with the subscription acknowledged through the end. The storage credentials are in the
+driver's environment only (as options the write job builds, as ``AWS_*`` variables for the
+pipeline) and reach the executors inside the pickled plan: the secret appears in no log, event
+log or work file.
 """
 from __future__ import annotations
 
@@ -58,17 +60,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
         standalone.stop()
 
 
-def submit(cluster: Standalone, workdir: Path, config: dict[str, Any], storage_options: dict[str, str],
+def submit(cluster: Standalone, workdir: Path, config: dict[str, Any], env: dict[str, str],
            *args: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run ``cluster_job.py`` on the cluster: two one-core executors, the job started only once both
-    have registered; returns its ``done`` event and its event log."""
+    """Run ``cluster_job.py`` on the cluster (``env`` added to the driver's environment): two one-core
+    executors, the job started only once both have registered; returns its ``done`` event and its
+    event log."""
     events_dir = workdir / f"eventlog-{config['run']}"
     confs = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.executor.memory": "512m",
              "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.executor.extraJavaOptions": JVM_FAST_START,
              "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", **event_log_confs(events_dir)}
     submit_args = ["--master", cluster.url, *(a for k, v in confs.items() for a in ("--conf", f"{k}={v}")), *args]
-    env = job_env(PULSARTX_JOB_STORAGE_OPTIONS=json.dumps(storage_options))
-    job = StreamJob("cluster_job.py", config, workdir, env=env, submit_args=submit_args)
+    job = StreamJob("cluster_job.py", config, workdir, env=job_env(**env), submit_args=submit_args)
     try:
         end = job.wait_end(timeout=300)
     except AssertionError as e:
@@ -93,7 +95,8 @@ def test_write_job_on_two_executors_commits_every_row_once(cluster: Standalone, 
     url, options = rgw_server.new_root("cluster-write")
     config = {"run": "write", "job": "write", "root": url, "topic": "orders", "partitions": 4, "rows": ROWS,
               "slices": 4}
-    _, events = submit(cluster, tmp_path, config, options)
+    # Credentials as pulsartx.storage.* options, which the job builds from its environment.
+    _, events = submit(cluster, tmp_path, config, {"PULSARTX_JOB_STORAGE_OPTIONS": json.dumps(options)})
 
     (write_tasks,) = tasks_per_executor(events).values()  # the application ran one Spark job: the write
     assert sum(write_tasks.values()) == 4
@@ -134,6 +137,7 @@ def test_available_now_pipeline_on_two_executors_with_py_files(cluster: Standalo
     config = {"run": "pipeline", "job": "pipeline", "root": url, "input": "in", "output": "out",
               "subscription": "upper", "checkpoint": str(tmp_path / "checkpoint"), "max_entries": 800,
               "register": True}
+    # Credentials in the driver's environment only (AWS_*): the executors get them with their tasks.
     done, events = submit(cluster, tmp_path, config, options, "--py-files", str(zipped))
 
     # --py-files: the executors' Python workers imported pulsartx from the shipped zip.

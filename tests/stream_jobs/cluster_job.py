@@ -14,9 +14,10 @@ credentials from the driver's environment, never from the command line.
     with ``register`` set, the source is registered explicitly (the ``--py-files`` way) and the job
     reports where the executors imported pulsartx from.
 
-The storage options (``pulsartx.storage.*``) are the JSON of ``$PULSARTX_JOB_STORAGE_OPTIONS``:
-Spark records the driver's command line (``sun.java.command``) in its event log and environment
-page, so credentials there would be written out. Events go to the ``events`` JSON-lines file; the
+The storage options (``pulsartx.storage.*``), if any, are the JSON of
+``$PULSARTX_JOB_STORAGE_OPTIONS``; without them, an ``s3://`` root takes the ``AWS_*`` variables of
+the driver's environment. Never the command line: Spark records it (``sun.java.command``) in its
+event log and environment page. Events go to the ``events`` JSON-lines file; the
 job leaves with ``os._exit`` (docs/design/deltalake-in-processes.md).
 """
 from __future__ import annotations
