@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zipfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ from stream_jobs.harness import FASTPY, JVM_FAST_START, LOG4J2, PROJECT
 BIN = Path(sys.executable).parent
 LOCALHOST = "127.0.0.1"
 CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def pulsartx_zip(directory: Path) -> Path:
+    """pulsartx's own code as one zip, for ``--py-files`` or a Connect session's ``addArtifacts``
+    (its dependencies are not in it: they must be installed where it runs)."""
+    path = directory / "pulsartx-py-files.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for package in ("pulsartx", "datasource", "commit_protocol"):
+            for f in sorted((PROJECT / package).rglob("*.py")):
+                z.write(f, f.relative_to(PROJECT))
+        z.write(PROJECT / "pyspark_pulsartx.py", "pyspark_pulsartx.py")
+    return path
 
 
 def free_port() -> int:

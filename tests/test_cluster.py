@@ -14,7 +14,6 @@ log or work file.
 from __future__ import annotations
 
 import json
-import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +28,13 @@ from _spark_cluster import (
     executor_workers,
     files_containing,
     job_env,
+    pulsartx_zip,
     tasks_per_executor,
 )
 from reliability import rgw
 from spark_jobs.checks import txns
 from stream_jobs.harness import (
     JVM_FAST_START,
-    PROJECT,
     StreamJob,
     committed_messages,
     cursor_positions,
@@ -111,17 +110,6 @@ def test_write_job_on_two_executors_commits_every_row_once(cluster: Standalone, 
     assert_no_secret(tmp_path, cluster.workdir)
 
 
-def py_files(directory: Path) -> Path:
-    """pulsartx's own code as one zip for ``--py-files`` (its dependencies are not in it)."""
-    path = directory / "pulsartx-py-files.zip"
-    with zipfile.ZipFile(path, "w") as z:
-        for package in ("pulsartx", "datasource", "commit_protocol"):
-            for f in sorted((PROJECT / package).rglob("*.py")):
-                z.write(f, f.relative_to(PROJECT))
-        z.write(PROJECT / "pyspark_pulsartx.py", "pyspark_pulsartx.py")
-    return path
-
-
 def test_available_now_pipeline_on_two_executors_with_py_files(cluster: Standalone, rgw_server: Any,
                                                                tmp_path: Path) -> None:
     url, options = rgw_server.new_root("cluster-pipeline")
@@ -133,7 +121,7 @@ def test_available_now_pipeline_on_two_executors_with_py_files(cluster: Standalo
             producer.send_async(f"v-{i}".encode(), None, partition_key=f"k{i % 37}")
     client.flush()
 
-    zipped = py_files(tmp_path)
+    zipped = pulsartx_zip(tmp_path)
     config = {"run": "pipeline", "job": "pipeline", "root": url, "input": "in", "output": "out",
               "subscription": "upper", "checkpoint": str(tmp_path / "checkpoint"), "max_entries": 800,
               "register": True}

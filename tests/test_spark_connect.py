@@ -4,7 +4,8 @@
 
 The server finds the data source by auto-discovery (its Python workers run this interpreter, with
 pulsartx installed) and has the S3 credentials in its environment; the client's options name the
-root only. That is the one safe way: a Connect server records every operation's plan, data
+root only. The client then ships pulsartx as a session artifact (the Connect form of
+``--py-files``) and registers the source itself. That is the one safe way: a Connect server records every operation's plan, data
 source options included, unredacted, in its event log and UI (docs/deploy.md), which the last
 check makes sure the secret never reached.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 from _reads import committed_values
-from _spark_cluster import ConnectServer, event_log_confs, files_containing, job_env
+from _spark_cluster import ConnectServer, event_log_confs, files_containing, job_env, pulsartx_zip
 from reliability import rgw
 from stream_jobs.harness import PROJECT, committed_messages, cursor_positions, last_offsets, per_key_sequences
 
@@ -63,7 +64,7 @@ def test_read_write_and_available_now_stream_through_spark_connect(connect: Conn
             producer.send_async(f"v-{i}".encode(), None, partition_key=f"k{i % 7}")
     client.flush()
     config = {"root": url, "input": "in", "output": "out", "stream_output": "streamed", "subscription": "conn",
-              "checkpoint": str(tmp_path / "checkpoint"), "max_entries": 60}
+              "checkpoint": str(tmp_path / "checkpoint"), "max_entries": 60, "py_files": str(pulsartx_zip(tmp_path))}
     # The client's own listener reads the TC logs, so the client needs storage access too: from its
     # environment, which Spark Connect never sends to the server.
     got = run_client(connect, config, env=options)
@@ -84,6 +85,8 @@ def test_read_write_and_available_now_stream_through_spark_connect(connect: Conn
     assert cursor_positions(client, "in", "conn") == last_offsets(inputs)
     assert got["listener"] == [[0, "COMMITTED", 60], [1, "COMMITTED", 40]]
 
+    # addArtifacts(pyfile=True): planner and executor workers both import the session's copy.
+    assert [Path(p).parent.parent.name for p in got["imported_from"]] == ["pulsartx-py-files.zip"] * 2, got
     assert got["registered_rows"] == INPUT
     client.close()
     assert rgw.SECRET_KEY not in got["_output"]

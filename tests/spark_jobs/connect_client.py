@@ -6,7 +6,8 @@ process already has a classic SparkSession):
 Through ``SparkSession.builder.remote(remote)`` only, it reads ``input`` (every column, then a
 declared subset), writes its values upper-cased to ``output``, runs the availableNow pipeline
 ``input`` -> ``stream_output`` through ``subscription`` with :class:`PulsarTxProgressListener`
-attached, and reads ``input`` again through a data source it registers itself. Its options name
+attached, then ships pulsartx as a session artifact (``py_files``) and reads ``input`` again
+through a data source it registers itself. Its options name
 the storage root only: the server has the credentials in its environment (docs/deploy.md).
 
 The last line it prints is ``@@RESULT <json>``; it leaves with ``os._exit`` (deltalake may abort at
@@ -28,6 +29,7 @@ REGISTERED = "pulsartx_registered"
 def run() -> dict[str, Any]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    from pyspark.sql.datasource import DataSource, DataSourceReader
 
     from datasource.progress import PulsarTxProgressListener
     from datasource.source import PulsarTxDataSource
@@ -62,6 +64,35 @@ def run() -> dict[str, Any]:
     while len(listener.batches) < len(out["stream"]["batches"]) and time.monotonic() < deadline:
         time.sleep(0.2)
     out["listener"] = sorted([batch, bt.status, bt.entries] for (_, batch), bt in listener.batches.items())
+
+    # The Connect form of --py-files: the session's Python workers, driver-side and executors,
+    # import the shipped zip before the installed package (what a probe source reports).
+    spark.addArtifacts(CFG["py_files"], pyfile=True)
+
+    class ImportedFrom(DataSourceReader):
+        def __init__(self, planner: str):
+            self.planner = planner
+
+        def read(self, partition: Any) -> Any:
+            import datasource
+
+            yield self.planner, datasource.__file__
+
+    class WhereImported(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "where_imported"
+
+        def schema(self) -> str:
+            return "planner string, executor string"
+
+        def reader(self, schema: Any) -> Any:
+            import datasource
+
+            return ImportedFrom(datasource.__file__)
+
+    spark.dataSource.register(WhereImported)
+    out["imported_from"] = list(spark.read.format("where_imported").load().collect()[0])
 
     class RegisteredSource(PulsarTxDataSource):
         """Pickled by value to the server: registration over Connect works like a local one."""
