@@ -17,8 +17,13 @@ from pulsartx.exceptions import InvalidConfiguration, UnknownOption
 
 READ, READ_STREAM, WRITE, WRITE_STREAM = "read", "readStream", "write", "writeStream"
 USES = (READ, READ_STREAM, WRITE, WRITE_STREAM)
+# DataSource.schema() runs for spark.read and spark.readStream alike and cannot tell which: it
+# checks names against both, and reader() / streamReader() check their own use afterwards.
+ANY_READ = "read or readStream"
+_USE_SETS = {**{u: frozenset({u}) for u in USES}, ANY_READ: frozenset({READ, READ_STREAM})}
 # How an unknown-option message names the API the options were given to.
-API = {READ: "spark.read", READ_STREAM: "spark.readStream", WRITE: "df.write", WRITE_STREAM: "df.writeStream"}
+API = {READ: "spark.read", READ_STREAM: "spark.readStream", WRITE: "df.write", WRITE_STREAM: "df.writeStream",
+       ANY_READ: "spark.read/readStream"}
 _ALL = frozenset(USES)
 _READS = frozenset({READ, READ_STREAM})
 _WRITES = frozenset({WRITE, WRITE_STREAM})
@@ -47,6 +52,7 @@ class OptionSpec:
     prefix: bool = False  # a family: ``pulsartx.storage.<KEY>``
 
     def default_for(self, use: str) -> object:
+        """The default where ``use`` applies; ANY_READ (schema()) takes the plain default."""
         return dict(self.defaults).get(use, self.default)
 
     def used_by(self) -> str:
@@ -152,7 +158,8 @@ def nearest(name: str, candidates: Iterable[str]) -> str | None:
 def check_names(options: Mapping[str, str], use: str) -> None:
     """Refuse every option the table does not list for ``use``. Unknown names get the nearest valid
     one; known names given where they do not apply say where they belong."""
-    valid = [o.name for o in OPTIONS if use in o.uses and not o.prefix]
+    uses = _USE_SETS[use]
+    valid = [o.name for o in OPTIONS if uses & o.uses and not o.prefix]
     for key in sorted(str(k).lower() for k in options):
         if key in _ACCEPTED_EVERYWHERE:
             continue
@@ -162,7 +169,7 @@ def check_names(options: Mapping[str, str], use: str) -> None:
                                            f"e.g. {STORAGE_PREFIX}AWS_REGION")
             continue
         known = _BY_KEY.get(key)
-        if known is not None and use in known.uses:
+        if known is not None and uses & known.uses:
             continue
         if known is not None:
             raise InvalidConfiguration(f"option {known.name} is for {_describe(known.uses)}: {known.wrong_use}")
@@ -170,6 +177,6 @@ def check_names(options: Mapping[str, str], use: str) -> None:
         if guess is not None:
             hint = f"did you mean {guess!r}?"
         else:
-            hint = f"the {use} options are {', '.join(valid)} and {STORAGE_PREFIX}<KEY>"
+            hint = f"the {API[use]} options are {', '.join(valid)} and {STORAGE_PREFIX}<KEY>"
         raise UnknownOption(f"unknown option {key!r} for {API[use]}.format('pulsartx'): {hint} "
                             "(every option: docs/options.md)")

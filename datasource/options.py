@@ -198,7 +198,9 @@ def table_bool(options: Mapping[str, str], option: str, use: str) -> bool:
 
 
 def parse_options(options: Mapping[str, str], *, require_topic: bool = True, use: str = READ) -> PulsarTxOptions:
-    """Validate every option at once, so a bad one fails at ``load()`` rather than in a task."""
+    """Validate every option at once, so a bad one fails at ``load()`` rather than in a task.
+    ``use``: READ for batch reads, READ_STREAM for streams, ANY_READ where it is not known which
+    (``DataSource.schema()``)."""
     opts = _lower(options)
     check_names(opts, use)
     return PulsarTxOptions(

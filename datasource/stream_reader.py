@@ -40,6 +40,7 @@ from datasource.batch_reader import (
     range_partitions,
     read_partition,
 )
+from datasource.errors import spark_facing
 from datasource.offsets import EARLIEST, LATEST
 from datasource.options import StreamOptions
 from datasource.schema import FULL, Projection
@@ -82,6 +83,7 @@ def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
     return share
 
 
+@spark_facing
 class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: StreamOptions, projection: Projection = FULL):
         self.opts = opts

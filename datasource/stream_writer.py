@@ -16,6 +16,7 @@ from pyspark.sql.types import StructType
 
 from commit_protocol.job import JobTransaction
 from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
+from datasource.errors import spark_facing
 from datasource.option_table import WRITE_STREAM
 from datasource.options import (
     CHECKPOINT_LOCATION,
@@ -71,6 +72,7 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
     return writer
 
 
+@spark_facing
 class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
     def __init__(self, mbt: MicroBatchTransaction | None, root: StorageRoot, key: str, checkpoint: str | None,
                  timeout_ms: int, *args):
