@@ -9,11 +9,11 @@ every message spells the option as users write it. Keys that Spark adds itself (
 """
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pulsartx.exceptions import InvalidConfiguration, UnknownOption
+from pulsartx.suggest import nearest
 
 READ, READ_STREAM, WRITE, WRITE_STREAM = "read", "readStream", "write", "writeStream"
 USES = (READ, READ_STREAM, WRITE, WRITE_STREAM)
@@ -146,13 +146,6 @@ def spec(name: str) -> OptionSpec:
 
 def _describe(uses: frozenset[str]) -> str:
     return _USE_WORDS.get(uses) or " and ".join(u for u in USES if u in uses)
-
-
-def nearest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate closest to ``name`` (ignoring case), if any is close enough to be a typo."""
-    by_lower = {c.lower(): c for c in candidates}
-    found = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
-    return by_lower[found[0]] if found else None
 
 
 def check_names(options: Mapping[str, str], use: str) -> None:
