@@ -73,9 +73,13 @@ class PulsarTxDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from datasource.options import parse_stream_options
-        from datasource.stream_reader import PulsarTxStreamReader
+        from datasource.stream_reader import PulsarTxStreamReader, RefusedStreamReader
+        from pulsartx.exceptions import PulsarException
 
-        return PulsarTxStreamReader(parse_stream_options(self.options), projection(schema))
+        try:
+            return PulsarTxStreamReader(parse_stream_options(self.options), projection(schema))
+        except PulsarException as e:  # raised here, pyspark would report an UnboundLocalError instead
+            return RefusedStreamReader(e)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """Called for every micro-batch: begins that batch's transaction."""

@@ -79,6 +79,19 @@ def test_streams_refuse_misspelt_options_and_accept_what_spark_adds(spark: Any, 
                               .option("topic", "s").option("maxEntriesPerTriger", "5").load())
     assert_leads(first, text, "unknown option 'maxentriespertriger'", "did you mean 'maxEntriesPerTrigger'?")
 
+    # Valid for spark.read, so load() (schema()) accepts it; the stream reader refuses it when the query starts.
+    def ending() -> None:
+        q = (spark.readStream.format("pulsartx").option("service.url", root).option("endingOffsets", "latest")
+             .load("s").writeStream.format("memory").queryName("ending")
+             .option("checkpointLocation", str(tmp_path / "ending")).trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(120)
+        finally:
+            q.stop()
+
+    first, text = first_lines(ending)
+    assert_leads(first, text, "option endingOffsets is for batch reads: a stream has no end")
+
     src = (spark.readStream.format("pulsartx").option("service.url", root).option("startingOffsets", "earliest")
            .load("s").select("value"))
 
