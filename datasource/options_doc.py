@@ -17,6 +17,9 @@ Options of `spark.read`, `spark.readStream`, `df.write` and `df.writeStream` wit
 `.format("pulsartx")`. Names are matched without case (Spark lowercases them). An option that is not
 listed for the API it is given to is refused, naming the nearest valid option, e.g.
 `unknown option 'servce.url' for spark.read.format('pulsartx'): did you mean 'service.url'?`.
+The Python client's keywords are listed with their defaults in the docstrings of `pulsartx.Client`,
+`create_producer`, `subscribe`, `create_reader`, `new_transaction`, `Producer.send` and `send_async`;
+a misspelt keyword is refused the same way.
 """
 
 
