@@ -331,8 +331,8 @@ def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: 
     assert txns(root) == baseline  # every refusal above happened before a transaction began
 
     # Refused inside the tasks: the job's transaction is aborted, and nothing is visible.
-    refused(good.withColumn("__partition", F.lit(7)), "__partition values [7", "are outside topic "
-            "persistent://public/default/bad's partitions 0..1", topic="bad")
+    refused(good.withColumn("__partition", F.lit(7)), "__partition=7 is out of range: topic "
+            "persistent://public/default/bad has 2 partitions (0..1); give a __partition from 0 to 1", topic="bad")
     refused(good.withColumn("__topic", F.lit("nowhere")), "topic persistent://public/default/nowhere (from the "
             "__topic column) does not exist", "createTopic=true")
     refused(good.withColumn("__topic", F.lit(None).cast("string")), "a row has a null __topic and no topic option")

@@ -16,6 +16,7 @@ from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
+from pulsartx.suggest import checked_keywords
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -56,8 +57,10 @@ class PartitionFetcher:
 
 
 class Reader:
+    @checked_keywords()
     def __init__(self, client: Client, topic: str, start_message_id: MessageId, reader_name: str | None = None,
-                 start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED", **_: Any):
+                 start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED"):
+        """Made by :meth:`Client.create_reader`, whose docstring lists the keywords."""
         if not isinstance(start_message_id, MessageId):
             raise InvalidConfiguration(
                 f"start_message_id must be a MessageId (MessageId.earliest, MessageId.latest, or a message's id), "
