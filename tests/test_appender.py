@@ -349,3 +349,21 @@ def test_a_long_lived_writer_forgets_short_lived_app_ids_when_delta_does(tmp_pat
     assert [e[1] for e in a._expiring] == ["guard.new"]
     t = dl.DeltaTable(a.uri)
     assert (t.transaction_version("guard.old"), t.transaction_version("guard.new")) == (None, 2)
+
+
+def test_app_ids_of_a_writer_behind_the_last_checkpoint_are_read_as_of_its_version(table):
+    """A checkpoint written since the writer last read the log lies past its version: the writer
+    reads the checkpoint at the interval below its version instead, never a later state."""
+    a = appender(table)
+    for i in range(CHECKPOINT_INTERVAL + 10):
+        a.append(None, {f"app.{i % 5}": i})
+    wait_for_checkpoints()
+    behind = appender(table)  # at version 110
+    for i in range(CHECKPOINT_INTERVAL):
+        a.append(None, {f"app.{i % 5}": 1000 + i})
+    wait_for_checkpoints()
+    assert json.loads(open(os.path.join(a.uri, "_delta_log", "_last_checkpoint")).read())["version"] >= 200
+    then = dl.DeltaTable(a.uri, version=behind.version)
+    assert {k: behind.txn_version(f"app.{k}") for k in range(5)} == {
+        k: delta.txn_version(then, f"app.{k}") for k in range(5)}
+    assert isinstance(behind._ids, dict)

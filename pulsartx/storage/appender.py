@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -61,6 +62,11 @@ T = TypeVar("T")
 
 
 _CHECKPOINTS: ThreadPoolExecutor | None = None
+# The checkpoint thread's table handles, newest last: the next checkpoint of a table reads only the
+# commits since the last one (a fresh open read the checkpoint and every commit after it again:
+# a tenth of a small transaction's CPU).
+_CHECKPOINT_HANDLES: OrderedDict[str, Any] = OrderedDict()
+CHECKPOINT_HANDLES = 64
 _CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
 _CHECKPOINT_LOCK = threading.Lock()
 
@@ -104,10 +110,17 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)
         return
     try:
-        t = delta.open_table(root, *segments, version=version)
+        t = _CHECKPOINT_HANDLES.pop(uri, None)
+        if t is not None and t.metadata().id == delta.LogTail(root, segments).table_id():
+            delta.update(t, root, segments)  # the commits since its last checkpoint, not a whole open
+        else:
+            t = delta.open_table(root, *segments, version=version)
         if t is not None:
             t.create_checkpoint()
             t.cleanup_metadata()
+            _CHECKPOINT_HANDLES[uri] = t
+            while len(_CHECKPOINT_HANDLES) > CHECKPOINT_HANDLES:
+                _CHECKPOINT_HANDLES.popitem(last=False)
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
 
@@ -182,8 +195,9 @@ class DeltaAppender:
         self.version = table.version()
         self._apps: dict[str, int] = {}
         # Every app id as of ``version`` once read (delta.read_app_ids), then kept by _apply; None
-        # until a lookup misses ``_apps``. False: the log is in a form it does not read.
-        self._ids: dict[str, int] | None | bool = None
+        # until a lookup misses ``_apps``, or while the log is not in a form that reads.
+        self._ids: dict[str, int] | None = None
+        self._ids_retry_at = -1  # the version from which reading them is tried (again)
         self._retention_ms: float | None = None  # the table's app-id retention (0: none known), once read
         # (expiry ms, app id, version) of app ids that expire within EXPIRING_SOON_MS of being applied
         # (marker guards): forgotten here when Delta forgets them, so a long-lived writer's memory
@@ -204,11 +218,14 @@ class DeltaAppender:
         """The version of ``app_id`` as of :attr:`version` (None if never set)."""
         if app_id in self._apps:
             return self._apps[app_id]
-        if self._ids is None:
+        if self._ids is None and self.version >= self._ids_retry_at:
             retention = delta.app_id_retention_ms(self.table)
-            ids = None if retention is False else delta.read_app_ids(self.root, self.segments, self.version, retention)
-            self._ids = False if ids is None else ids
-        if self._ids is False:
+            ids = None if retention is False else delta.read_app_ids(self.root, self.segments, self.version, retention,
+                                                                     CHECKPOINT_INTERVAL)
+            if ids is None:  # not readable as this reads it (now): delta-rs answers until the log moves on
+                self._ids_retry_at = self.version + CHECKPOINT_INTERVAL
+            self._ids = ids
+        if not isinstance(self._ids, dict):
             return delta.txn_version(self.table, app_id)
         return self._ids.get(app_id)
 

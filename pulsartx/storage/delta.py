@@ -472,7 +472,7 @@ def _checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: i
 
 
 def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
-                 retention_ms: float | None) -> dict[str, int] | None:
+                 retention_ms: float | None, checkpoint_interval: int = 100) -> dict[str, int] | None:
     """Every app id set in the table up to ``version`` and not expired, with its version: what
     delta-rs's ``transaction_version`` answers for a snapshot at ``version``, read once.
 
@@ -480,25 +480,31 @@ def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
     asking about a new marker guard paid for every guard the table ever kept (a sixth of a small
     transaction's CPU, growing with the table's history). Here it is the ``txn`` column of the last
     checkpoint at or below ``version`` plus the commits after it, once per writer; the writer then
-    applies each commit it sees. None (ask delta-rs) when the log is not in the plain single-file
-    checkpoint form this reads, or its checkpoint lies past ``version``."""
+    applies each commit it sees. When the last checkpoint lies past ``version`` (written since the
+    writer last read the log), the one at the interval below ``version`` is read instead. None (ask
+    delta-rs) when the log is not in the plain single-file checkpoint form this reads, or that
+    checkpoint is missing."""
     start = -1
     apps: dict[str, tuple[int, int | None]] = {}
     hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
     if hint is not None:
         try:
             info = json.loads(hint)
-            start = int(info["version"])
+            checkpoint = int(info["version"])
         except (ValueError, KeyError, TypeError):
             return None
-        if info.get("parts") or info.get("v2Checkpoint") or start > version:
+        if info.get("parts") or info.get("v2Checkpoint"):
             return None
-        table = _checkpoint_columns(root, segments, start, ["txn"])
-        if table is None:
-            return None
-        col = table.column("txn")
-        for t in col.filter(col.is_valid()).to_pylist():
-            apps[t["appId"]] = (int(t["version"]), t.get("lastUpdated"))
+        if checkpoint > version:
+            checkpoint = version // checkpoint_interval * checkpoint_interval
+        if checkpoint > 0:
+            table = _checkpoint_columns(root, segments, checkpoint, ["txn"])
+            if table is None:
+                return None
+            col = table.column("txn")
+            for t in col.filter(col.is_valid()).to_pylist():
+                apps[t["appId"]] = (int(t["version"]), t.get("lastUpdated"))
+            start = checkpoint
     for v, actions in LogTail(root, segments).commits_after(start):
         if v > version:
             break
