@@ -316,8 +316,9 @@ def test_credentials_never_in_logs_errors_or_reprs(moto, caplog):
     # Option dataclasses, as Spark would build them.
     spark_opts = {"service.url": "s3://sec/root", "topic": "t", "subscription": "s",
                   **{f"pulsartx.storage.{k}": v for k, v in _options(moto).items()}}
-    texts["repr(PulsarTxOptions)"] = repr(O.parse_options(spark_opts))
-    texts["repr(WriteOptions)"] = repr(O.parse_write_options({k: v for k, v in spark_opts.items() if k != "subscription"}))
+    batch_opts = {k: v for k, v in spark_opts.items() if k != "subscription"}  # a streaming-read option
+    texts["repr(PulsarTxOptions)"] = repr(O.parse_options(batch_opts))
+    texts["repr(WriteOptions)"] = repr(O.parse_write_options(batch_opts))
     texts["repr(StreamOptions)"] = repr(O.parse_stream_options(spark_opts))
     # Other stores spell their secrets differently.
     texts["repr(azure/gcs root)"] = repr(StorageRoot.resolve("az://c/p", {
