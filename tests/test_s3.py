@@ -78,6 +78,9 @@ def test_transactions_and_subscriptions_on_s3(s3_root):
     with client.new_transaction() as txn:
         for m in got:
             consumer.acknowledge(m, txn=txn)
+    # commit() returns at the decision; the background completer then applies the pending acks
+    # (docs/design/commit-at-the-decision-point.md): read the stores once it has.
+    client.flush()
     stats = client.admin.transactions.get_pending_ack_stats("t", "s")
     assert [s["pendingAckCount"] for s in stats] == [0, 0]
     with pytest.raises(pulsartx.Timeout):
