@@ -62,6 +62,7 @@ lint: $(DEV)
 bench: $(DEV)
 	$(BIN)/python bench/append.py
 	$(BIN)/python bench/read.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf pulsartx-data spark-warehouse .pytest_cache

@@ -119,9 +119,13 @@ class TaskAppender:
     def _partition_index(self, rows: pa.Table, n: int, topic: str) -> np.ndarray:
         if self._has_values(rows, "__partition"):
             given = rows.column("__partition").to_numpy(zero_copy_only=False)
-            bad = [int(v) for v in given if not np.isnan(v) and not 0 <= v < n][:3]
+            bad = list(dict.fromkeys(int(v) for v in given if not np.isnan(v) and not 0 <= v < n))[:3]
             if bad:
-                raise InvalidConfiguration(f"__partition values {bad} are outside topic {topic}'s partitions 0..{n - 1}")
+                # Only a task sees the rows, so this cannot fail earlier; one line, leading Spark's error.
+                raise InvalidConfiguration(
+                    f"__partition={', '.join(map(str, bad))} is out of range: topic {topic} has {n} partition"
+                    f"{'s' if n > 1 else ''} (0..{n - 1}); give a __partition from 0 to {n - 1}, or null to route "
+                    "the row by __key")
             default = self._fallback(rows, n)
             return np.where(np.isnan(given.astype(float)), default, np.nan_to_num(given)).astype(np.int64)
         return self._fallback(rows, n)

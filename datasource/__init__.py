@@ -9,12 +9,11 @@ Discovery
         from datasource import PulsarTxDataSource
         spark.dataSource.register(PulsarTxDataSource)
 
-Options (Kafka source / pulsar-spark connector names; see :mod:`datasource.options`)
-    ``service.url`` (storage root; else ``$PULSARTX_SERVICE_URL``, else ``./pulsartx-data`` resolved on
-    the driver; the Spark conf ``spark.pulsartx.service.url`` cannot reach Python data sources, see
-    :mod:`datasource.options`), exactly one of ``topic`` / ``topics`` / ``topicsPattern`` (or
-    ``load(topic)``), ``startingOffsets`` / ``endingOffsets``, ``isolationLevel``,
-    ``maxEntriesPerPartition``, ``pulsartx.storage.<KEY>`` for storage options.
+Options (Kafka source / pulsar-spark connector names)
+    Declared once in :mod:`datasource.option_table`, from which ``docs/options.md`` is generated;
+    an option not listed for the API it is given to is refused, naming the nearest valid one. The
+    Spark conf ``spark.pulsartx.service.url`` cannot reach Python data sources, see
+    :mod:`datasource.options`.
 
 Schema
     ``value binary, __key string, __topic string, __partition int, __offset bigint,

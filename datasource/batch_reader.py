@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from datasource.errors import spark_facing
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec
 from datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
 from datasource.pushdown import Pushed, push
@@ -172,6 +173,7 @@ def read_partition(root: StorageRoot, part: OffsetRangePartition, projection: Pr
         yield from spark_batches(to_spark_table(rows, part.topic, part.partition, projection))
 
 
+@spark_facing
 class PulsarTxBatchReader(DataSourceReader):
     # No pushFilters here: while spark.sql.python.filterPushdown.enabled is false (the default),
     # merely defining it makes every read fail with DATA_SOURCE_PUSHDOWN_DISABLED. The subclass
@@ -193,6 +195,7 @@ class PulsarTxBatchReader(DataSourceReader):
         return read_partition(self.root, partition, self.projection)
 
 
+@spark_facing
 class PulsarTxPushdownReader(PulsarTxBatchReader):
     def pushFilters(self, filters: list[Any]) -> Iterable[Any]:  # noqa: N802 (pyspark's name)
         self.pushed, rejected = push(list(filters))

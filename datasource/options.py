@@ -4,9 +4,11 @@ Option names follow Spark's Kafka source and the pulsar-spark connector. Spark h
 a case-insensitive mapping with lowercased keys and string values; every error names the option as
 users write it (``topicsPattern``, not ``topicspattern``) and says what to write instead.
 
-Parsing is syntactic and never touches storage, so it can run anywhere; resolving topics against
-the storage root is :mod:`datasource.topics`. Batch write and streaming reuse :func:`parse_options`
-(with ``require_topic=False`` where a ``topic`` column may stand in for the option).
+Names, defaults and where each option applies come from the declarative table in
+:mod:`datasource.option_table`; every parse first refuses names that table does not list for its use
+(``read``, ``readStream``, ``write``, ``writeStream``), so a misspelt option fails instead of being
+ignored. Parsing is syntactic and never touches storage, so it can run anywhere; resolving topics
+against the storage root is :mod:`datasource.topics`.
 
 The storage root is resolved here, in the driver-side planner worker, to an absolute path or URL,
 and executors only ever receive that resolved value. ``spark.pulsartx.service.url`` cannot be
@@ -25,24 +27,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets
+from datasource.option_table import (
+    READ,
+    READ_STREAM,
+    STORAGE_PREFIX,
+    WRITE,
+    OptionSpec,
+    check_names,
+    spec,
+)
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
 from pulsartx.log.compression import CompressionType
 from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.storage.root import StorageRoot
 
-SERVICE_URL = "service.url"
-TOPIC = "topic"
-TOPICS = "topics"
-TOPICS_PATTERN = "topicsPattern"
-PATH = "path"
-STARTING_OFFSETS = "startingOffsets"
-ENDING_OFFSETS = "endingOffsets"
-ISOLATION_LEVEL = "isolationLevel"
-MAX_ENTRIES_PER_PARTITION = "maxEntriesPerPartition"
-STORAGE_PREFIX = "pulsartx.storage."
+# The names code refers to, looked up in the table (a name missing there fails at import).
+SERVICE_URL = spec("service.url").name
+TOPIC = spec("topic").name
+TOPICS = spec("topics").name
+TOPICS_PATTERN = spec("topicsPattern").name
+PATH = spec("path").name
+STARTING_OFFSETS = spec("startingOffsets").name
+ENDING_OFFSETS = spec("endingOffsets").name
+ISOLATION_LEVEL = spec("isolationLevel").name
+MAX_ENTRIES_PER_PARTITION = spec("maxEntriesPerPartition").name
+PATHS = "paths"  # what Spark sets for load([a, b])
 
 ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
-DEFAULT_MAX_ENTRIES_PER_PARTITION = 500_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,10 @@ def parse_selection(options: Mapping[str, str], *, required: bool = True) -> Top
     if PATH in opts:
         given.append((f"{TOPIC} (the load()/save() path)", opts[PATH]))
     choices = f"{TOPIC}, {TOPICS} or {TOPICS_PATTERN}"
+    if PATHS in opts:
+        raise InvalidConfiguration(
+            f"load() was given several paths ({opts[PATHS]}): pass one topic to load(), or name several with "
+            f'.option("{TOPICS}", "a,b")')
     if len(given) > 1:
         raise InvalidConfiguration(
             f"options {' and '.join(n for n, _ in given)} were all given: set exactly one of {choices} "
@@ -139,7 +154,7 @@ def parse_selection(options: Mapping[str, str], *, required: bool = True) -> Top
 
 
 def parse_isolation(options: Mapping[str, str]) -> str:
-    raw = _lower(options).get(ISOLATION_LEVEL.lower(), ISOLATION_LEVELS[0])
+    raw = _lower(options).get(ISOLATION_LEVEL.lower(), str(spec(ISOLATION_LEVEL).default))
     level = raw.strip().upper()
     if level not in ISOLATION_LEVELS:
         raise InvalidConfiguration(f"option {ISOLATION_LEVEL}={raw!r} is invalid: use {' or '.join(ISOLATION_LEVELS)}")
@@ -168,29 +183,45 @@ def parse_non_negative_int(options: Mapping[str, str], option: str, default: int
     return _parse_int(options, option, default, 0, "a whole number, 0 or more")
 
 
-def parse_options(options: Mapping[str, str], *, require_topic: bool = True) -> PulsarTxOptions:
-    """Validate every option at once, so a bad one fails at ``load()`` rather than in a task."""
+def table_int(options: Mapping[str, str], option: str, use: str) -> int:
+    """An integer option with the table's default for ``use`` and the table's minimum."""
+    entry: OptionSpec = spec(option)
+    default = entry.default_for(use)
+    assert isinstance(default, int) and entry.minimum is not None, f"{option} has no integer default in the table"
+    parse = parse_positive_int if entry.minimum == 1 else parse_non_negative_int
+    return parse(options, entry.name, default)
+
+
+def table_bool(options: Mapping[str, str], option: str, use: str) -> bool:
+    entry = spec(option)
+    return parse_bool(options, entry.name, bool(entry.default_for(use)))
+
+
+def parse_options(options: Mapping[str, str], *, require_topic: bool = True, use: str = READ) -> PulsarTxOptions:
+    """Validate every option at once, so a bad one fails at ``load()`` rather than in a task.
+    ``use``: READ for batch reads, READ_STREAM for streams, ANY_READ where it is not known which
+    (``DataSource.schema()``)."""
     opts = _lower(options)
+    check_names(opts, use)
     return PulsarTxOptions(
         root=resolve_root(opts),
         selection=parse_selection(opts, required=require_topic),
         starting_offsets=parse_offsets(STARTING_OFFSETS, opts.get(STARTING_OFFSETS.lower()), EARLIEST),
         ending_offsets=parse_offsets(ENDING_OFFSETS, opts.get(ENDING_OFFSETS.lower()), LATEST),
         isolation_level=parse_isolation(opts),
-        max_entries_per_partition=parse_positive_int(opts, MAX_ENTRIES_PER_PARTITION, DEFAULT_MAX_ENTRIES_PER_PARTITION),
+        max_entries_per_partition=table_int(opts, MAX_ENTRIES_PER_PARTITION, use),
     )
 
 
 # ---- write options ------------------------------------------------------------------------------
-PRODUCER_NAME = "producerName"
-TRANSACTION_TIMEOUT_MS = "transactionTimeoutMs"
-CREATE_TOPIC = "createTopic"
-PARTITIONS = "partitions"
-TRANSACTIONAL = "transactional"
-SAVE_MODE = "saveMode"
-COMPRESSION_TYPE = "compressionType"
+PRODUCER_NAME = spec("producerName").name
+TRANSACTION_TIMEOUT_MS = spec("transactionTimeoutMs").name
+CREATE_TOPIC = spec("createTopic").name
+PARTITIONS = spec("partitions").name
+TRANSACTIONAL = spec("transactional").name
+SAVE_MODE = spec("saveMode").name
+COMPRESSION_TYPE = spec("compressionType").name
 SAVE_MODES = ("append", "errorifexists", "ignore")
-DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
 
 
 def parse_bool(options: Mapping[str, str], option: str, default: bool) -> bool:
@@ -218,9 +249,10 @@ class WriteOptions:
     compression: str = "NONE"  # CompressionType name: the payload column's parquet codec
 
 
-def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
-    """Options of ``df.write.format("pulsartx")`` (and of the streaming sink)."""
+def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOptions:
+    """Options of ``df.write.format("pulsartx")`` (and, with ``use=WRITE_STREAM``, of the streaming sink)."""
     opts = _lower(options)
+    check_names(opts, use)
     selection = parse_selection(opts, required=False)
     if selection is not None and (selection.option != TOPIC and not selection.option.startswith(TOPIC + " ")
                                   or len(selection.topics) != 1):
@@ -230,7 +262,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     if topic is not None and topic.partition is not None:
         raise InvalidConfiguration(f"option {TOPIC}={str(topic)!r} names a single partition: give the topic, and use "
                                    "a __partition column to choose partitions")
-    save_mode = opts.get(SAVE_MODE.lower(), "append").strip().lower()
+    save_mode = opts.get(SAVE_MODE.lower(), str(spec(SAVE_MODE).default)).strip().lower()
     if save_mode not in SAVE_MODES:
         raise InvalidConfiguration(f"option {SAVE_MODE}={save_mode!r} is invalid: use {', '.join(SAVE_MODES)}")
     producer = opts.get(PRODUCER_NAME.lower())
@@ -238,27 +270,26 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         raise InvalidConfiguration(f"option {PRODUCER_NAME}={producer!r} is invalid: give a non-empty name without '&'")
     return WriteOptions(
         root=resolve_root(opts), topic=topic, producer_name=producer,
-        transaction_timeout_ms=parse_positive_int(opts, TRANSACTION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS),
-        create_topic=parse_bool(opts, CREATE_TOPIC, False), partitions=parse_positive_int(opts, PARTITIONS, 1),
-        transactional=parse_bool(opts, TRANSACTIONAL, True), save_mode=save_mode,
+        transaction_timeout_ms=table_int(opts, TRANSACTION_TIMEOUT_MS, use),
+        create_topic=table_bool(opts, CREATE_TOPIC, use), partitions=table_int(opts, PARTITIONS, use),
+        transactional=table_bool(opts, TRANSACTIONAL, use), save_mode=save_mode,
         compression=CompressionType.parse(opts.get(COMPRESSION_TYPE.lower()), option=f"option {COMPRESSION_TYPE}").value)
 
 
 # ---- streaming options --------------------------------------------------------------------------
-MAX_ENTRIES_PER_TRIGGER = "maxEntriesPerTrigger"
-FAIL_ON_DATA_LOSS = "failOnDataLoss"
-SUBSCRIPTION = "subscription"
-TRANSACTION_KEY = "transactionKey"
-CHECKPOINT_LOCATION = "checkpointLocation"
-MIN_ENTRIES_PER_TASK = "minEntriesPerTask"
-DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
+MAX_ENTRIES_PER_TRIGGER = spec("maxEntriesPerTrigger").name
+FAIL_ON_DATA_LOSS = spec("failOnDataLoss").name
+SUBSCRIPTION = spec("subscription").name
+TRANSACTION_KEY = spec("transactionKey").name
+CHECKPOINT_LOCATION = spec("checkpointLocation").name
+MIN_ENTRIES_PER_TASK = spec("minEntriesPerTask").name
 # Smaller per-partition ranges of a micro-batch share a task (as Spark's file source packs small
 # files by spark.sql.files.openCostInBytes): a Python task's fixed cost (worker hand-off, input and
 # output streams, one append per output partition) outweighs reading a few thousand entries.
 # Measured (bench/streaming.py, 100k-row batches over 4 partitions, 2 cores, docs/design/streaming-task-packing.md):
 # consume-transform-produce at 25,000 (4 tasks, two waves) ran at 0.48-0.70 of Spark's parquet
 # pipeline, at 50,000 (2 tasks) 0.73-0.81, at 100,000 (1 task, one core idle) 0.64.
-DEFAULT_MIN_ENTRIES_PER_TASK = 50_000
+DEFAULT_MIN_ENTRIES_PER_TASK = spec(MIN_ENTRIES_PER_TASK).default
 
 
 @dataclass(frozen=True)
@@ -274,12 +305,10 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     """``spark.readStream.format("pulsartx")``: the batch options, plus admission control, data-loss
     policy and the durable subscription. startingOffsets defaults to latest, as in Kafka's source."""
     opts = _lower(options)
+    check_names(opts, READ_STREAM)  # endingOffsets: "is for batch reads: a stream has no end ..."
     if STARTING_OFFSETS.lower() not in opts:
         opts[STARTING_OFFSETS.lower()] = "latest"
-    if ENDING_OFFSETS.lower() in opts:
-        raise InvalidConfiguration(f"option {ENDING_OFFSETS} is for batch reads: a stream has no end (use "
-                                   "Trigger.AvailableNow to stop at the data present when it starts)")
-    read = parse_options(opts)
+    read = parse_options(opts, use=READ_STREAM)
     sub = opts.get(SUBSCRIPTION.lower())
     if sub is not None:
         try:
@@ -290,6 +319,6 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     return StreamOptions(
         read=read,
         max_entries_per_trigger=None if limit is None else parse_positive_int(opts, MAX_ENTRIES_PER_TRIGGER, 1),
-        fail_on_data_loss=parse_bool(opts, FAIL_ON_DATA_LOSS, True),
+        fail_on_data_loss=table_bool(opts, FAIL_ON_DATA_LOSS, READ_STREAM),
         subscription=sub,
-        min_entries_per_task=parse_non_negative_int(opts, MIN_ENTRIES_PER_TASK, DEFAULT_MIN_ENTRIES_PER_TASK))
+        min_entries_per_task=table_int(opts, MIN_ENTRIES_PER_TASK, READ_STREAM))

@@ -17,6 +17,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from datasource.errors import spark_facing
 from datasource.schema import SPARK_SCHEMA, projection
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 SOURCE_NAME = "pulsartx"
 
 
+@spark_facing
 class PulsarTxDataSource(DataSource):
     """Apache Pulsar-style topics on Delta tables, read with Kafka-source-style options."""
 
@@ -32,23 +34,27 @@ class PulsarTxDataSource(DataSource):
     def name(cls) -> str:
         return SOURCE_NAME
 
-    def _read_options(self) -> PulsarTxOptions:
+    def _read_options(self, use: str) -> PulsarTxOptions:
         from datasource.options import parse_options
 
-        return parse_options(self.options)
+        return parse_options(self.options, use=use)
 
     def schema(self) -> StructType:
         # Validate here: schema() runs at load(), so bad options and unknown topics fail right
-        # away as an AnalysisException instead of at the first action.
+        # away as an AnalysisException instead of at the first action. It runs for read and
+        # readStream alike, so option names are checked against both; reader() and
+        # streamReader() check their own.
+        from datasource.option_table import ANY_READ
         from datasource.topics import selected_topics
 
-        opts = self._read_options()
+        opts = self._read_options(ANY_READ)
         assert opts.selection is not None
         selected_topics(opts.root, opts.selection)
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from datasource.batch_reader import PulsarTxBatchReader, PulsarTxPushdownReader
+        from datasource.option_table import READ
         from datasource.pushdown import pushdown_worker
 
         columns = projection(schema)
@@ -56,7 +62,7 @@ class PulsarTxDataSource(DataSource):
         # Parsed again rather than cached from schema(): with a user-supplied schema, schema() is
         # never called, and this is still the driver, where the storage root must be resolved.
         cls = PulsarTxPushdownReader if pushdown_worker() else PulsarTxBatchReader
-        return cls(self._read_options(), columns)
+        return cls(self._read_options(READ), columns)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Runs on the driver: validates the options and columns, then begins the job's transaction."""
@@ -67,9 +73,13 @@ class PulsarTxDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from datasource.options import parse_stream_options
-        from datasource.stream_reader import PulsarTxStreamReader
+        from datasource.stream_reader import PulsarTxStreamReader, RefusedStreamReader
+        from pulsartx.exceptions import PulsarException
 
-        return PulsarTxStreamReader(parse_stream_options(self.options), projection(schema))
+        try:
+            return PulsarTxStreamReader(parse_stream_options(self.options), projection(schema))
+        except PulsarException as e:  # raised here, pyspark would report an UnboundLocalError instead
+            return RefusedStreamReader(e)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """Called for every micro-batch: begins that batch's transaction."""

@@ -40,6 +40,7 @@ from datasource.batch_reader import (
     range_partitions,
     read_partition,
 )
+from datasource.errors import spark_facing
 from datasource.offsets import EARLIEST, LATEST
 from datasource.options import StreamOptions
 from datasource.schema import FULL, Projection
@@ -82,6 +83,7 @@ def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
     return share
 
 
+@spark_facing
 class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: StreamOptions, projection: Projection = FULL):
         self.opts = opts
@@ -261,4 +263,36 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         """Never called by pyspark (docs/design/spark-job-state-in-storage.md); nothing depends on it."""
+
+
+@spark_facing
+class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stands in for a stream reader whose options were refused: every call raises the refusal.
+
+    pyspark 4.3's stream runner builds the reader inside ``try: ... finally: reader.stop()``, so an
+    error raised by ``streamReader()`` itself reaches Spark as ``UnboundLocalError: cannot access
+    local variable 'reader'``, with our message only in its context (and hidden entirely once
+    :mod:`datasource.errors` leads with the message). Raised from the reader's first call, it is
+    the error Spark reports."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def initialOffset(self) -> Offsets:
+        raise self.error
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        raise self.error
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self.error
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error
+
+    def commit(self, end: Offsets) -> None:
+        raise self.error
 

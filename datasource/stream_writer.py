@@ -16,14 +16,15 @@ from pyspark.sql.types import StructType
 
 from commit_protocol.job import JobTransaction
 from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
+from datasource.errors import spark_facing
+from datasource.option_table import WRITE_STREAM
 from datasource.options import (
     CHECKPOINT_LOCATION,
-    DEFAULT_MICROBATCH_TIMEOUT_MS,
     TRANSACTION_KEY,
     TRANSACTION_TIMEOUT_MS,
     _lower,
-    parse_positive_int,
     parse_write_options,
+    table_int,
 )
 from datasource.writer import TaskWriting, resolve_targets
 from pulsartx.coordinator.keys import full_key
@@ -45,7 +46,7 @@ def in_sink_runner() -> bool:
 def prepare_stream_write(options, schema: StructType, overwrite: bool) -> PulsarTxStreamWriter:
 
     raw = _lower(options)
-    opts = parse_write_options(raw)
+    opts = parse_write_options(raw, WRITE_STREAM)
     checkpoint = raw.get(CHECKPOINT_LOCATION.lower())
     explicit = raw.get(TRANSACTION_KEY.lower())
     if explicit is not None:
@@ -57,7 +58,7 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
         raise InvalidConfiguration("option transactional=false is not supported by the streaming sink: every "
                                    "micro-batch is one transaction")
     key = query_transaction_key(checkpoint, explicit)
-    timeout = parse_positive_int(raw, TRANSACTION_TIMEOUT_MS, DEFAULT_MICROBATCH_TIMEOUT_MS)
+    timeout = table_int(raw, TRANSACTION_TIMEOUT_MS, WRITE_STREAM)
     columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
     create = opts.partitions if opts.create_topic else None
     if in_sink_runner():
@@ -71,6 +72,7 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
     return writer
 
 
+@spark_facing
 class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
     def __init__(self, mbt: MicroBatchTransaction | None, root: StorageRoot, key: str, checkpoint: str | None,
                  timeout_ms: int, *args):

@@ -33,6 +33,7 @@ from pyspark.sql.types import (
 
 from commit_protocol.job import JobTransaction, TaskReport
 from commit_protocol.task import TaskAppender
+from datasource.errors import spark_facing
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 
@@ -160,6 +161,7 @@ class TaskWriting:
         return appender.finish()
 
 
+@spark_facing
 class PulsarTxBatchWriter(TaskWriting, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.job.commit(messages)

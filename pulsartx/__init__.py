@@ -13,6 +13,7 @@ from pulsartx.exceptions import (
     PulsarException,
     Timeout,
     TopicNotFound,
+    UnknownOption,
 )
 from pulsartx.log.compression import CompressionType
 from pulsartx.log.message_id import MessageId
@@ -23,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "CompressionType", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
-    "TransactionState", "TxnID", "TxnStatus", "__version__",
+    "TransactionState", "TxnID", "TxnStatus", "UnknownOption", "__version__",
 ]

@@ -51,6 +51,12 @@ class InvalidConfiguration(PulsarException, ValueError):
     """A bad option or argument; the message names it and says how to fix it."""
 
 
+class UnknownOption(InvalidConfiguration, TypeError):
+    """An option or keyword argument pulsartx does not know; the message suggests the nearest one.
+    Also a TypeError, which Python raises for an unexpected keyword argument, so code that caught
+    that still does."""
+
+
 class NotAllowedError(PulsarException):
     """The operation is not allowed in the current state (e.g. a fenced transaction key)."""
 

@@ -351,6 +351,79 @@ def id_worker(root: str, n: int, cfg: dict | None = None) -> list[list[int]]:
     return ids
 
 
+def _lease_of(client) -> list | None:
+    """The lease this process holds, as the TC it would begin its next transaction on sees it."""
+    tcs = client._coordinators()
+    tcs.pick()
+    held = tcs.leased
+    return None if held is None else [held[0], held[1].owner, held[1].epoch]
+
+
+def lease_worker(root: str, topic: str, wid: int, n: int, go_file: str, cfg: dict | None = None,
+                 clock_offset_s: float = 0.0, close: bool = True) -> dict:
+    """``n`` committed one-message transactions through the public API once ``go_file`` exists;
+    returns the TCs they began on and the lease held. ``clock_offset_s`` moves this process's wall
+    clock (a machine whose clock runs ahead or behind)."""
+    import pulsartx
+
+    _skew_clock(clock_offset_s)
+    client = pulsartx.Client(root, coordinator_config=_config(cfg))
+    producer = client.create_producer(topic)
+    _wait_for(go_file)
+    tcs = []
+    for i in range(n):
+        txn = client.new_transaction()
+        producer.send(f"{wid}:{i}".encode(), txn=txn)
+        txn.commit()
+        tcs.append(txn.id.most_bits)
+    lease = _lease_of(client)
+    if close:  # gives the lease up; a process that dies keeps it until it expires
+        client.close()
+    return {"tcs": tcs, "lease": lease}
+
+
+def lease_holder(root: str, topic: str, go_file: str, cfg: dict | None = None, open_timeout_ms: int = 600_000,
+                 clock_offset_s: float = 0.0) -> dict:
+    """Take a lease by beginning transactions: one left open (timeout ``open_timeout_ms``) and one
+    committed with the background completer stalled (decided, no marker, no final entry); say
+    ``held``. Then wait for ``go_file`` (the parent may SIGKILL, or SIGSTOP and SIGCONT, meanwhile)
+    and begin, send and commit one more transaction, returning its TC and the lease then held."""
+    import pulsartx
+    from pulsartx.coordinator.coordinator import TransactionCoordinator
+
+    _skew_clock(clock_offset_s)
+    original = TransactionCoordinator._complete
+    stalled = threading.Event()
+
+    def stall(self, meta):
+        if not stalled.is_set():  # only the first decided transaction's completion hangs
+            stalled.set()
+            time.sleep(600)
+        return original(self, meta)
+
+    TransactionCoordinator._complete = stall
+    client = pulsartx.Client(root, coordinator_config=_config(cfg))
+    producer = client.create_producer(topic)
+    opened = client.new_transaction(timeout_ms=open_timeout_ms)
+    producer.send(b"open", txn=opened)
+    decided = client.new_transaction(timeout_ms=600_000)
+    producer.send(b"decided", txn=decided)
+    decided.commit()
+    emit("EVENT", "held", {"lease": _lease_of(client), "open": list(opened.id.as_tuple()),
+                           "decided": list(decided.id.as_tuple())})
+    _wait_for(go_file, timeout=600)
+    txn = client.new_transaction()
+    producer.send(b"after", txn=txn)
+    txn.commit()
+    return {"tc": txn.id.most_bits, "lease": _lease_of(client)}
+
+
+def _skew_clock(offset_s: float) -> None:
+    if offset_s:
+        real = time.time
+        time.time = lambda: real() + offset_s
+
+
 def _wait_for(path: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -360,7 +433,8 @@ def _wait_for(path: str, timeout: float = 120) -> None:
 
 
 COMMANDS = {"crash_txn": crash_txn, "txn_worker": txn_worker, "sweeper": sweeper,
-            "throughput_worker": throughput_worker, "end_and_hang": end_and_hang, "id_worker": id_worker}
+            "throughput_worker": throughput_worker, "end_and_hang": end_and_hang, "id_worker": id_worker,
+            "lease_worker": lease_worker, "lease_holder": lease_holder}
 
 
 def main() -> None:

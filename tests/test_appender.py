@@ -302,3 +302,68 @@ def test_a_keyed_log_whose_writer_started_over_reloads_what_it_skipped(tmp_path)
     assert {k: r["v"] for k, r in a.rows.items()} == {"a": "1", "b": "1"}
     assert a.compact(lambda r: True)
     assert {k: r["v"] for k, r in log().rows.items()} == {"a": "1", "b": "1"}
+
+
+def test_app_id_answers_equal_delta_rs_across_a_checkpoint_and_expiry(tmp_path, monkeypatch):
+    """The writer reads the table's app ids once (the last checkpoint plus the commits after it)
+    instead of asking delta-rs per id: its answers must be delta-rs's, expired ids included."""
+    import time as time_mod
+
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq", "offset"]),
+                                                         "delta.setTransactionRetentionDuration": "interval 7 days"})
+    a = appender((root, ("t",)))
+    real = time_mod.time
+    monkeypatch.setattr(time_mod, "time", lambda: real() - 8 * 86_400)  # a writer whose clock is 8 days behind
+    a.append(None, {"old.expired": 1})
+    monkeypatch.setattr(time_mod, "time", real)
+    for i in range(CHECKPOINT_INTERVAL + 5):  # a checkpoint at 100, commits after it
+        a.append(None, {f"app.{i % 7}": i, f"marker.{i}": 0})
+    wait_for_checkpoints()
+    assert os.path.exists(tmp_path / "t" / "_delta_log" / f"{CHECKPOINT_INTERVAL:020d}.checkpoint.parquet")
+    fresh = appender((root, ("t",)))
+    ids = ["old.expired", "never.set", *(f"app.{k}" for k in range(7)), *(f"marker.{i}" for i in range(0, 105, 13))]
+    theirs = dl.DeltaTable(fresh.uri)
+    assert {i: fresh.txn_version(i) for i in ids} == {i: delta.txn_version(theirs, i) for i in ids}
+    assert fresh.txn_version("old.expired") is None and fresh.txn_version("app.6") == 104
+    assert isinstance(fresh._ids, dict)  # answered from one read of the log, not per id
+    fresh.append(None, {"app.6": 200})  # and kept current by the writer's own commits
+    assert fresh.txn_version("app.6") == 200
+
+
+def test_a_long_lived_writer_forgets_short_lived_app_ids_when_delta_does(tmp_path, monkeypatch):
+    """Marker guards live an hour (``lifetimes_ms``): Delta forgets them then, and so does the writer's
+    memory, which otherwise kept every app id it ever applied."""
+    import time as time_mod
+
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={"delta.setTransactionRetentionDuration": "interval 7 days"})
+    a = appender((root, ("t",)))
+    real = time_mod.time
+    monkeypatch.setattr(time_mod, "time", lambda: real() - 2 * 3600)  # two hours ago
+    a.append(None, {"guard.old": 1, "producer.p": 1}, lifetimes_ms={"guard.old": 3_600_000})
+    assert a.txn_version("guard.old") == 1  # live, an hour before it expires
+    monkeypatch.setattr(time_mod, "time", real)
+    a.append(None, {"guard.new": 2}, lifetimes_ms={"guard.new": 3_600_000})
+    assert (a.txn_version("guard.old"), a.txn_version("guard.new"), a.txn_version("producer.p")) == (None, 2, 1)
+    assert [e[1] for e in a._expiring] == ["guard.new"]
+    t = dl.DeltaTable(a.uri)
+    assert (t.transaction_version("guard.old"), t.transaction_version("guard.new")) == (None, 2)
+
+
+def test_app_ids_of_a_writer_behind_the_last_checkpoint_are_read_as_of_its_version(table):
+    """A checkpoint written since the writer last read the log lies past its version: the writer
+    reads the checkpoint at the interval below its version instead, never a later state."""
+    a = appender(table)
+    for i in range(CHECKPOINT_INTERVAL + 10):
+        a.append(None, {f"app.{i % 5}": i})
+    wait_for_checkpoints()
+    behind = appender(table)  # at version 110
+    for i in range(CHECKPOINT_INTERVAL):
+        a.append(None, {f"app.{i % 5}": 1000 + i})
+    wait_for_checkpoints()
+    assert json.loads(open(os.path.join(a.uri, "_delta_log", "_last_checkpoint")).read())["version"] >= 200
+    then = dl.DeltaTable(a.uri, version=behind.version)
+    assert {k: behind.txn_version(f"app.{k}") for k in range(5)} == {
+        k: delta.txn_version(then, f"app.{k}") for k in range(5)}
+    assert isinstance(behind._ids, dict)

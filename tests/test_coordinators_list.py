@@ -13,17 +13,18 @@ from pulsartx.cli.main import cli
 
 def test_coordinators_list(tmp_path) -> None:
     root = str(tmp_path / "root")
-    with pulsartx.Client(root, num_coordinators=3) as c:
+    with pulsartx.Client(root, num_coordinators=3) as c, pulsartx.Client(root) as c2:
         c.admin.create_topic("t")
         p = c.create_producer("t")
         committed = c.new_transaction()
         p.send(b"c", txn=committed)
         committed.commit()
-        opened = c.new_transaction(timeout_ms=600_000)
-        p.send(b"o", txn=opened)
+        opened = c2.new_transaction(timeout_ms=600_000)
+        c2.create_producer("t").send(b"o", txn=opened)
         c.flush()
         ids = {committed.id.most_bits: committed.id, opened.id.most_bits: opened.id}
-        assert len(ids) == 2  # round robin: two TCs used, one not
+        holders = {committed.id.most_bits: c._coordinators().leased[1], opened.id.most_bits: c2._coordinators().leased[1]}
+        assert len(ids) == 2  # each client leases its own TC: two TCs used, one not
         r = CliRunner().invoke(cli, ["--service-url", root, "--json", "transactions", "coordinators-list"])
         assert r.exit_code == 0, r.stderr
         rows = json.loads(r.stdout)
@@ -31,16 +32,19 @@ def test_coordinators_list(tmp_path) -> None:
     for tc in range(3):
         log, keys = f"{root}/coordinator/tc-{tc}/log", f"{root}/coordinator/tc-{tc}/transaction-keys"
         if tc in ids:
+            holder = holders[tc]
             expected.append({"coordinator_id": tc, "state": "Ready", "log": log, "transaction_keys": keys,
                              "active_txns": 1 if ids[tc] == opened.id else 0, "last_txn_id": str(ids[tc]),
-                             "txn_ids_reserved": rows[tc]["txn_ids_reserved"]})
+                             "txn_ids_reserved": rows[tc]["txn_ids_reserved"], "lease_owner": holder.owner,
+                             "lease_expires_ms": holder.expires_ms})
             assert rows[tc]["txn_ids_reserved"] > ids[tc].least_bits
         else:
             expected.append({"coordinator_id": tc, "state": "Unused", "log": log, "transaction_keys": keys,
-                             "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0})
+                             "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0, "lease_owner": None,
+                             "lease_expires_ms": None})
             assert not os.path.exists(log)
     assert rows == expected
     table = CliRunner().invoke(cli, ["--service-url", root, "transactions", "coordinators-list"]).stdout.splitlines()
-    assert table[0].split() == ["COORDINATOR_ID", "STATE", "ACTIVE_TXNS", "LAST_TXN_ID", "TXN_IDS_RESERVED", "LOG",
-                                "TRANSACTION_KEYS"]
+    assert table[0].split() == ["COORDINATOR_ID", "STATE", "ACTIVE_TXNS", "LAST_TXN_ID", "TXN_IDS_RESERVED",
+                                "LEASE_OWNER", "LEASE_EXPIRES_MS", "LOG", "TRANSACTION_KEYS"]
     assert [r.split()[:2] for r in table[1:]] == [[str(e["coordinator_id"]), e["state"]] for e in expected]

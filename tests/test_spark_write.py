@@ -8,6 +8,7 @@ refused job leaves no visible row and no open transaction.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -21,7 +22,9 @@ from pyspark.sql import functions as F
 from spark_jobs.checks import RU, counts_by_prefix, data_count, markers, raw, read, txns, values, write
 
 from pulsartx.client.routing import partition_for_key
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnStatus
+from pulsartx.storage.root import StorageRoot
 
 pytestmark = pytest.mark.spark
 A, B = "persistent://public/default/wa", "persistent://public/default/wb"
@@ -129,6 +132,20 @@ def test_transaction_timeout_and_producer_name_options(spark: Any, client: Any, 
     names = set(producers.to_pylist())
     assert any(p.startswith(f"etl-{first}-t") for p in names)  # per (job, task, attempt) under the given name
     assert read(spark, root, topic="opt").count() == 20
+
+
+def test_a_drivers_jobs_begin_on_the_tc_it_holds_the_lease_of(spark: Any, client: Any, root: str) -> None:
+    """The driver-side Python worker that begins the jobs' transactions holds one TC lease: its
+    jobs all begin on that log, which no other process begins transactions on meanwhile."""
+    client.admin.create_topic("lz", 2)
+    df = spark.range(4, numPartitions=2).selectExpr("cast(id as string) as value")
+    for _ in range(3):
+        write(df, root, topic="lz")
+    metas = list(txns(root).values())
+    assert len(metas) == 3 and all(m.status is TxnStatus.COMMITTED for m in metas)
+    (tc,) = {m.txn_id.most_bits for m in metas}
+    lease = Coordinators(StorageRoot.resolve(root), recover_on_open=False).tc(tc).txlog.lease()
+    assert lease is not None and not lease.released and lease.owner.split(":")[1] != str(os.getpid())
 
 
 def test_compression_type_option_sets_the_payload_codec_and_bad_values_are_named(spark: Any, client: Any,
@@ -314,8 +331,8 @@ def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: 
     assert txns(root) == baseline  # every refusal above happened before a transaction began
 
     # Refused inside the tasks: the job's transaction is aborted, and nothing is visible.
-    refused(good.withColumn("__partition", F.lit(7)), "__partition values [7", "are outside topic "
-            "persistent://public/default/bad's partitions 0..1", topic="bad")
+    refused(good.withColumn("__partition", F.lit(7)), "__partition=7 is out of range: topic "
+            "persistent://public/default/bad has 2 partitions (0..1); give a __partition from 0 to 1", topic="bad")
     refused(good.withColumn("__topic", F.lit("nowhere")), "topic persistent://public/default/nowhere (from the "
             "__topic column) does not exist", "createTopic=true")
     refused(good.withColumn("__topic", F.lit(None).cast("string")), "a row has a null __topic and no topic option")

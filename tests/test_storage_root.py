@@ -58,3 +58,29 @@ w.job.commit([])
 assert "fsspec" not in sys.modules, "writer()/commit imported fsspec"
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_s3_settings_come_from_the_environment_where_options_leave_them_out(monkeypatch):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT",
+              "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP"):
+        monkeypatch.delenv(k, raising=False)
+    assert StorageRoot.resolve("s3://b/p").storage_options == {}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-value")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    root = StorageRoot.resolve("s3://b/p")
+    assert root.storage_options == {"AWS_ACCESS_KEY_ID": "env-id", "AWS_SECRET_ACCESS_KEY": "env-secret-value",
+                                    "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1",
+                                    "AWS_ALLOW_HTTP": "true"}
+    assert "env-secret-value" not in repr(root)
+    # Every library sees the same endpoint and region (pyarrow would not read them from the environment).
+    assert root.s3fs_kwargs()["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}
+    # A group given in the options is taken whole from them: no key id from one place, secret from another.
+    explicit = StorageRoot.resolve("s3://b/p", {"aws_access_key_id": "opt-id", "AWS_ENDPOINT": "http://h:1"})
+    assert explicit.storage_options == {"aws_access_key_id": "opt-id", "AWS_ENDPOINT": "http://h:1",
+                                        "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true"}
+    # Local roots and other schemes are left alone.
+    assert StorageRoot.resolve("/tmp/x").storage_options == {}
+    assert StorageRoot.resolve("gs://b/p").storage_options == {}

@@ -52,21 +52,27 @@ class TransactionsAdmin:
 
     def list_coordinators(self) -> list[dict[str, Any]]:
         """Every TC of the root (``pulsar-admin transactions coordinators-list``): where its log and
-        transaction-key tables live, and what it holds. A TC no client has used yet has no tables;
-        it is listed as ``Unused`` and left so (nothing is created here)."""
+        transaction-key tables live, what it holds, and which process holds its lease (the one
+        beginning its transactions there, as a broker owns a TC in Pulsar; the expiry is on that
+        process's clock). A TC no client has used yet has no tables; it is listed as ``Unused`` and
+        left so (nothing is created here)."""
         tcs = self._tcs()
         out = []
         for tc_id in range(tcs.count):
             row: dict[str, Any] = {"coordinator_id": tc_id, "state": "Unused",
                                    "log": self.client.root.uri(*tc_segments(tc_id)),
                                    "transaction_keys": self.client.root.uri(*key_segments(tc_id)),
-                                   "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0}
+                                   "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0,
+                                   "lease_owner": None, "lease_expires_ms": None}
             if self.client.root.exists(*tc_segments(tc_id), "_delta_log"):
                 tc = tcs.tc(tc_id)
                 metas = tc.transactions()
                 last = max((m.txn_id for m in metas), default=None)
                 row.update(state="Ready", active_txns=sum(1 for m in metas if not m.status.is_final),
                            last_txn_id=None if last is None else str(last), txn_ids_reserved=tc.txlog.counter + 1)
+                lease = tc.txlog.lease()  # the process beginning its transactions here, if any
+                if lease is not None and not lease.released:
+                    row.update(lease_owner=lease.owner, lease_expires_ms=lease.expires_ms)
             out.append(row)
         return out
 

@@ -4,7 +4,9 @@ TransactionMarkerChannelManager, PIP-31's CommandEndTxnOnPartition).
 A marker is appended like any record, taking an offset, and is guarded by the app id
 ``pulsartx.marker.<most>.<least>``: the guard is checked on the writer's snapshot and set in the
 same commit, and every append conflicts with every other one on the partition's offset key, so
-a marker is written at most once however many TCs retry it concurrently.
+a marker is written at most once however many TCs retry it concurrently. The guard lives an hour
+(``partition.GUARD_LIFETIME_MS``), not the table's week of app-id retention: past that, only a
+recovery an hour late could repeat a marker, and readers ignore a repeated one.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ import click
 
 from pulsartx.cli.common import emit, get_client
 
-COORDINATOR_COLUMNS = ["coordinator_id", "state", "active_txns", "last_txn_id", "txn_ids_reserved", "log",
-                       "transaction_keys"]
+COORDINATOR_COLUMNS = ["coordinator_id", "state", "active_txns", "last_txn_id", "txn_ids_reserved", "lease_owner",
+                       "lease_expires_ms", "log", "transaction_keys"]
 META_COLUMNS = ["txn_id", "status", "open_duration_ms", "timeout_ms", "partitions", "subscriptions", "owner",
                 "transaction_key", "epoch"]
 

@@ -9,6 +9,11 @@ it with ``auto_create_partitions`` partitions (1, the nearest to Pulsar's non-pa
 ``Client(..., auto_create_topics=False)`` makes them raise ``TopicNotFound`` instead, as a broker
 with ``allowAutoTopicCreation=false`` does; topics are then created with ``client.admin.create_topic``
 or ``pulsartx topics create``. A ``-partition-N`` name is never auto-created.
+
+Every keyword is checked: a misspelt one raises :class:`~pulsartx.exceptions.UnknownOption` (a
+``TypeError`` too) naming the nearest valid keyword, instead of being ignored. Each method's
+docstring lists its keywords with their defaults (tests/test_client_keywords.py compares the
+lists with the signatures).
 """
 from __future__ import annotations
 
@@ -30,15 +35,32 @@ from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedE
 from pulsartx.log.message_id import MessageId
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
+from pulsartx.suggest import checked_keywords
 
 log = logging.getLogger(__name__)
 
 
 class Client:
+    @checked_keywords()
     def __init__(self, service_url: str | None = None, storage_options: dict[str, str] | None = None, *,
                  transaction_key: str | None = None, owner: str | None = None, num_coordinators: int | None = None,
                  coordinator_config: CoordinatorConfig | None = None, auto_create_topics: bool = True,
-                 auto_create_partitions: int = 1, **kwargs: Any):
+                 auto_create_partitions: int = 1):
+        """A handle on a storage root; nothing is written until first use.
+
+        Keywords:
+            service_url=None: the storage root, a local directory or ``s3://bucket/prefix``; None:
+                ``$PULSARTX_SERVICE_URL``, else ``./pulsartx-data``.
+            storage_options=None: object-store settings (credentials, endpoint, region), as delta-rs takes them.
+            transaction_key=None: a key that fences older clients holding it: claiming it aborts their
+                open transactions, and they may begin no more.
+            owner=None: the transaction key's namespace (keys of different owners never fence each other).
+            num_coordinators=None: how many transaction coordinators the root has, fixed at its first use;
+                None: the root's count, or 16 for a new root.
+            coordinator_config=None: coordinator tuning (timeouts, recovery); None: the defaults.
+            auto_create_topics=True: create a missing topic on first use, as a Pulsar broker does.
+            auto_create_partitions=1: the partition count of auto-created topics.
+        """
         _check_auto_create(auto_create_topics, auto_create_partitions)
         self.auto_create_topics = auto_create_topics
         self.auto_create_partitions = auto_create_partitions
@@ -52,7 +74,6 @@ class Client:
         self._coordinator_config = coordinator_config
         self._tcs: Coordinators | None = None
         self._tcs_lock = threading.Lock()
-        self._options = kwargs
         self.admin = Admin(self)
         if transaction_key is not None:
             full_key(owner, transaction_key)  # validate before touching storage
@@ -79,8 +100,14 @@ class Client:
         keys.forget(self.owner, self.transaction_key, self.epoch, stale)
         log.info("claimed transaction key %r (owner %r) at epoch %d", self.transaction_key, self.owner, self.epoch)
 
+    @checked_keywords()
     def new_transaction(self, timeout_ms: int = 60000, properties: dict[str, str] | None = None) -> Transaction:
-        """Begin a transaction on a TC (by hash of the transaction key, else round-robin)."""
+        """Begin a transaction on a TC (by hash of the transaction key, else round-robin).
+
+        Keywords:
+            timeout_ms=60000: abort the transaction if it is still open this many milliseconds after it began.
+            properties=None: string properties recorded with the transaction.
+        """
         if self._closed:
             raise AlreadyClosed("client is closed")
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
@@ -128,24 +155,51 @@ class Client:
             log.info("auto-created topic %s with %d partition(s) (Client(auto_create_topics=False) turns this off)",
                      topic, n)
 
+    @checked_keywords(Producer.__init__)
     def create_producer(self, topic: str, producer_name: str | None = None, batching_max_messages: int = 1000,
                         batching_max_publish_delay_ms: int = 10, **kwargs: Any) -> Producer:
+        """A producer on ``topic`` (created first if missing and auto-creation is on).
+
+        Keywords:
+            topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
+            producer_name=None: names the producer's sequence ids, so a restarted producer of that name
+                resumes after its last persisted id; None: a generated name.
+            batching_max_messages=1000: a partition's queued messages are appended as one commit when
+                this many are queued...
+            batching_max_publish_delay_ms=10: ...or when the oldest has waited this long.
+            initial_sequence_id=None: the sequence id to count from; None: the last persisted one of
+                ``producer_name``, else -1.
+            compression_type=CompressionType.NONE: the parquet codec of the payload column.
+        """
         self._auto_create(topic)
         return self._track(Producer(self, topic, producer_name=producer_name, batching_max_messages=batching_max_messages,
                                     batching_max_publish_delay_ms=batching_max_publish_delay_ms, **kwargs))
 
+    @checked_keywords(Reader.__init__)
     def create_reader(self, topic: str, start_message_id: MessageId, reader_name: str | None = None,
                       start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
                       idle_poll_max_interval_ms: int | None = None, **kwargs: Any) -> Reader:
         """A reader of ``topic`` from ``start_message_id``, with no subscription.
 
-        ``idle_poll_max_interval_ms``: see :meth:`subscribe`; it applies to ``read_next()``."""
+        Keywords:
+            topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
+            start_message_id: ``MessageId.earliest``, ``MessageId.latest`` or a message's id.
+            reader_name=None: a name for the reader.
+            start_message_id_inclusive=False: also return the message at ``start_message_id``.
+            isolation_level='READ_COMMITTED': or ``READ_UNCOMMITTED`` to see open and aborted messages too.
+            idle_poll_max_interval_ms=None: no broker pushes messages here, so while ``read_next()`` waits,
+                the next commit of each partition is checked (one stat locally, one HEAD on S3),
+                first 1 ms after finding nothing, then at intervals doubling up to this many
+                milliseconds (1 to 10000): it bounds how late a new message is noticed. None: 10 on
+                a local disk, 100 on an object store. Raise it to spend less while idle.
+        """
         self._auto_create(topic)
         return self._track(Reader(self, topic, start_message_id, reader_name=reader_name,
                                   start_message_id_inclusive=start_message_id_inclusive,
                                   isolation_level=isolation_level, idle_poll_max_interval_ms=idle_poll_max_interval_ms,
                                   **kwargs))
 
+    @checked_keywords(Consumer.__init__)
     def subscribe(self, topic: str, subscription_name: str, consumer_type: ConsumerType = ConsumerType.Exclusive,
                   initial_position: InitialPosition = InitialPosition.Latest, isolation_level: str = "READ_COMMITTED",
                   receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
@@ -153,12 +207,27 @@ class Client:
                   idle_poll_max_interval_ms: int | None = None, **kwargs: Any) -> Consumer:
         """A consumer on a durable subscription (created at ``initial_position`` if new).
 
-        ``idle_poll_max_interval_ms`` (1 to 10,000; None: 10 on a local disk, 100 on an object
-        store): no broker pushes messages here, so a consumer waiting in ``receive()`` checks
-        storage for the next commit of each partition, first 1 ms after finding nothing, then at
-        intervals that double up to this many milliseconds. It bounds how late a new message is
-        noticed, beyond the read itself. A check is one stat locally, one HEAD request on S3 per
-        partition (and per cursor log): raise it to spend less while idle."""
+        Keywords:
+            topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
+            subscription_name: the durable subscription.
+            consumer_type=ConsumerType.Exclusive: or ``Failover`` or ``Shared`` (``KeyShared`` is refused).
+            initial_position=InitialPosition.Latest: where a new subscription starts (or ``Earliest``).
+            isolation_level='READ_COMMITTED': or ``READ_UNCOMMITTED`` to see open and aborted messages too.
+            receiver_queue_size=1000: how many messages are fetched ahead of ``receive()``.
+            unacked_messages_timeout_ms=None: redeliver a message not acknowledged within this many
+                milliseconds; None: never.
+            negative_ack_redelivery_delay_ms=60000: how long a negatively acknowledged message waits
+                before redelivery.
+            consumer_name=None: a name for the consumer; None: a generated one.
+            lease_ms=10000: how long the consumer's Exclusive/Failover lease or Shared membership lasts
+                without renewal (the background thread renews it).
+            acknowledgment_group_time_ms=100: acknowledgements made within this window are written together.
+            idle_poll_max_interval_ms=None: no broker pushes messages here, so while ``receive()`` waits,
+                the next commit of each partition is checked (one stat locally, one HEAD on S3),
+                first 1 ms after finding nothing, then at intervals doubling up to this many
+                milliseconds (1 to 10000): it bounds how late a new message is noticed. None: 10 on
+                a local disk, 100 on an object store. Raise it to spend less while idle.
+        """
         self._auto_create(topic)
         return self._track(Consumer(self, topic, subscription_name, consumer_type=consumer_type,
                                     initial_position=initial_position, isolation_level=isolation_level,
@@ -187,6 +256,8 @@ class Client:
             except Exception as e:  # close everything, then report
                 errors.append(e)
         self.flush()
+        if self._tcs is not None:
+            self._tcs.release()
         self._closed = True
         if errors:
             raise errors[0]

@@ -28,6 +28,7 @@ from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.store import shared_store
+from pulsartx.suggest import checked_keywords
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,15 @@ __all__ = ["Consumer", "ConsumerType", "InitialPosition"]
 
 
 class Consumer(Receiving, Acknowledgement, Redelivery):
+    @checked_keywords()
     def __init__(self, client: Client, topic: str, subscription_name: str,
                  consumer_type: ConsumerType = ConsumerType.Exclusive,
                  initial_position: InitialPosition = InitialPosition.Latest, isolation_level: str = "READ_COMMITTED",
                  receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
                  negative_ack_redelivery_delay_ms: int = 60000, consumer_name: str | None = None,
                  lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100,
-                 idle_poll_max_interval_ms: int | None = None, **_ignored: Any):
+                 idle_poll_max_interval_ms: int | None = None):
+        """Made by :meth:`Client.subscribe`, whose docstring lists the keywords."""
         check_subscription_name(subscription_name)
         self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
         self._local_change = threading.Event()

@@ -28,6 +28,7 @@ from pulsartx.log.compression import DEFAULT_COMPRESSION, CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import build_records, shared_log
 from pulsartx.naming import TopicName
+from pulsartx.suggest import checked_keywords, keyword_defaults, refuse_unknown
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -64,10 +65,12 @@ class _Pending:
 
 
 class Producer:
+    @checked_keywords()
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_publish_delay_ms: int = 10,
                  initial_sequence_id: int | None = None,
-                 compression_type: CompressionType | str = DEFAULT_COMPRESSION, **_ignored: Any):
+                 compression_type: CompressionType | str = DEFAULT_COMPRESSION):
+        """Made by :meth:`Client.create_producer`, whose docstring lists the keywords."""
         if batching_max_messages < 1:
             raise InvalidConfiguration(f"batching_max_messages={batching_max_messages}: must be at least 1")
         if batching_max_publish_delay_ms < 0:
@@ -112,8 +115,20 @@ class Producer:
         return self._last_seq
 
     def send(self, content: bytes, properties: dict[str, str] | None = None, partition_key: str | None = None,
-             sequence_id: int | None = None, event_timestamp: int | None = None, txn: Any = None, **_: Any) -> MessageId:
-        """Send and wait until the message is durable; returns its MessageId."""
+             sequence_id: int | None = None, event_timestamp: int | None = None, txn: Any = None,
+             **unknown: Any) -> MessageId:
+        """Send and wait until the message is durable; returns its MessageId.
+
+        Keywords:
+            content: the payload, bytes.
+            properties=None: string key/value properties.
+            partition_key=None: routes the message (same key, same partition) and is its ``__key``.
+            sequence_id=None: the id deduplication uses; None: the producer numbers messages itself.
+            event_timestamp=None: the event time, epoch milliseconds.
+            txn=None: the transaction the message belongs to; None: visible once durable.
+        """
+        if unknown:  # checked inline, not by a decorator: a send is per message
+            refuse_unknown("Producer.send", unknown, _SEND)
         p = self._enqueue(content, None, properties, partition_key, sequence_id, event_timestamp, txn, sync=True)
         self._flush_queue(self._queue_key(p, txn))
         p.done.wait()
@@ -124,8 +139,20 @@ class Producer:
 
     def send_async(self, content: bytes, callback: SendCallback | None, properties: dict[str, str] | None = None,
                    partition_key: str | None = None, sequence_id: int | None = None,
-                   event_timestamp: int | None = None, txn: Any = None, **_: Any) -> None:
-        """Queue the message; ``callback(result, message_id)`` runs once it is durable (or failed)."""
+                   event_timestamp: int | None = None, txn: Any = None, **unknown: Any) -> None:
+        """Queue the message; ``callback(result, message_id)`` runs once it is durable (or failed).
+
+        Keywords:
+            content: the payload, bytes.
+            callback: called with ``(Result, MessageId or None)`` once the message is durable or failed.
+            properties=None: string key/value properties.
+            partition_key=None: routes the message (same key, same partition) and is its ``__key``.
+            sequence_id=None: the id deduplication uses; None: the producer numbers messages itself.
+            event_timestamp=None: the event time, epoch milliseconds.
+            txn=None: the transaction the message belongs to; None: visible once durable.
+        """
+        if unknown:
+            refuse_unknown("Producer.send_async", unknown, _SEND_ASYNC)
         p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
         if p.full:
             if txn is not None:
@@ -337,3 +364,7 @@ class Producer:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first);
         ``registered``: the transaction registered their partitions already."""
         self._flush_keys([k for k in list(self._flush_locks) if k[1] is txn], registered)
+
+
+_SEND = frozenset(keyword_defaults(Producer.send))
+_SEND_ASYNC = frozenset(keyword_defaults(Producer.send_async))

@@ -17,6 +17,7 @@ from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
+from pulsartx.suggest import checked_keywords
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -58,9 +59,11 @@ class PartitionFetcher:
 
 
 class Reader:
+    @checked_keywords()
     def __init__(self, client: Client, topic: str, start_message_id: MessageId, reader_name: str | None = None,
                  start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
-                 idle_poll_max_interval_ms: int | None = None, **_: Any):
+                 idle_poll_max_interval_ms: int | None = None):
+        """Made by :meth:`Client.create_reader`, whose docstring lists the keywords."""
         self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
         if not isinstance(start_message_id, MessageId):
             raise InvalidConfiguration(

@@ -4,7 +4,8 @@
 - ``tclog``: the log-backed state (TC log as a Delta table, snapshot + tail replay);
 - ``participants``: the marker/pending-ack channel;  ``coordinator``: request processing,
   timeouts and recovery;  ``completer``: the background end of decided transactions;
-  ``keys``: transaction keys and epochs;  ``registry``: the N TCs.
+  ``keys``: transaction keys and epochs;  ``lease``: which process begins transactions on which
+  TC log;  ``registry``: the N TCs and this process's lease.
 
 The protocol records (``txnid``, ``state``) sit below the transaction buffer and the pending-ack
 store, which the coordinator itself drives through ``participants``. So importing this package

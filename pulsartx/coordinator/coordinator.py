@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pulsartx import metrics
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.keys import TransactionKeyStore
+from pulsartx.coordinator.lease import TcLease
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
 from pulsartx.coordinator.tclog import TransactionLog
@@ -50,6 +51,12 @@ class CoordinatorConfig:
     # A COMMITTING/ABORTING transaction untouched this long is finished by whoever sweeps; a live
     # TC is normally still writing its markers before that.
     recovery_grace_ms: int = 5_000
+    # A process's lease on the TC log it begins its transactions on (pulsartx/coordinator/lease.py),
+    # renewed after a third of it while used; 0 turns leases off (round-robin over every TC).
+    lease_ms: int = 30_000
+    # How far clocks of processes sharing a root may disagree: an expired lease is taken over only
+    # this long after its expiry, by the taker's clock.
+    max_clock_skew_ms: int = 10_000
 
 
 @dataclass
@@ -424,6 +431,11 @@ class TransactionCoordinator:
 
         meta = self._cas(txn_id, decide)
         return self._complete(meta) if meta.status is TxnStatus.ABORTING else meta
+
+    def change_lease(self, change: Callable[[TcLease | None], TcLease | None]) -> tuple[TcLease | None, bool]:
+        """Compare-and-set on this TC's lease row (:meth:`TransactionLog.change_lease`)."""
+        with self._lock:
+            return self.txlog.change_lease(change)
 
     def refresh(self) -> None:
         """Catch up with the log (one probe when nothing changed): decisions of other processes."""

@@ -2,19 +2,30 @@
 
 The TC count is fixed when the root is first used (default 16, as in Pulsar) and kept in
 ``coordinator/_coordinators.json``; TxnIDs carry their TC id, so the count can never shrink.
+
+A transaction with a transaction key goes to the TC its key hashes to (its epochs live there).
+Any other begins on the TC this process holds the lease of (``lease.py``): the first such
+transaction takes the lease of a free log, trying the logs from a random one on, and later ones
+renew it after a third of ``lease_ms``. With every log leased by live processes, a process picks
+one log at random and shares it by compare-and-set, trying for a lease again a lease period later.
 """
 from __future__ import annotations
 
 import itertools
 import json
 import logging
+import os
 import random
+import socket
 import threading
+import time
+import uuid
 import zlib
 
 from pulsartx.coordinator.completer import Completer
-from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator, now_ms
 from pulsartx.coordinator.keys import TransactionKeyStore
+from pulsartx.coordinator.lease import TcLease
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, StorageError, TransactionCoordinatorNotFoundError
 from pulsartx.storage.root import StorageRoot
@@ -40,6 +51,14 @@ class Coordinators:
         self._rr = itertools.cycle(range(self.count))
         for _ in range(random.randrange(self.count)):
             next(self._rr)
+        # This process's lease: who we are in lease rows, the TC and lease held, when to renew it
+        # (monotonic), and, holding none, the TC shared meanwhile and when to try again.
+        self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._lease_lock = threading.Lock()
+        self._lease: tuple[int, TcLease] | None = None
+        self._renew_at = 0.0
+        self._shared_tc = random.randrange(self.count)
+        self._retry_at = 0.0
 
     @classmethod
     def shared(cls, root: StorageRoot, recover_on_open: bool = False) -> Coordinators:
@@ -82,11 +101,111 @@ class Coordinators:
         return stored
 
     def pick(self, key: str | None = None) -> int:
-        """A client's TC: by hash of its transaction key when it has one, else round-robin."""
+        """A client's TC: by hash of its transaction key when it has one, else the leased one (or,
+        with leases off, round-robin)."""
         if key is not None:
             return zlib.crc32(key.encode()) % self.count
-        with self._lock:
-            return next(self._rr)
+        if self.config.lease_ms <= 0:
+            with self._lock:
+                return next(self._rr)
+        with self._lease_lock:
+            now = time.monotonic()
+            if self._lease is not None and self.tc(self._lease[0]).txlog.lease() != self._lease[1]:
+                self._lost()  # the log, as last read, shows another owner's lease
+            if self._lease is not None and (now < self._renew_at or self._renew()):
+                return self._lease[0]
+            if now >= self._retry_at:
+                tc_id = self._acquire()
+                if tc_id is not None:
+                    return tc_id
+                self._retry_at = now + self.config.lease_ms / 1000.0
+            return self._shared_tc
+
+    @property
+    def leased(self) -> tuple[int, TcLease] | None:
+        """(TC id, lease) this process holds, as last written."""
+        return self._lease
+
+    def _new_lease(self, epoch: int) -> TcLease:
+        return TcLease(self.lease_owner, epoch, now_ms() + self.config.lease_ms)
+
+    def _held(self, tc_id: int, lease: TcLease) -> None:
+        self._lease = (tc_id, lease)
+        self._renew_at = time.monotonic() + self.config.lease_ms / 3000.0
+
+    def _renew(self) -> bool:
+        """Extend our lease; False when it was taken over (we no longer hold it). A storage error
+        keeps it for now (it is still ours unless it expires) and retries the renewal soon."""
+        assert self._lease is not None
+        tc_id, mine = self._lease
+        renewed = self._new_lease(mine.epoch)
+        try:
+            _, written = self.tc(tc_id).change_lease(lambda cur: renewed if cur == mine else None)
+        except Exception as e:
+            log.warning("renewing the lease on TC %d failed (%s); retrying in 1 s", tc_id, e)
+            self._renew_at = time.monotonic() + 1.0
+            return True
+        if written:
+            self._held(tc_id, renewed)
+            return True
+        self._lost()
+        return False
+
+    def _lost(self) -> None:
+        assert self._lease is not None
+        log.warning("the lease on TC %d was taken over (this process was paused, or its clock is behind); "
+                    "it begins its transactions elsewhere", self._lease[0])
+        self._lease = None
+
+    def _acquire(self) -> int | None:
+        """Take the lease of the first free TC log from a random one on; None when all are held."""
+        start = random.randrange(self.count)
+        for i in range(self.count):
+            tc_id = (start + i) % self.count
+            tc = self.tc(tc_id)
+            previous: list[TcLease | None] = []
+
+            def take(cur: TcLease | None, previous: list[TcLease | None] = previous) -> TcLease | None:
+                previous[:] = [cur]
+                if cur is not None and not cur.held_by(self.lease_owner) \
+                        and not cur.free_for(now_ms(), self.config.max_clock_skew_ms):
+                    return None
+                return self._new_lease(0 if cur is None else cur.epoch + 1)
+
+            try:
+                lease, written = tc.change_lease(take)
+            except Exception as e:
+                log.warning("taking the lease on TC %d failed (%s); trying the next TC", tc_id, e)
+                continue
+            if not written or lease is None:
+                continue
+            self._held(tc_id, lease)
+            before = previous[0] if previous else None
+            if before is not None and not before.released and before.owner != self.lease_owner:
+                # Its owner died (or stalled): finish its decided transactions and abort its expired
+                # ones now, as the TC's new owner, rather than at the next sweep.
+                result = tc.sweep()
+                log.info("took over the lease on TC %d from %s (expired); recovery: %s", tc_id, before.owner, result)
+            else:
+                log.debug("holding the lease on TC %d (epoch %d)", tc_id, lease.epoch)
+            return tc_id
+        log.info("every TC log of %s is leased by a live process; sharing TC %d by compare-and-set",
+                 self.root.url, self._shared_tc)
+        return None
+
+    def release(self) -> None:
+        """Give our lease up (a closing client), so the next process takes the log at once."""
+        with self._lease_lock:
+            if self._lease is None:
+                return
+            tc_id, mine = self._lease
+            self._lease = None
+            gone = TcLease(mine.owner, mine.epoch, now_ms(), released=True)
+            try:
+                self.tc(tc_id).change_lease(lambda cur: gone if cur == mine else None)
+            except Exception as e:  # it expires by itself
+                log.info("releasing the lease on TC %d failed (%s); it expires in %d ms", tc_id, e,
+                         self.config.lease_ms)
 
     def tc(self, tc_id: int) -> TransactionCoordinator:
         if not 0 <= tc_id < self.count:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
+from pulsartx.coordinator.lease import LEASE_KEY, TcLease, is_lease_row, lease_from_row, lease_row
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import StorageError
@@ -111,14 +113,33 @@ class TransactionLog:
         return self
 
     def refresh(self) -> list[TxnMeta]:
-        return [row_to_meta(r) for r in self.log.refresh()]
+        return [row_to_meta(r) for r in self.log.refresh() if not is_lease_row(r)]
 
     def get(self, least_bits: int) -> TxnMeta | None:
-        r = self.log.get(str(least_bits))
+        r = self.log.get(str(least_bits)) if least_bits != LEASE_KEY else None
         return None if r is None else row_to_meta(r)
 
     def all(self) -> list[TxnMeta]:
-        return [row_to_meta(r) for r in self.log.rows.values()]
+        return [row_to_meta(r) for r in self.log.rows.values() if not is_lease_row(r)]
+
+    # ---- the lease (pulsartx/coordinator/lease.py) ----------------------------------------------
+    def lease(self) -> TcLease | None:
+        """The lease as of the last read of the log (no I/O: a hint; changes go through
+        :meth:`change_lease`)."""
+        return lease_from_row(self.log.peek(str(LEASE_KEY)))
+
+    def change_lease(self, change: Callable[[TcLease | None], TcLease | None]) -> tuple[TcLease | None, bool]:
+        """Compare-and-set on the lease row: ``change`` sees the latest lease and returns the one to
+        write, or None to leave it. Returns the lease the log now holds and whether it was written
+        by this call (a lost race re-reads and runs ``change`` again)."""
+        def cas(row: dict[str, Any] | None) -> tuple[dict[str, Any] | None, tuple[TcLease | None, bool]]:
+            current = lease_from_row(row)
+            new = change(current)
+            if new is None:
+                return None, (current, False)
+            return lease_row(self.tc_id, new), (new, True)
+
+        return self.log.cas(str(LEASE_KEY), cas, what=f"TC {self.tc_id} lease")
 
     @property
     def counter(self) -> int:
@@ -159,7 +180,7 @@ class TransactionLog:
         # whatever their age: a streaming sink replaying its last batch asks whether it committed.
         latest: dict[str, int] = {}
         committed: dict[str, int] = {}
-        for m in map(row_to_meta, self.log.rows.values()):
+        for m in self.all():
             if m.transaction_key is not None:
                 k = f"{m.owner}&{m.transaction_key}"
                 latest[k] = max(latest.get(k, -1), m.txn_id.least_bits)
@@ -168,6 +189,8 @@ class TransactionLog:
         keep_ids = set(latest.values()) | set(committed.values())
 
         def keep(r: dict[str, Any]) -> bool:
+            if is_lease_row(r):
+                return True
             m = row_to_meta(r)
             return (not m.status.is_final or now_ms - m.last_modified_ms < self.finished_retention_ms
                     or m.txn_id.least_bits in keep_ids)

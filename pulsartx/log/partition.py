@@ -36,6 +36,12 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 MAX_APPEND_ATTEMPTS = 200
+# How long a marker's guard app id stays in the table: the marker is written at most once in that
+# time. Later only a recovery of a transaction still unfinished an hour after its decision could
+# write it again, and a repeated marker is ignored by every reader (the fold, the interop query).
+# Kept for the table's retention (7 days) instead, the guards were most of a busy partition's
+# checkpoints and app-id lookups (docs/design/short-lived-marker-guards.md).
+GUARD_LIFETIME_MS = 3_600_000
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
 
 
@@ -261,7 +267,8 @@ class PartitionLog:
                 apps[i.guard_app_id] = at
             at += i.rows.num_rows
         codecs = next((i.codecs for i in items if i.codecs is not None), {"value": CompressionType.NONE.parquet_codec})
-        version = writer.append(data, apps, codecs=codecs)
+        guards = {i.guard_app_id: GUARD_LIFETIME_MS for i in items if i.guard_app_id is not None}
+        version = writer.append(data, apps, codecs=codecs, lifetimes_ms=guards)
         at = next_offset
         for i in items:
             k = i.rows.num_rows

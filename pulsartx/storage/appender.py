@@ -28,11 +28,13 @@ files) see each commit through ``on_commit``, flagged when it is their own.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -54,11 +56,17 @@ STALE_AFTER_S = 6 * 3600.0
 # Statistics in the commit: Delta's default is the first 32 columns; we compute them for primitive
 # columns only (strings would need Delta's truncation rules, and no pulsartx read prunes on them).
 DEFAULT_STATS_COLUMNS = 32
+EXPIRING_SOON_MS = 2 * 3_600_000  # app ids expiring sooner than this are tracked for forgetting
 
 T = TypeVar("T")
 
 
 _CHECKPOINTS: ThreadPoolExecutor | None = None
+# The checkpoint thread's table handles, newest last: the next checkpoint of a table reads only the
+# commits since the last one (a fresh open read the checkpoint and every commit after it again:
+# a tenth of a small transaction's CPU).
+_CHECKPOINT_HANDLES: OrderedDict[str, Any] = OrderedDict()
+CHECKPOINT_HANDLES = 64
 _CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
 _CHECKPOINT_LOCK = threading.Lock()
 
@@ -102,10 +110,17 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)
         return
     try:
-        t = delta.open_table(root, *segments, version=version)
+        t = _CHECKPOINT_HANDLES.pop(uri, None)
+        if t is not None and t.metadata().id == delta.LogTail(root, segments).table_id():
+            delta.update(t, root, segments)  # the commits since its last checkpoint, not a whole open
+        else:
+            t = delta.open_table(root, *segments, version=version)
         if t is not None:
             t.create_checkpoint()
             t.cleanup_metadata()
+            _CHECKPOINT_HANDLES[uri] = t
+            while len(_CHECKPOINT_HANDLES) > CHECKPOINT_HANDLES:
+                _CHECKPOINT_HANDLES.popitem(last=False)
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
 
@@ -179,6 +194,15 @@ class DeltaAppender:
         self.table = table
         self.version = table.version()
         self._apps: dict[str, int] = {}
+        # Every app id as of ``version`` once read (delta.read_app_ids), then kept by _apply; None
+        # until a lookup misses ``_apps``, or while the log is not in a form that reads.
+        self._ids: dict[str, int] | None = None
+        self._ids_retry_at = -1  # the version from which reading them is tried (again)
+        self._retention_ms: float | None = None  # the table's app-id retention (0: none known), once read
+        # (expiry ms, app id, version) of app ids that expire within EXPIRING_SOON_MS of being applied
+        # (marker guards): forgotten here when Delta forgets them, so a long-lived writer's memory
+        # holds the last hour's guards, not every guard it ever saw.
+        self._expiring: list[tuple[float, str, int]] = []
         self.fast = self.root.has_put_if_absent and _fast_capable(table)
         self._stats = _stats_columns(table, self.schema)
         self._synced = time.monotonic()
@@ -194,16 +218,37 @@ class DeltaAppender:
         """The version of ``app_id`` as of :attr:`version` (None if never set)."""
         if app_id in self._apps:
             return self._apps[app_id]
-        return delta.txn_version(self.table, app_id)
+        if self._ids is None and self.version >= self._ids_retry_at:
+            retention = delta.app_id_retention_ms(self.table)
+            ids = None if retention is False else delta.read_app_ids(self.root, self.segments, self.version, retention,
+                                                                     CHECKPOINT_INTERVAL)
+            if ids is None:  # not readable as this reads it (now): delta-rs answers until the log moves on
+                self._ids_retry_at = self.version + CHECKPOINT_INTERVAL
+            self._ids = ids
+        if not isinstance(self._ids, dict):
+            return delta.txn_version(self.table, app_id)
+        return self._ids.get(app_id)
 
     def _apply(self, version: int, actions: list[dict[str, Any]], foreign: bool = True) -> None:
+        now = time.time() * 1000
         for a in actions:
             if "txn" in a:
-                self._apps[a["txn"]["appId"]] = int(a["txn"]["version"])
+                app_id, v = a["txn"]["appId"], int(a["txn"]["version"])
+                self._apps[app_id] = v
+                if isinstance(self._ids, dict):
+                    self._ids[app_id] = v
+                updated = a["txn"].get("lastUpdated")
+                if updated is not None and self._retention() and updated + self._retention() - now < EXPIRING_SOON_MS:
+                    heapq.heappush(self._expiring, (updated + self._retention(), app_id, v))
             elif "add" in a and self.track_max is not None:
                 v = delta.parse_stats(a["add"].get("stats")).get("maxValues", {}).get(self.track_max)
                 if v is not None and (self.max_value is None or int(v) > self.max_value):
                     self.max_value = int(v)
+        while self._expiring and self._expiring[0][0] <= now:
+            _, app_id, v = heapq.heappop(self._expiring)
+            for ids in (self._apps, self._ids):
+                if isinstance(ids, dict) and ids.get(app_id) == v:
+                    del ids[app_id]
         self.version = version
         self._synced = time.monotonic()
         if self.on_commit is not None:
@@ -256,16 +301,23 @@ class DeltaAppender:
                 self._apply(v, actions)
         self.version = version
         self._apps = {}
+        self._ids = None  # our own commit through delta-rs set app ids nothing applied here: read again
         self._synced = time.monotonic()
 
     # ---- appending -----------------------------------------------------------------------------
     def append(self, data: pa.Table | None, app_transactions: Mapping[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None) -> int:
+               metadata: Mapping[str, str] | None = None, codecs: Mapping[str, str] | None = None,
+               lifetimes_ms: Mapping[str, int] | None = None) -> int:
         """Commit ``data`` as one new file; returns its version. Raises ConcurrentCommit when a
         commit after our snapshot set one of ``app_transactions`` (the caller re-reads and retries).
         ``codecs``: parquet codecs of some columns (the payload's compression type); others zstd-1.
 
-        ``data`` None: a commit of app ids alone, no data file (a TxnID block lease)."""
+        ``data`` None: a commit of app ids alone, no data file (a TxnID block lease).
+
+        ``lifetimes_ms``: app ids that Delta may forget sooner than the table's
+        ``delta.setTransactionRetentionDuration``, after this many ms. Delta keeps one retention
+        per table and expires an app id by its ``lastUpdated``, so theirs is written that much
+        earlier (docs/design/short-lived-marker-guards.md)."""
         apps = {k: int(v) for k, v in (app_transactions or {}).items()}
         if not self.fast:
             return self.write_with_deltalake(data, apps=apps, metadata=metadata)
@@ -279,10 +331,23 @@ class DeltaAppender:
             {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                             "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE,
                             "txnId": commit_id, **dict(metadata or {})}},
-            *({"txn": {"appId": k, "version": v, "lastUpdated": now}} for k, v in apps.items()),
+            *({"txn": {"appId": k, "version": v, "lastUpdated": self._last_updated(k, now, lifetimes_ms)}}
+              for k, v in apps.items()),
             *([{"add": add}] if add is not None else []),
         ]
         return self._commit(actions, commit_id, apps, set(), [add] if add is not None else [])
+
+    def _retention(self) -> float:
+        """The table's app-id retention in ms; 0 when app ids never expire (or it cannot be read)."""
+        if self._retention_ms is None:
+            retention = delta.app_id_retention_ms(self.table)  # None (never expire) or False (unread): none
+            self._retention_ms = float(retention) if retention else 0.0
+        return self._retention_ms
+
+    def _last_updated(self, app_id: str, now: int, lifetimes_ms: Mapping[str, int] | None) -> int:
+        life = (lifetimes_ms or {}).get(app_id)
+        retention = self._retention()
+        return now - int(retention) + life if life is not None and retention > life else now
 
     def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
                 codecs: Mapping[str, str] | None = None) -> int:

@@ -452,6 +452,90 @@ class LogSnapshot:
     adds: dict[str, dict[str, Any]]  # path -> add action (path, size, stats)
 
 
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(nanosecond|microsecond|millisecond|second|minute|hour|day|week)s?\s*$",
+                       re.IGNORECASE)
+_UNIT_MS = {"nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1_000, "minute": 60_000,
+            "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
+
+
+def app_id_retention_ms(table: Any) -> float | None | bool:
+    """``delta.setTransactionRetentionDuration`` in ms; None when unset (app ids never expire);
+    False when it is in a form this does not read."""
+    raw = table.metadata().configuration.get("delta.setTransactionRetentionDuration")
+    if raw is None:
+        return None
+    m = _INTERVAL.match(raw)
+    return False if m is None else int(m.group(1)) * _UNIT_MS[m.group(2).lower()]
+
+
+def _checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: int,
+                        columns: list[str]) -> pa.Table | None:
+    """``columns`` of the single-file checkpoint at ``version``; None when it is missing or not in
+    the layout expected (the caller then asks delta-rs). Transient faults are retried."""
+    import pyarrow.parquet as pq
+
+    path = root.fs_path(*segments, "_delta_log", f"{version:020d}.checkpoint.parquet")
+
+    def read() -> pa.Table | None:
+        faults.before(Op.READ, path)
+        try:
+            with root.arrow_fs.open_input_file(path) as f:
+                return pq.read_table(f, columns=columns)
+        except FileNotFoundError:
+            return None
+
+    try:
+        return retrying("read the checkpoint of", root.uri(*segments), read, root=root)
+    except StorageError:
+        raise
+    except (OSError, ValueError, KeyError):  # not the layout expected (columns, encoding)
+        return None
+
+
+def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
+                 retention_ms: float | None, checkpoint_interval: int = 100) -> dict[str, int] | None:
+    """Every app id set in the table up to ``version`` and not expired, with its version: what
+    delta-rs's ``transaction_version`` answers for a snapshot at ``version``, read once.
+
+    Why: ``transaction_version`` replays the log segment's app ids on every call, so a writer
+    asking about a new marker guard paid for every guard the table ever kept (a sixth of a small
+    transaction's CPU, growing with the table's history). Here it is the ``txn`` column of the last
+    checkpoint at or below ``version`` plus the commits after it, once per writer; the writer then
+    applies each commit it sees. When the last checkpoint lies past ``version`` (written since the
+    writer last read the log), the one at the interval below ``version`` is read instead. None (ask
+    delta-rs) when the log is not in the plain single-file checkpoint form this reads, or that
+    checkpoint is missing."""
+    start = -1
+    apps: dict[str, tuple[int, int | None]] = {}
+    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
+    if hint is not None:
+        try:
+            info = json.loads(hint)
+            checkpoint = int(info["version"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if info.get("parts") or info.get("v2Checkpoint"):
+            return None
+        if checkpoint > version:
+            checkpoint = version // checkpoint_interval * checkpoint_interval
+        if checkpoint > 0:
+            table = _checkpoint_columns(root, segments, checkpoint, ["txn"])
+            if table is None:
+                return None
+            col = table.column("txn")
+            for t in col.filter(col.is_valid()).to_pylist():
+                apps[t["appId"]] = (int(t["version"]), t.get("lastUpdated"))
+            start = checkpoint
+    for v, actions in LogTail(root, segments).commits_after(start):
+        if v > version:
+            break
+        for a in actions:
+            if "txn" in a:
+                apps[a["txn"]["appId"]] = (int(a["txn"]["version"]), a["txn"].get("lastUpdated"))
+    oldest = None if retention_ms is None else time.time() * 1000 - retention_ms
+    return {k: v for k, (v, updated) in apps.items() if oldest is None or updated is None or updated > oldest}
+
+
 def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> LogSnapshot | None:
     """The live files from the last checkpoint (``_last_checkpoint``) and the commits after it.
 
@@ -462,8 +546,6 @@ def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> 
     interval). A stale ``_last_checkpoint`` costs only more commits to read: the log keeps every
     commit after any checkpoint it keeps. None (the caller opens the table with delta-rs) when
     there is no checkpoint, or anything is not in the plain single-file form this reads."""
-    import pyarrow.parquet as pq
-
     hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
     if hint is None:
         return None
@@ -474,23 +556,7 @@ def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> 
         return None
     if info.get("parts") or info.get("v2Checkpoint"):
         return None
-    path = root.fs_path(*segments, "_delta_log", f"{version:020d}.checkpoint.parquet")
-    uri = root.uri(*segments)
-
-    def read() -> pa.Table | None:
-        faults.before(Op.READ, path)
-        try:
-            with root.arrow_fs.open_input_file(path) as f:
-                return pq.read_table(f, columns=["add", "metaData"])
-        except FileNotFoundError:
-            return None
-
-    try:
-        table = retrying("read the checkpoint of", uri, read, root=root)
-    except StorageError:
-        raise
-    except (OSError, ValueError, KeyError):  # not the layout expected (columns, encoding): delta-rs reads it
-        return None
+    table = _checkpoint_columns(root, segments, version, ["add", "metaData"])
     if table is None:
         return None
     adds: dict[str, dict[str, Any]] = {}

@@ -197,6 +197,11 @@ class KeyedLog:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
+    def peek(self, key: str) -> dict[str, Any] | None:
+        """The key's row as last read, without reading what is pending: a hint that costs no I/O,
+        never a basis for a decision (those go through :meth:`cas`)."""
+        return self._rows.get(key)
+
     def _landed(self, rows: list[dict[str, Any]]) -> bool | None:
         """Whether ``rows`` (one commit) are in the reloaded log: True (each is its key's live row),
         False (a key's live row is older, or another writer's at the same seq), or None when a key

@@ -58,6 +58,34 @@ def _upper(options: dict[str, str]) -> dict[str, str]:
     return {k.upper(): v for k, v in options.items()}
 
 
+# S3 settings an s3:// root takes from the environment when its options do not give them, each
+# group whole or not at all (an explicit key id never pairs with a secret from the environment).
+# Written into the options, they reach every library alike, and Spark executors inside the pickled
+# root: left to each library, delta-rs honours AWS_ENDPOINT_URL but pyarrow's S3 filesystem does
+# not, so reads would go to AWS while writes go to the configured endpoint
+# (docs/design/s3-settings-from-the-environment.md).
+S3_ENV_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+    ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+    ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    ("AWS_ALLOW_HTTP",),
+)
+
+
+def s3_options_from_env(options: dict[str, str]) -> dict[str, str]:
+    """``options`` completed with the S3 settings of the environment that they leave out."""
+    given = set(_upper(options))
+    out = dict(options)
+    for group in S3_ENV_GROUPS:
+        if given.isdisjoint(group):
+            found = {k: os.environ[k] for k in group if os.environ.get(k)}
+            if "AWS_DEFAULT_REGION" in found:  # one region: object_store's name for it wins
+                region = found.pop("AWS_DEFAULT_REGION")
+                found.setdefault("AWS_REGION", region)
+            out.update(found)
+    return out
+
+
 @dataclass(frozen=True)
 class StorageRoot:
     """Where everything of one pulsartx installation lives.
@@ -84,6 +112,8 @@ class StorageRoot:
             if not parsed.netloc:
                 raise InvalidConfiguration(f"service_url {url!r} has no bucket: use {parsed.scheme}://bucket/prefix")
             scheme = "s3" if parsed.scheme == "s3a" else parsed.scheme
+            if scheme == "s3":
+                options = s3_options_from_env(options)
             return cls(f"{scheme}://{parsed.netloc}{parsed.path.rstrip('/')}", options)
         raise InvalidConfiguration(
             f"service_url {url!r} has unsupported scheme {parsed.scheme!r}: use a local path, file:// or s3://")

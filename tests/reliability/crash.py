@@ -259,6 +259,7 @@ class MatrixResult:
     seconds: dict[str, float] = field(default_factory=dict)
     swept: dict[str, int] = field(default_factory=dict)
     status_at_kill: Counter = field(default_factory=Counter)  # (point, TC status right after the kill)
+    lease_epochs: dict[int, int] = field(default_factory=dict)  # TC -> its lease's epoch at the end
     final: Any = None
     events: list = field(default_factory=list)
 
@@ -339,6 +340,9 @@ def run_matrix(url: str, options: dict | None, points: list[str], seeds: int, hi
     for tc in Coordinators(c.root, config=config(0), recover_on_open=False).all():  # count what sweeps do
         r = tc.sweep(grace_ms=0)
         swept.update(timed_out=r.timed_out, completed=r.completed, failed=r.failed)
+        lease = tc.txlog.lease()
+        if lease is not None:  # every epoch past 0 is a child that took a killed child's log over
+            res.lease_epochs[tc.tc_id] = lease.epoch
     res.swept = dict(swept)
     c.close()
     res.seconds["recovery"] = time.monotonic() - t2

@@ -16,10 +16,16 @@ BIG_RETENTION_MS = 10**12  # keep every finished transaction in the TC logs, so 
 DATA_COLUMNS = ["offset", "type", "value", "txn_most_bits", "txn_least_bits"]
 
 
+# TC leases expire within the runs, so processes take over dead (SIGKILLed) processes' TC logs and
+# sweep them as they begin transactions, and a process whose clock is skewed loses or waits for one.
+LEASE_MS = 2000
+
+
 def config(recovery_grace_ms: int = 0) -> Any:
     from pulsartx.coordinator.coordinator import CoordinatorConfig
 
-    return CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_ms=recovery_grace_ms)
+    return CoordinatorConfig(finished_retention_ms=BIG_RETENTION_MS, recovery_grace_ms=recovery_grace_ms,
+                             lease_ms=LEASE_MS, max_clock_skew_ms=0)
 
 
 def client(url: str, storage_options: dict[str, str] | None = None, recovery_grace_ms: int = 0, **kw: Any) -> Any:

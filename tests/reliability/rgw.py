@@ -125,6 +125,7 @@ fsid = {fsid}
 mon host = [v1:127.0.0.1:{mon_port}]
 mon initial members = a
 public addr = 127.0.0.1
+cluster addr = 127.0.0.1
 ms bind msgr2 = false
 auth cluster required = none
 auth service required = none

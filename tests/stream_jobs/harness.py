@@ -51,11 +51,13 @@ class JobFailed(AssertionError):
 
 
 class StreamJob(SubmittedJob):
-    """``spark-submit tests/stream_jobs/<script> '<json config>'``; the config gets an ``events`` path."""
+    """``spark-submit [submit_args] tests/stream_jobs/<script> '<json config>'``; the config gets an
+    ``events`` path."""
 
     OUTPUT_TAIL = 60
 
-    def __init__(self, script: str, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
+    def __init__(self, script: str, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
+                 submit_args: list[str] | None = None):
         name = config.get("run", "run")
         self.events_path = workdir / f"events-{name}.jsonl"
         self.log_path = workdir / f"spark-submit-{name}.log"
@@ -65,7 +67,7 @@ class StreamJob(SubmittedJob):
             full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FASTPY), full_env.get("PYTHONPATH")) if p)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait_done()/kill()
         java = f"-Dlog4j2.configurationFile=file:{LOG4J2}" + (f" {JVM_FAST_START}" if FAST_START else "")
-        cmd = [_spark_submit(), "--driver-java-options", java,
+        cmd = [_spark_submit(), "--driver-java-options", java, *(submit_args or ()),
                str(HERE / script), json.dumps(self.config)]
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir),

@@ -1,0 +1,613 @@
+"""Multi-process scaling of small transactions, on local disk and on a Ceph RGW (S3) server.
+Prints ratios beside their targets; asserts nothing.
+
+    .venv/bin/python bench/scale.py [--procs 1,2,4,8] [--seconds 10] [--storage local|rgw|both]
+                                    [--tcs 16] [--dir DIR] [--append-gap-ms 20]
+
+For each storage and each process count P, on a fresh root (local: a directory under ``--dir``;
+RGW: a fresh bucket), with ``--tcs`` TCs and two topics of one partition each:
+
+* P producer processes (fresh interpreters, bench/common.py) each run transactions back to back
+  from a common start time for ``--seconds``. A transaction sends 10 messages with ``send_async``,
+  alternately to the two topics (5 each), and commits: "10 messages to 2 partitions of 2 topics"
+  read as one partition of each of 2 topics, so every transaction has two participants (as the
+  2-partition commit path of bench/transactions.py), and all P processes share the same two
+  partitions. Producers keep pulsar-client's defaults (batching delay 10 ms), so ``commit()``
+  normally cuts both batches. Each process has its own Client and warms up with 3 transactions
+  before it says it is ready.
+* One more process (not counted in P) consumes the first topic through an Exclusive subscription
+  created before the start (position Earliest on an empty topic), with a blocking ``receive()``
+  (1 s timeout, so the library's idle-poll backoff, capped at 200 ms, applies as it would to an
+  application) and a plain acknowledgement per message.
+* The main process, meanwhile, does plain ``deltalake.write_deltalake(<DeltaTable>, <1-row table>,
+  mode="append")`` appends on the same storage (same storage options), one every
+  ``--append-gap-ms``, from the start to the end of the window: the baseline sees the same machine
+  load as the commits it is compared with. 20 more appends right before the processes start and 20
+  right after they end (a quiet machine) are printed for comparison. The baseline moves to a fresh
+  table every 50 appends (see ``PlainAppender``).
+
+Figures:
+
+* txn/s: transactions whose ``commit()`` returned inside the window, / ``--seconds``; and its
+  ratio to P = 1 of the same storage in the same run.
+* commit latency p50/p99: ``commit()`` alone (the sends before it only queue). ``txn`` p50 is
+  ``new_transaction()`` to ``commit()``'s return.
+* end-to-end latency p50/p99: the consumer's wall clock (``time.time()``) when ``receive()``
+  returned a message, minus the producer's wall clock when the ``commit()`` of its transaction
+  returned (payload ``<worker>:<seq>:<k>`` names the transaction; one machine, one clock). One
+  sample per message, not per transaction. ``commit()`` returns at the decision point and markers
+  are written after it in the background (docs/design/commit-at-the-decision-point.md), while a
+  reader can see a decided transaction before ``commit()`` has returned to its caller: such
+  messages count with a negative latency (how many is printed).
+* txn/s in the last tenth of the window / the first tenth (by ``commit()`` return time). The
+  target's row was measured after 150 s of load: over the default 10 s this only catches growth
+  that is already fast.
+* Each step is checked: every message of every committed transaction is read exactly once at
+  READ_COMMITTED (both topics, from the earliest position), nothing else is there, a commit that
+  raised shows all or none of its messages, and the consumer received each message of its topic
+  exactly once. A step that fails its check prints INVALID instead of met/MISSED.
+* Where the time goes (diagnostics): CPU seconds of the producers, the consumer, the parent's
+  plain appends and (RGW) the Ceph daemons, against the cores x seconds available; per transaction, the Delta commits (put-if-absent) made on the commit
+  path and by the background completer, the ones that lost their version to another writer (each
+  one is retried after reading the winner's commit) and the time spent in those puts; and the
+  end-to-end latency of each message split into: until the consumer's look at the partition that
+  fetched it began (its idle-poll backoff, or it was busy), that look (reading cursor, log and
+  transaction states from storage), and the time it then sat in the consumer's local queue.
+
+Targets (ratios; "now" is what the multi-process scaling work started from):
+
+    local, P processes on shared partitions: txn/s / 1 process    now 0.56-0.67   >= min(P, cores)
+        ("grows up to the core count", read as: reaches it)
+    p99 commit / p99 plain append (local 2-4 processes; RGW 1)   now 33-105, 11-17   <= 2
+    Ceph RGW, 8 processes / 1 process                             now 0.40 (4 procs)   >= 5
+    commit -> consumer in another process, p99 / p99 append       now ~200 ms          <= 4
+    txn/s after 150 s of load / at the start                      now 0.62             >= 0.9
+
+The latency and growth rows are printed for every P with the same target, the RGW txn/s ratio for
+2 and 4 processes as a report. Ratios to the plain append use the appends made during the window;
+the summary's ``quiet`` column gives the same ratio to the appends on the idle machine, which is
+what a figure measured against an uncontended append compares with.
+
+bench/coordinator.py (section 3) measures the remaining row of that table, empty transactions'
+txn/s with 4 processes / 1 process on 16 TCs (target >= 1.5).
+
+RGW is the throw-away Ceph cluster of the test suite (tests/reliability/rgw.py: installed with apt
+when missing, which needs root; started on loopback). When it cannot be started the bench says why
+and measures local disk only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import collect, finish_worker, percentile, release, signal_ready, start_workers, verdict, wait_go
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOPICS = ("scale-a", "scale-b")
+MESSAGES_PER_TXN = 10
+WARMUP_TXNS = 3
+QUIET_APPENDS = 20
+SUBSCRIPTION = "scale-e2e"
+BACKGROUND_THREADS = ("pulsartx-txn-complete", "pulsartx-tc-end")  # the completer: off the commit path
+
+
+# ---- worker processes -------------------------------------------------------------------------------------
+
+
+class PutSpy:
+    """Counts a process's Delta commits (put-if-absent of ``_delta_log/<version>.json``) by table
+    kind, by whether the background completer made them, and by whether they won their version:
+    a lost one means another writer took the version and the commit was tried again."""
+
+    def __init__(self) -> None:
+        from pulsartx.storage.root import StorageRoot
+
+        self.counts: Counter = Counter()
+        self.seconds: Counter = Counter()
+        self._lock = threading.Lock()
+        orig = StorageRoot.put_if_absent
+
+        def put_if_absent(root: Any, body: bytes, *segments: str) -> bool:
+            t0 = time.perf_counter()
+            created = orig(root, body, *segments)
+            side = "bg" if threading.current_thread().name.startswith(BACKGROUND_THREADS) else "path"
+            key = f"{segments[0]}/{side}/{'won' if created else 'lost'}"
+            with self._lock:
+                self.counts[key] += 1
+                self.seconds[key] += time.perf_counter() - t0
+            return created
+
+        StorageRoot.put_if_absent = put_if_absent
+
+    def take(self) -> dict[str, list[float]]:
+        """{kind: [commits, seconds in their puts]} since the last call."""
+        with self._lock:
+            out = {k: [n, self.seconds[k]] for k, n in self.counts.items()}
+            self.counts, self.seconds = Counter(), Counter()
+        return out
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def pids_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the given processes have used so far, from /proc (Linux): the
+    Ceph daemons share the cores with the bench, and what they use is not the bench's."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
+    import pulsartx
+
+    wid = args["wid"]
+    client = pulsartx.Client(args["root"], storage_options=args["options"] or None)
+    for tc in client._coordinators().all():
+        tc.transactions()  # open every TC before the clock starts
+    producers = [client.create_producer(t) for t in TOPICS]
+    spy = PutSpy()
+
+    def one(seq: int) -> tuple[float, float]:
+        txn = client.new_transaction()
+        for k in range(MESSAGES_PER_TXN):
+            producers[k % len(producers)].send_async(f"{wid}:{seq}:{k}".encode(), None, txn=txn)
+        t0 = time.perf_counter()
+        txn.commit()
+        return time.perf_counter() - t0, time.time()
+
+    for seq in range(-WARMUP_TXNS, 0):  # opens the partitions' write handles; negative: not timed
+        one(seq)
+    client.flush()
+    spy.take()
+    signal_ready(args)
+    go = wait_go(args)
+    time.sleep(max(0.0, go["start"] - time.time()))
+    cpu0 = cpu_seconds()
+    txns: list[list[float]] = []  # [seq, new_transaction() wall time, commit() seconds, commit() return wall time]
+    failed: list[list[Any]] = []
+    seq = 0
+    while time.time() < go["deadline"]:
+        began = time.time()
+        try:
+            latency, done = one(seq)
+            txns.append([seq, began, latency, done])
+        except Exception as e:  # reported and checked (all or nothing), never fatal
+            failed.append([seq, repr(e)[:300]])
+        seq += 1
+    cpu = cpu_seconds() - cpu0
+    puts = spy.take()
+    t0 = time.perf_counter()
+    flushed = client.flush(120)  # the background completion of the last transactions: after the window
+    return {"wid": wid, "txns": txns, "failed": failed, "warmup": WARMUP_TXNS, "cpu_s": cpu, "puts": puts,
+            "flush_s": time.perf_counter() - t0, "flushed": flushed}
+
+
+def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
+    import pulsartx
+
+    client = pulsartx.Client(args["root"], storage_options=args["options"] or None)
+    consumer = client.subscribe(TOPICS[0], SUBSCRIPTION, consumer_type=pulsartx.ConsumerType.Exclusive,
+                                initial_position=pulsartx.InitialPosition.Earliest)
+    fills: list[tuple[float, float, bool, bool]] = []  # per look at the partition: wall s, CPU s, found, held back
+    looked: dict[int, tuple[float, float]] = {}  # offset -> wall times of the look that fetched it
+    plain_fill = consumer._fill
+
+    def timed_fill(part: Any) -> None:
+        t0, c0, w0, before = time.perf_counter(), time.thread_time(), time.time(), len(part.queue)
+        try:
+            plain_fill(part)
+        finally:
+            wall, cpu, w1 = time.perf_counter() - t0, time.thread_time() - c0, time.time()
+            try:  # records in the log beyond what READ_COMMITTED may show: an undecided transaction holds them
+                held = part.visible.log.end_offset(refresh=False) > part.visible._end
+            except Exception:
+                held = False
+            fills.append((wall, cpu, len(part.queue) > before, held))
+            for m in list(part.queue)[before:]:
+                looked[m._offset] = (w0, w1)
+
+    consumer._fill = timed_fill
+    signal_ready(args)
+    wait_go(args)
+    cpu0 = cpu_seconds()
+    got: list[list[Any]] = []  # [payload, start and end of the look that fetched it, receive() return], wall
+    expected, give_up = None, 0.0
+    while True:
+        try:
+            msg = consumer.receive(timeout_millis=1000)
+        except pulsartx.Timeout:
+            msg = None
+        if msg is not None:
+            received = time.time()
+            got.append([msg.data().decode(), *looked.pop(msg._offset, (received, received)), received])
+            consumer.acknowledge(msg)
+        if expected is None and os.path.exists(args["stop"]):
+            with open(args["stop"]) as f:
+                expected = json.load(f)["expected"]
+            give_up = time.monotonic() + 60
+        if expected is not None and (len(got) >= expected or time.monotonic() > give_up):
+            break
+    cpu = cpu_seconds() - cpu0
+    consumer.close()
+    found = [f for f in fills if f[2]]
+    empty = [f for f in fills if not f[2]]
+    return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile([f[0] for f in found], 0.5),
+            "found_p99": percentile([f[0] for f in found], 0.99), "found_cpu_p50": percentile([f[1] for f in found], 0.5),
+            "empty": len(empty), "empty_p50": percentile([f[0] for f in empty], 0.5),
+            "empty_held": sum(1 for f in empty if f[3])}
+
+
+def worker_main(args: dict[str, Any]) -> None:
+    """Child process entry (bench/common.py): one JSON line, then ``os._exit``."""
+    try:
+        fn = producer_worker if args["role"] == "producer" else consumer_worker
+        finish_worker(fn(args))
+    except BaseException as e:  # report, never hang the parent
+        import traceback
+
+        finish_worker({"error": f"{e!r}\n{traceback.format_exc()[-1500:]}"})
+
+
+# ---- storage --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Storage:
+    """Where a step's root and its plain-append table live."""
+
+    name: str
+    work: str
+    server: Any = None  # tests.reliability.rgw.RGW for "rgw"
+    options: dict[str, str] = field(default_factory=dict)
+
+    def new_step(self, tag: str) -> tuple[str, str]:
+        """A fresh (root URL, plain-append table URI) pair on this storage."""
+        if self.server is None:
+            base = os.path.join(self.work, f"{self.name}-{tag}")
+            os.makedirs(os.path.join(base, "root"))
+            return os.path.join(base, "root"), os.path.join(base, "plain-append")
+        bucket = self.server.new_bucket(f"scale-{tag}")
+        return f"s3://{bucket}/root", f"s3://{bucket}/plain-append"
+
+
+def start_rgw() -> tuple[Any, str]:
+    """The test suite's Ceph RGW, or None and why not."""
+    sys.path.insert(0, REPO)
+    try:
+        from tests.reliability import rgw
+    except ImportError as e:
+        return None, f"cannot import tests/reliability/rgw.py: {e}"
+    try:
+        return rgw.start(), ""
+    except rgw.RGWUnavailable as e:
+        return None, str(e).splitlines()[0][:400]
+
+
+# ---- one step -------------------------------------------------------------------------------------------
+
+
+class PlainAppender:
+    """One plain deltalake append at a time, on a reused DeltaTable (as bench/coordinator.py's
+    baseline), moving to a fresh table every ``ROTATE_EVERY`` appends: ``write_deltalake`` slows as
+    its table grows (median 8 ms at 50 versions, 24 ms at 400, local disk, this machine), and the
+    baseline is one append, not an append to a table that the baseline itself has grown. The
+    tables are created up front, so no creation falls inside a measured window."""
+
+    ROTATE_EVERY = 50
+
+    def __init__(self, uri: str, options: dict[str, str], appends: int):
+        import deltalake
+        import pyarrow as pa
+
+        self._write = deltalake.write_deltalake
+        self.row = pa.table({"offset": pa.array([0], pa.int64()), "value": pa.array([b"x"], pa.binary())})
+        self.tables = []
+        for i in range(appends // self.ROTATE_EVERY + 1):
+            self._write(f"{uri}-{i}", self.row, mode="append", storage_options=options or None)
+            self.tables.append(deltalake.DeltaTable(f"{uri}-{i}", storage_options=options or None))
+        self.n = 0
+        for dt in self.tables:  # warm up (connection pool, page cache); not counted against rotation
+            self._write(dt, self.row, mode="append")
+
+    def once(self) -> float:
+        dt = self.tables[(self.n // self.ROTATE_EVERY) % len(self.tables)]
+        self.n += 1
+        t0 = time.perf_counter()
+        self._write(dt, self.row, mode="append")
+        return time.perf_counter() - t0
+
+    def until(self, start: float, deadline: float, gap_s: float) -> list[float]:
+        time.sleep(max(0.0, start - time.time()))
+        out = []
+        while time.time() < deadline:
+            out.append(self.once())
+            time.sleep(gap_s)
+        return out
+
+
+def read_committed(root: str, options: dict[str, str]) -> Counter:
+    """Every message of both topics at READ_COMMITTED, from the earliest position: payload -> count."""
+    import pulsartx
+    from pulsartx import MessageId
+
+    client = pulsartx.Client(root, storage_options=options or None)
+    seen: Counter = Counter()
+    for topic in TOPICS:
+        reader = client.create_reader(topic, MessageId.earliest)
+        for m in reader:
+            seen[m.data().decode()] += 1
+        reader.close()
+    client.close()
+    return seen
+
+
+def check_step(producers: list[dict], seen: Counter, consumed: list[str]) -> tuple[bool, str]:
+    """Exactly once at READ_COMMITTED, atomic failed commits, and the consumer's view of topic A."""
+    committed = set()
+    for r in producers:
+        seqs = list(range(-r["warmup"], 0)) + [int(t[0]) for t in r["txns"]]
+        committed.update((r["wid"], s) for s in seqs)
+    failed = {(r["wid"], f[0]) for r in producers for f in r["failed"]}
+    want = {f"{w}:{s}:{k}" for w, s in committed for k in range(MESSAGES_PER_TXN)}
+    dup = sum(1 for p, n in seen.items() if n > 1)
+    missing = len(want - seen.keys())
+    per_failed = Counter()
+    unexpected = 0
+    for p in seen.keys() - want:
+        w, s, _ = p.split(":")
+        if (int(w), int(s)) in failed:
+            per_failed[(int(w), int(s))] += 1
+        else:
+            unexpected += 1
+    partial = sum(1 for n in per_failed.values() if n != MESSAGES_PER_TXN)
+    want_a = {p for p in want if int(p.rsplit(":", 1)[1]) % len(TOPICS) == 0}
+    got_a = Counter(consumed)
+    c_dup = sum(1 for n in got_a.values() if n > 1)
+    c_missing = len(want_a - got_a.keys())
+    ok = not (dup or missing or unexpected or partial or c_dup or c_missing)
+    text = (f"{len(want)} messages of {len(committed)} committed txns: missing {missing}, duplicated {dup}, "
+            f"unexpected {unexpected}; {len(failed)} failed commits ({partial} partly visible); consumer "
+            f"{len(got_a)}/{len(want_a)} of its topic, missing {c_missing}, duplicated {c_dup}")
+    return ok, text
+
+
+def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, Any]:
+    import pulsartx
+
+    root, plain_uri = store.new_step(f"p{procs}")
+    options = store.options
+    setup = pulsartx.Client(root, storage_options=options or None, num_coordinators=args.tcs)
+    for t in TOPICS:
+        setup.admin.create_topic(t, 1)
+    setup._coordinators().all()
+    setup.close()
+    # at most one append per gap during the window, and the quiet ones around it
+    plain = PlainAppender(plain_uri, options, int(args.seconds * 1000 / args.append_gap_ms) + 2 * QUIET_APPENDS)
+    quiet = [plain.once() for _ in range(QUIET_APPENDS)]
+
+    tag = f"{store.name}-{procs}"
+    stop = os.path.join(store.work, f"stop-{tag}")
+    common_args = {"root": root, "options": options}
+    consumers, consumer_go = start_workers(__file__, [{**common_args, "role": "consumer", "stop": stop}],
+                                           store.work, tag + "-c")
+    workers, go = start_workers(__file__, [{**common_args, "role": "producer", "wid": i} for i in range(procs)],
+                                store.work, tag)
+    start = time.time() + 0.2
+    deadline = start + args.seconds
+    release(consumer_go)
+    daemons = [p.pid for p in store.server.procs.values()] if store.server is not None else []
+    release(go, {"start": start, "deadline": deadline})
+    main0, daemons0 = cpu_seconds(), pids_cpu_seconds(daemons)
+    loaded = plain.until(start, deadline, args.append_gap_ms / 1000)
+    cpu_main, cpu_daemons = cpu_seconds() - main0, pids_cpu_seconds(daemons) - daemons0  # the window
+    results = collect(workers, args.seconds + 300)
+    errors = [r["error"] for r in results if "error" in r]
+    sent_a = 0
+    for r in results:
+        if "error" not in r:
+            sent_a += (r["warmup"] + len(r["txns"])) * (MESSAGES_PER_TXN // len(TOPICS))
+    release(stop, {"expected": sent_a})
+    [consumer] = collect(consumers, 180)
+    quiet += [plain.once() for _ in range(QUIET_APPENDS)]
+    if errors or "error" in consumer:
+        return {"procs": procs, "error": "; ".join(errors + [consumer.get("error", "")]).strip("; ")}
+
+    ok, check_text = check_step(results, read_committed(root, options), [g[0] for g in consumer["got"]])
+    txns = [t for r in results for t in r["txns"]]
+    done_at = {(r["wid"], int(t[0])): t[3] for r in results for t in r["txns"]}
+    tenth = args.seconds / 10
+    first = sum(1 for t in txns if start <= t[3] < start + tenth)
+    last = sum(1 for t in txns if deadline - tenth <= t[3] <= deadline)
+    e2e, wait, look, queued = [], [], [], []
+    for payload, look_start, look_end, received in consumer["got"]:
+        w, s, _ = payload.split(":")
+        done = done_at.get((int(w), int(s)))
+        if done is not None:
+            e2e.append(received - done)
+            wait.append(look_start - done)
+            look.append(look_end - look_start)
+            queued.append(received - look_end)
+    puts: dict[str, list[float]] = {}
+    for r in results:
+        for k, (count, secs) in r["puts"].items():
+            acc = puts.setdefault(k, [0, 0.0])
+            acc[0], acc[1] = acc[0] + count, acc[1] + secs
+    n = max(1, len(txns))
+    return {
+        "procs": procs, "ok": ok, "check": check_text,
+        "txns": len(txns), "tps": sum(1 for t in txns if t[3] <= deadline) / args.seconds,
+        "first": first, "last": last, "growth": last / first if first else float("nan"),
+        "commit_p50": percentile([t[2] for t in txns], 0.5), "commit_p99": percentile([t[2] for t in txns], 0.99),
+        "txn_p50": percentile([t[3] - t[1] for t in txns], 0.5),
+        "e2e_p50": percentile(e2e, 0.5), "e2e_p99": percentile(e2e, 0.99), "e2e_n": len(e2e),
+        "e2e_negative": sum(1 for x in e2e if x < 0),
+        "wait_p50": percentile(wait, 0.5), "wait_p99": percentile(wait, 0.99),
+        "look_p50": percentile(look, 0.5), "look_p99": percentile(look, 0.99),
+        "queued_p50": percentile(queued, 0.5), "queued_p99": percentile(queued, 0.99),
+        "fills": consumer["fills"], "found_p50": consumer["found_p50"], "found_p99": consumer["found_p99"],
+        "empty": consumer["empty"], "empty_p50": consumer["empty_p50"], "empty_held": consumer["empty_held"],
+        "found_cpu_p50": consumer["found_cpu_p50"],
+        "append_p50": percentile(loaded, 0.5), "append_p99": percentile(loaded, 0.99), "append_n": len(loaded),
+        "quiet_p50": percentile(quiet, 0.5), "quiet_p99": percentile(quiet, 0.99),
+        "failed": sum(len(r["failed"]) for r in results),
+        "cpu_workers": sum(r["cpu_s"] for r in results), "cpu_consumer": consumer["cpu_s"],
+        "cpu_main": cpu_main, "cpu_daemons": cpu_daemons if daemons else None,
+        "puts_per_txn": {k: (c / n, secs / n) for k, (c, secs) in sorted(puts.items())},
+        "flush_s": max(r["flush_s"] for r in results),
+    }
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> None:
+    if "error" in s:
+        print(f"[{store}] {s['procs']} processes: FAILED: {s['error']}", flush=True)
+        return
+    print(f"[{store}] {s['procs']} process(es), {seconds:g} s: {s['tps']:.1f} txn/s ({s['txns']} txns, "
+          f"{s['failed']} failed; first tenth {s['first']}, last tenth {s['last']}; 1-minute load average "
+          f"{os.getloadavg()[0]:.1f} after the step)")
+    print(f"    commit() p50 {ms(s['commit_p50'])} p99 {ms(s['commit_p99'])} ms; new_transaction() to commit() "
+          f"return p50 {ms(s['txn_p50'])} ms")
+    print(f"    commit -> consumer p50 {ms(s['e2e_p50'])} p99 {ms(s['e2e_p99'])} ms ({s['e2e_n']} messages, "
+          f"{s['e2e_negative']} seen before commit() returned)")
+    print(f"      = until the consumer's next look at the partition began p50 {ms(s['wait_p50'])} p99 "
+          f"{ms(s['wait_p99'])} ms + that look p50 {ms(s['look_p50'])} p99 {ms(s['look_p99'])} ms + in the "
+          f"consumer's queue p50 {ms(s['queued_p50'])} p99 {ms(s['queued_p99'])} ms")
+    print(f"      the consumer looked {s['fills']} times: {s['fills'] - s['empty']} found messages (p50 "
+          f"{ms(s['found_p50'])} p99 {ms(s['found_p99'])} ms a look, of which CPU p50 {ms(s['found_cpu_p50'])} ms), "
+          f"{s['empty']} found none (p50 {ms(s['empty_p50'])} ms; {s['empty_held']} of them with records in the log "
+          "held back by an undecided transaction)")
+    print(f"    plain append during the run p50 {ms(s['append_p50'])} p99 {ms(s['append_p99'])} ms "
+          f"({s['append_n']} appends); quiet, before and after p50 {ms(s['quiet_p50'])} p99 {ms(s['quiet_p99'])} ms")
+    budget = cores * seconds
+    daemons = "" if s["cpu_daemons"] is None else f", Ceph daemons {s['cpu_daemons']:.1f} s"
+    print(f"    CPU: producers {s['cpu_workers']:.1f} s ({1000 * s['cpu_workers'] / max(1, s['txns']):.1f} ms/txn), "
+          f"consumer {s['cpu_consumer']:.1f} s (with its drain after the window), plain appends "
+          f"{s['cpu_main']:.1f} s{daemons}, of {budget:g} core-seconds; background completion after the window "
+          f"{s['flush_s']:.1f} s")
+    per = ", ".join(f"{k} {c:.2f} ({ms(secs)} ms)" for k, (c, secs) in s["puts_per_txn"].items())
+    print(f"    Delta commit puts per txn (table/side/race, time in those puts): {per}")
+    print(f"    check: {'ok' if s['ok'] else 'WRONG'}: {s['check']}", flush=True)
+
+
+Row = tuple[str, float, float | None, str, str, str]  # measure, ratio, ratio to the quiet append, now, target, result
+
+
+def summary_rows(store: str, steps: list[dict[str, Any]], cores: int) -> list[Row]:
+    """The rows of the targets this bench measures. Ratios to the plain append use the appends made
+    during the window (same load); the same ratio to the quiet appends is printed beside it."""
+    good = {s["procs"]: s for s in steps if "error" not in s}
+    rows: list[Row] = []
+
+    def add(name: str, value: float, now: str, op: str | None, target: float, valid: bool,
+            quiet: float | None = None) -> None:
+        if op is None:
+            rows.append((name, value, quiet, now, "(report)", "-"))
+        else:
+            rows.append((name, value, quiet, now, f"{op} {target:g}",
+                         verdict(value, op, target) if valid else "INVALID"))
+
+    base = good.get(1)
+    for p, s in sorted(good.items()):
+        valid = s["ok"] and (base is None or base["ok"])
+        if base is not None and p > 1:
+            ratio = s["tps"] / base["tps"] if base["tps"] else float("nan")
+            if store == "local":
+                add(f"local, {p} procs: txn/s / 1 proc", ratio, "0.56-0.67" if p in (2, 4) else "", ">=",
+                    min(p, cores), valid)
+            else:
+                add(f"rgw, {p} procs: txn/s / 1 proc", ratio, "0.40" if p == 4 else "",
+                    ">=" if p == 8 else None, 5, valid)
+    for p, s in sorted(good.items()):
+        now = ("33-105" if p in (2, 4) else "") if store == "local" else ("11-17" if p == 1 else "")
+        add(f"{store}, {p} procs: p99 commit / p99 append", s["commit_p99"] / s["append_p99"], now, "<=", 2, s["ok"],
+            s["commit_p99"] / s["quiet_p99"])
+    for p, s in sorted(good.items()):
+        add(f"{store}, {p} procs: p99 commit->consumer / p99 append", s["e2e_p99"] / s["append_p99"], "~200 ms",
+            "<=", 4, s["ok"], s["e2e_p99"] / s["quiet_p99"])
+    for p, s in sorted(good.items()):
+        add(f"{store}, {p} procs: txn/s last tenth / first tenth", s["growth"], "0.62 (150 s)", ">=", 0.9, s["ok"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--procs", default="1,2,4,8", help="comma-separated process counts (1 is added: the baseline)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each step's measured window")
+    ap.add_argument("--storage", choices=["local", "rgw", "both"], default="both")
+    ap.add_argument("--tcs", type=int, default=16, help="TCs of every root")
+    ap.add_argument("--append-gap-ms", type=float, default=20.0, help="pause between the baseline's plain appends")
+    ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker_main(json.loads(args.worker))
+    procs = sorted({1, *(int(p) for p in args.procs.split(","))})
+    cores = os.cpu_count() or 1
+    work = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-scale-")
+    os.makedirs(work, exist_ok=True)
+    t_start = time.perf_counter()
+    print(f"scale bench in {work}: {cores} CPUs, load {os.getloadavg()[0]:.1f}; processes {procs}, "
+          f"{args.seconds:g} s each, {args.tcs} TCs, {MESSAGES_PER_TXN}-message transactions over {len(TOPICS)} "
+          "one-partition topics", flush=True)
+    rows: list[Row] = []
+    try:
+        for name in (["local", "rgw"] if args.storage == "both" else [args.storage]):
+            store = Storage(name, work)
+            if name == "rgw":
+                server, why = start_rgw()
+                if server is None:
+                    print(f"\n[rgw] not measured: Ceph RGW unavailable: {why}", flush=True)
+                    continue
+                store.server, store.options = server, server.storage_options
+                print(f"\n[rgw] Ceph RGW at {server.endpoint} (started in {server.started_in:.0f} s)", flush=True)
+            try:
+                steps = []
+                for p in procs:
+                    print()
+                    steps.append(run_step(store, p, args))
+                    print_step(name, steps[-1], args.seconds, cores)
+                rows += summary_rows(name, steps, cores)
+            finally:
+                if store.server is not None:
+                    store.server.stop()
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nsummary ({time.perf_counter() - t_start:.0f} s; {cores} CPUs; nothing asserted)")
+    print(f"  {'measure':52s} {'ratio':>7s} {'quiet':>7s}  {'now':<13s} {'target':<9s} result")
+    for name, value, quiet, now, target, result in rows:
+        q = "" if quiet is None else f"{quiet:.2f}"
+        print(f"  {name:52s} {value:7.2f} {q:>7s}  {now:<13s} {target:<9s} {result}")
+    print("  quiet: the same ratio to the plain appends made right before and after the step, with none of the "
+          "bench's processes running")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,175 @@
+"""Every ``format("pulsartx")`` option, declared once: the parser takes names and defaults from
+here, refuses names that are not here, and ``docs/options.md`` is generated from here
+(``python -m datasource.options_doc``), so the reference cannot drift from the code.
+
+A Spark option reaches us lowercased (``startingoffsets``), so names are matched without case and
+every message spells the option as users write it. Keys that Spark adds itself (``path`` for
+``load(x)``/``save(x)``/``start(x)``, ``paths`` for ``load([x, y])``, ``checkpointLocation``,
+``queryName``) are accepted wherever Spark may add them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pulsartx.exceptions import InvalidConfiguration, UnknownOption
+from pulsartx.suggest import nearest
+
+READ, READ_STREAM, WRITE, WRITE_STREAM = "read", "readStream", "write", "writeStream"
+USES = (READ, READ_STREAM, WRITE, WRITE_STREAM)
+# DataSource.schema() runs for spark.read and spark.readStream alike and cannot tell which: it
+# checks names against both, and reader() / streamReader() check their own use afterwards.
+ANY_READ = "read or readStream"
+_USE_SETS = {**{u: frozenset({u}) for u in USES}, ANY_READ: frozenset({READ, READ_STREAM})}
+# How an unknown-option message names the API the options were given to.
+API = {READ: "spark.read", READ_STREAM: "spark.readStream", WRITE: "df.write", WRITE_STREAM: "df.writeStream",
+       ANY_READ: "spark.read/readStream"}
+_ALL = frozenset(USES)
+_READS = frozenset({READ, READ_STREAM})
+_WRITES = frozenset({WRITE, WRITE_STREAM})
+# How a message names a set of uses ("option endingOffsets is for batch reads").
+_USE_WORDS = {_READS: "reading", _WRITES: "writing", frozenset({READ}): "batch reads",
+              frozenset({READ_STREAM}): "streaming reads", frozenset({WRITE}): "batch writes",
+              frozenset({WRITE_STREAM}): "streaming writes"}
+STORAGE_PREFIX = "pulsartx.storage."
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option. ``default`` is the parsed value used when the option is absent (None: no
+    default, or one computed at parse time, which ``default_text`` then describes); ``defaults``
+    overrides it per use. ``wrong_use`` is said when the option is given where it does not apply."""
+
+    name: str
+    uses: frozenset[str]
+    type: str
+    meaning: str
+    default: object = None
+    default_text: str | None = None
+    defaults: tuple[tuple[str, object], ...] = ()
+    minimum: int | None = None  # integer options: the smallest valid value
+    wrong_use: str = "remove it"
+    prefix: bool = False  # a family: ``pulsartx.storage.<KEY>``
+
+    def default_for(self, use: str) -> object:
+        """The default where ``use`` applies; ANY_READ (schema()) takes the plain default."""
+        return dict(self.defaults).get(use, self.default)
+
+    def used_by(self) -> str:
+        return ", ".join(u for u in USES if u in self.uses)
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    # ---- where and what -----------------------------------------------------------------------
+    OptionSpec("service.url", _ALL, "path or URL",
+               "The storage root: a local directory or `s3://bucket/prefix`.",
+               default_text="`$PULSARTX_SERVICE_URL`, else `./pulsartx-data`"),
+    OptionSpec("pulsartx.storage.<KEY>", _ALL, "string",
+               "An object-store setting passed to the storage layer as `KEY` (matched without case), e.g. "
+               "`pulsartx.storage.AWS_ENDPOINT_URL`, `pulsartx.storage.AWS_REGION`.", prefix=True),
+    OptionSpec("topic", _ALL, "topic name",
+               "Reads: the topic to read. Writes: the topic to write to; without it, each row's `__topic` "
+               "column names its topic. A `-partition-N` name reads one partition."),
+    OptionSpec("path", _ALL, "topic name",
+               "Set by Spark from `load(topic)`, `save(topic)` or `start(topic)`: the same as `topic`."),
+    OptionSpec("topics", _READS, "comma-separated topic names", "Several topics to read.",
+               wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
+    OptionSpec("topicsPattern", _READS, "regular expression",
+               "Read every topic one of whose names (`persistent://tenant/ns/t`, `tenant/ns/t`, or `t` in "
+               "public/default) the pattern fully matches; a stream picks up matching topics created later.",
+               wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
+    OptionSpec("subscription", frozenset({READ_STREAM}), "subscription name",
+               "Keep the stream's position in this durable subscription, acknowledged in the sink's "
+               "transaction when the sink is pulsartx; a query without a checkpoint resumes from it."),
+    # ---- how much -----------------------------------------------------------------------------
+    OptionSpec("startingOffsets", _READS, "`earliest`, `latest` or JSON",
+               "Where reading starts: `earliest`, `latest`, or "
+               '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest).',
+               default=None, default_text="read: `earliest`; readStream: `latest`"),
+    OptionSpec("endingOffsets", frozenset({READ}), "`latest` or JSON",
+               "Where a batch read ends (exclusive), in the same syntax as `startingOffsets`.",
+               default_text="`latest`",
+               wrong_use="a stream has no end (use Trigger.AvailableNow to stop at the data present when it starts)"),
+    OptionSpec("maxEntriesPerTrigger", frozenset({READ_STREAM}), "integer >= 1",
+               "At most this many entries per micro-batch, shared among partitions by backlog.",
+               default_text="no limit", minimum=1),
+    OptionSpec("maxEntriesPerPartition", _READS, "integer >= 1",
+               "A partition's range larger than this is split over several Spark tasks.",
+               default=500_000, minimum=1),
+    OptionSpec("minEntriesPerTask", frozenset({READ_STREAM}), "integer >= 0",
+               "A micro-batch's smaller partition ranges share a task of about this many entries; `0`: one "
+               "task per partition range.", default=50_000, minimum=0),
+    OptionSpec("failOnDataLoss", frozenset({READ_STREAM}), "boolean",
+               "Fail when offsets the query has not read were deleted (retention) or its topic was "
+               "re-created; `false` skips to what is there.", default=True),
+    OptionSpec("isolationLevel", _READS, "`READ_COMMITTED` or `READ_UNCOMMITTED`",
+               "`READ_COMMITTED` returns only committed messages; `READ_UNCOMMITTED` also open and aborted "
+               "ones.", default="READ_COMMITTED"),
+    # ---- writes -------------------------------------------------------------------------------
+    OptionSpec("transactional", _WRITES, "boolean",
+               "`true`: the job (or micro-batch) is one transaction. `false` (batch writes only): rows are "
+               "visible as tasks append them.", default=True),
+    OptionSpec("transactionKey", frozenset({WRITE_STREAM}), "string without `&`",
+               "The key that fences an older run of the same query; derived from `checkpointLocation` "
+               "when absent.", default_text="from `checkpointLocation`"),
+    OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
+               "Spark's query checkpoint; the sink needs it (or `transactionKey`) for exactly-once.",
+               default_text="`spark.sql.streaming.checkpointLocation`"),
+    OptionSpec("transactionTimeoutMs", _WRITES, "integer >= 1",
+               "The transaction's timeout in milliseconds: an abandoned job's transaction aborts after it.",
+               default=3_600_000, defaults=((WRITE_STREAM, 600_000),), minimum=1,
+               default_text="write: 3600000 (1 h); writeStream: 600000 (10 min)"),
+    OptionSpec("producerName", _WRITES, "string without `&`",
+               "The producer name recorded with the written messages.", default_text="generated"),
+    OptionSpec("createTopic", _WRITES, "boolean",
+               "Create the topic when it does not exist (with `partitions` partitions).", default=False),
+    OptionSpec("partitions", _WRITES, "integer >= 1",
+               "The partition count of a topic this write creates.", default=1, minimum=1),
+    OptionSpec("compressionType", _WRITES, "`NONE`, `LZ4`, `ZLib`, `ZSTD` or `SNAPPY`",
+               "The parquet codec of the written `value` column.", default="NONE"),
+    OptionSpec("saveMode", _WRITES, "`append`, `errorifexists` or `ignore`",
+               "With `mode(\"append\")`: `errorifexists` fails if the topic exists, `ignore` writes nothing if "
+               "it exists (Spark refuses those modes themselves for Python data sources).", default="append"),
+)
+
+# Keys Spark adds on its own that no pulsartx code reads: accepted, so Spark's API keeps working.
+SPARK_KEYS = ("paths", "queryName")
+
+_BY_KEY = {o.name.lower(): o for o in OPTIONS if not o.prefix}
+_ACCEPTED_EVERYWHERE = {k.lower() for k in SPARK_KEYS} | {"path", "checkpointlocation"}
+
+
+def spec(name: str) -> OptionSpec:
+    """The table's entry for ``name``: a KeyError at import time if code names an option the table lacks."""
+    return _BY_KEY[name.lower()]
+
+
+def _describe(uses: frozenset[str]) -> str:
+    return _USE_WORDS.get(uses) or " and ".join(u for u in USES if u in uses)
+
+
+def check_names(options: Mapping[str, str], use: str) -> None:
+    """Refuse every option the table does not list for ``use``. Unknown names get the nearest valid
+    one; known names given where they do not apply say where they belong."""
+    uses = _USE_SETS[use]
+    valid = [o.name for o in OPTIONS if uses & o.uses and not o.prefix]
+    for key in sorted(str(k).lower() for k in options):
+        if key in _ACCEPTED_EVERYWHERE:
+            continue
+        if key.startswith(STORAGE_PREFIX):
+            if len(key) == len(STORAGE_PREFIX):
+                raise InvalidConfiguration(f"option {STORAGE_PREFIX!r} has no key: write it as {STORAGE_PREFIX}<KEY>, "
+                                           f"e.g. {STORAGE_PREFIX}AWS_REGION")
+            continue
+        known = _BY_KEY.get(key)
+        if known is not None and uses & known.uses:
+            continue
+        if known is not None:
+            raise InvalidConfiguration(f"option {known.name} is for {_describe(known.uses)}: {known.wrong_use}")
+        guess = nearest(key, valid + [STORAGE_PREFIX + "<KEY>"])
+        if guess is not None:
+            hint = f"did you mean {guess!r}?"
+        else:
+            hint = f"the {API[use]} options are {', '.join(valid)} and {STORAGE_PREFIX}<KEY>"
+        raise UnknownOption(f"unknown option {key!r} for {API[use]}.format('pulsartx'): {hint} "
+                            "(every option: docs/options.md)")
