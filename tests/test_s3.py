@@ -78,6 +78,9 @@ def test_transactions_and_subscriptions_on_s3(s3_root):
     with client.new_transaction() as txn:
         for m in got:
             consumer.acknowledge(m, txn=txn)
+    # commit() returns at the decision; the background completer then applies the pending acks
+    # (docs/design/commit-at-the-decision-point.md): read the stores once it has.
+    client.flush()
     stats = client.admin.transactions.get_pending_ack_stats("t", "s")
     assert [s["pendingAckCount"] for s in stats] == [0, 0]
     with pytest.raises(pulsartx.Timeout):
@@ -101,3 +104,29 @@ def test_spark_read_and_write_on_s3(spark, s3_root):
     out = spark.read.format("pulsartx").options(**storage).option("service.url", url).option("topic", "out").load()
     assert out.count() == 20
     assert "secret-xyz" not in out._jdf.queryExecution().toString()
+
+
+def test_idle_probe_is_one_head(s3_root):
+    """An idle reader's probe for its next commit is one HEAD of the commit's key (s3fs's exists()
+    lists as well when the key is missing), and it sees the commit once it lands."""
+    from pulsartx.storage import delta
+    from pulsartx.storage.root import StorageRoot
+
+    url, options = s3_root
+    client = pulsartx.Client(url, storage_options=options)
+    client.admin.create_topic("t", partitions=1)
+    reader = client.create_reader("t", MessageId.latest)
+    with pytest.raises(pulsartx.Timeout):
+        reader.read_next(timeout_millis=50)
+    [w] = reader._fetchers[0].visible.next_commits()
+    assert not w.arrived()
+    root = StorageRoot.resolve(url, options)
+    calls: list[str] = []
+    real = root.fs.call_s3
+    root.fs.call_s3 = lambda method, *a, **kw: (calls.append(method), real(method, *a, **kw))[1]
+    assert not delta.LogTail(root, w.tail.segments).has_commit(w.version + 1)
+    assert calls == ["head_object"]
+    client.create_producer("t").send(b"x")
+    assert w.arrived()
+    assert reader.read_next(timeout_millis=5000).data() == b"x"
+    client.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +33,7 @@ from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.log.schema import MessageType
+from pulsartx.storage.delta import NextCommit
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,7 @@ class VisibilityReader:
         self.buffer = TransactionBuffer(plog)
         self._end = 0
         self._filter: VisibilityFilter | None = None
+        self._watch: list[NextCommit] = []  # see next_commits()
 
     @property
     def committed(self) -> bool:
@@ -209,10 +211,15 @@ class VisibilityReader:
 
     def end_position(self) -> int:
         """The offset below which records may be returned (refreshes the partition)."""
+        # Taken before anything is read, so that whatever lands meanwhile is still awaited (a TC
+        # log is shared by the threads of a process: another one may catch it up in between).
+        watch = [self.log.next_commit()]
         if not self.committed:
             self._end = self.log.end_offset()
+            self._watch = watch
             return self._end
         state = self.buffer.state()
+        tc_logs: dict[int, NextCommit] = {}
         if not state.ongoing or self.client is None:
             self._filter = state.filter()
         elif self._filter is None or any(k not in self._filter.decided_commits and k not in self._filter.aborted
@@ -220,11 +227,37 @@ class VisibilityReader:
             # An undecided transaction is asked about on every call, never cached: a commit is
             # visible to everyone from its decision on (read-your-writes across processes). A TC
             # log with nothing new costs one probe for its next commit.
+            tc_logs = self._tc_logs(state.ongoing)
             self._filter = resolved_filter(self.client._coordinators(), self.buffer)
         else:
             self._filter = self._refold(state)  # every ongoing one is decided, and decisions stand
-        self._end = self._filter.read_limit
+        f = self._filter
+        undecided = {key_txn(k)[0] for k in self.buffer.state(refresh=False).ongoing
+                     if k not in f.decided_commits and k not in f.aborted}
+        self._watch = watch + [nc for tc_id, nc in sorted(tc_logs.items()) if tc_id in undecided]
+        self._end = f.read_limit
         return self._end
+
+    def _tc_logs(self, keys: Iterable[int]) -> dict[int, NextCommit]:
+        """The next commit of the TC log of each of these transactions."""
+        out: dict[int, NextCommit] = {}
+        tcs = self.client._coordinators()
+        for tc_id in {key_txn(k)[0] for k in keys}:
+            try:
+                nc = tcs.tc(tc_id).txlog.log.next_commit()
+            except PulsarException as e:  # not watched: the reader's periodic full check asks the TC
+                log.debug("TC %d not watched: %s", tc_id, e)
+                continue
+            if nc is not None:
+                out[tc_id] = nc
+        return out
+
+    def next_commits(self) -> list[NextCommit]:
+        """The commits that can make more of this partition readable, for a reader idling at the end
+        :meth:`end_position` gave: the partition's next one, and the next one of each TC log holding
+        a transaction that is still undecided there. ``commit()`` returns at the decision, before
+        any marker is written, so the TC log's commit is what shows such a transaction first."""
+        return list(self._watch)
 
     def _refold(self, state: BufferState) -> VisibilityFilter:
         """Between TC checks, keep the decisions already made for transactions still ongoing."""

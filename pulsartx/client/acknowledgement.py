@@ -191,6 +191,8 @@ class Acknowledgement(ConsumerCore):
 
             try:
                 part.cursor = part.store.update(lambda c, f=apply: (f(c), c)[1])
+                if bumps:  # redelivered messages are deliverable from now: a waiting receive() looks
+                    self._local_change.set()
             except PulsarException as e:  # keep them for the next flush: an ack is never dropped
                 log.warning("persisting acknowledgements of %s failed, will retry: %s", self._name, e)
                 with self._lock:

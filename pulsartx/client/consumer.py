@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.acknowledgement import Acknowledgement
 from pulsartx.client.consumer_state import ConsumerType, InitialPosition, PartitionState
+from pulsartx.client.idle import IdleWait
 from pulsartx.client.receiving import Receiving
 from pulsartx.client.redelivery import Redelivery
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
@@ -44,9 +45,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                  initial_position: InitialPosition = InitialPosition.Latest, isolation_level: str = "READ_COMMITTED",
                  receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
                  negative_ack_redelivery_delay_ms: int = 60000, consumer_name: str | None = None,
-                 lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100):
+                 lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100,
+                 idle_poll_max_interval_ms: int | None = None):
         """Made by :meth:`Client.subscribe`, whose docstring lists the keywords."""
         check_subscription_name(subscription_name)
+        self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
+        self._local_change = threading.Event()
         if not isinstance(consumer_type, ConsumerType):
             raise InvalidConfiguration(f"consumer_type={consumer_type!r}: use pulsartx.ConsumerType.Exclusive, "
                                        "Failover or Shared")
@@ -145,6 +149,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                 part.held.clear()
                 part.nacked.clear()
                 part.cursor = None
+        self._local_change.set()
 
     def unsubscribe(self) -> None:
         """Delete the subscription and its state; the consumer is closed.

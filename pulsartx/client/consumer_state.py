@@ -15,9 +15,11 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from pulsartx.buffer.reads import VisibilityReader
+from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message
 from pulsartx.exceptions import AlreadyClosed
 from pulsartx.naming import TopicName
+from pulsartx.storage.delta import NextCommit
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.store import SubscriptionStore
@@ -61,6 +63,8 @@ class PartitionState:
     inflight_redeliver: list[int] = field(default_factory=list)
     cursor: CursorState | None = None
     last_resolve: float = 0.0
+    # The cursor log's next commit as of before the last cursor read: what an idle receive() awaits.
+    cursor_commit: NextCommit | None = None
 
     @property
     def index(self) -> int:
@@ -84,6 +88,8 @@ class ConsumerCore:
     _group_s: float
     _lock: threading.RLock
     _flush_lock: threading.Lock
+    _idle: IdleWait
+    _local_change: threading.Event  # set when this consumer's own state made a message deliverable
     _closed: bool
     _active: bool
     _leases: LeaseStore

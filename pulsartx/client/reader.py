@@ -11,6 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
+from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message, messages_from_table
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
@@ -22,10 +23,11 @@ if TYPE_CHECKING:
     from pulsartx.client.client import Client
 
 FETCH_MAX = 1000
-POLL_MIN_S, POLL_MAX_S = 0.005, 0.2
 # While other partitions have messages buffered, a caught-up partition (whose check costs a storage
 # refresh) is re-checked at most this often: reading n messages then costs O(n), not O(n x partitions).
 RECHECK_S = 0.05
+
+
 class PartitionFetcher:
     """Reads visible messages of one partition from a position onwards."""
 
@@ -59,8 +61,10 @@ class PartitionFetcher:
 class Reader:
     @checked_keywords()
     def __init__(self, client: Client, topic: str, start_message_id: MessageId, reader_name: str | None = None,
-                 start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED"):
+                 start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
+                 idle_poll_max_interval_ms: int | None = None):
         """Made by :meth:`Client.create_reader`, whose docstring lists the keywords."""
+        self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
         if not isinstance(start_message_id, MessageId):
             raise InvalidConfiguration(
                 f"start_message_id must be a MessageId (MessageId.earliest, MessageId.latest, or a message's id), "
@@ -105,18 +109,15 @@ class Reader:
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next visible message; waits for one, raising :class:`Timeout` after ``timeout_millis``."""
         self._check_open()
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        sleep = POLL_MIN_S
+        deadline = float("inf") if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
             ready = self._ready()
             if ready:
                 f = min(ready, key=lambda f: (f.buffer[0].publish_timestamp(), f.topic.partition))
                 return f.buffer.popleft()
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
-            wait = sleep if deadline is None else max(0.0, min(sleep, deadline - time.monotonic()))
-            time.sleep(wait)
-            sleep = min(POLL_MAX_S, sleep * 2)
+            self._idle.wait([w for f in self._fetchers for w in f.visible.next_commits()], deadline)
 
     def close(self) -> None:
         self._closed = True

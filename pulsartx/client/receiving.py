@@ -12,8 +12,9 @@ import time
 
 from pulsartx.client.consumer_state import ConsumerCore, ConsumerType, PartitionState, now_ms
 from pulsartx.client.message import Message, Records
-from pulsartx.client.reader import FETCH_MAX, POLL_MAX_S, POLL_MIN_S
+from pulsartx.client.reader import FETCH_MAX
 from pulsartx.exceptions import PulsarException, Timeout
+from pulsartx.storage.delta import NextCommit
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.ranges import RangeSet
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
@@ -35,21 +36,15 @@ class Receiving(ConsumerCore):
                     msg = part.queue.popleft()
                     part.held[msg._offset] = time.monotonic()
                     return msg
-        msg = self._next()
-        if msg is not None:
-            return msg
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        sleep = POLL_MIN_S
+        deadline = float("inf") if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
             msg = self._next()
             if msg is not None:
                 return msg
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise Timeout(f"no message on {self._topic} (subscription {self._subscription!r}) within "
                               f"{timeout_millis} ms")
-            wait = sleep if deadline is None else max(0.0, min(sleep, deadline - time.monotonic()))
-            time.sleep(wait)
-            sleep = min(POLL_MAX_S, sleep * 2)
+            self._wait_idle(deadline)
 
     def batch_receive(self, max_num_messages: int | None = None, timeout_millis: int = 100) -> list[Message]:
         """Whatever is available within ``timeout_millis`` (at most ``max_num_messages``, default the
@@ -75,7 +70,28 @@ class Receiving(ConsumerCore):
                 continue
             if out or time.monotonic() >= deadline:
                 break
-            time.sleep(min(POLL_MIN_S * 4, max(0.0, deadline - time.monotonic())))
+            self._wait_idle(deadline)
+        return out
+
+    def _wait_idle(self, deadline: float) -> None:
+        """Wait until something may have become deliverable (see :mod:`pulsartx.client.idle`), at
+        most until ``deadline`` or the first negative ack's redelivery delay ends."""
+        now = time.monotonic()
+        with self._lock:
+            nacks = [t for p in self._parts for t in p.nacked.values() if t > now]
+        self._idle.wait(self._watches(), min([deadline, *nacks]), self._local_change)
+
+    def _watches(self) -> list[NextCommit]:
+        """The logs whose next commit can make a message deliverable: each partition, the TC logs
+        of its undecided transactions, and the subscription's cursor log. None for a standby
+        (Failover) consumer, whose only way in is the lease the full check tries to take."""
+        if not self._active:
+            return []
+        out: list[NextCommit] = []
+        for part in self._parts:
+            out.extend(part.visible.next_commits())
+            if part.cursor_commit is not None:
+                out.append(part.cursor_commit)
         return out
 
     def __iter__(self):
@@ -131,6 +147,7 @@ class Receiving(ConsumerCore):
                 else:
                     del part.nacked[o]
             cums = [c for c in (part.cumulative, part.inflight_cumulative) if c is not None]
+        part.cursor_commit = part.store.log.next_commit()  # before the read: later changes are awaited
         cursor = part.store.cursor()
         if cursor is None or cursor.deleted:
             return

@@ -28,6 +28,7 @@ class Redelivery(ConsumerCore):
                     part.held.pop(o, None)
                     part.nacked[o] = until
                     part.redeliver.append(o)
+        self._local_change.set()  # a receive() waiting in another thread now has a timer to wait for
         self._release_claims()
 
     def redeliver_unacknowledged_messages(self) -> None:

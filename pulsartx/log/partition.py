@@ -337,6 +337,10 @@ class PartitionLog:
             self._index.apply_commit(version, actions)
         return self._index
 
+    def next_commit(self) -> delta.NextCommit:
+        """The commit after the ones the file index has applied (before it is loaded: version 0)."""
+        return delta.NextCommit(self._tail, -1 if self._index is None else self._index.version)
+
     @property
     def table_id(self) -> str:
         """The partition table's unique Delta id: its incarnation (a re-created topic is a new table)."""

@@ -264,6 +264,10 @@ class DeltaAppender:
         self._synced = time.monotonic()
         return True
 
+    def next_commit(self) -> delta.NextCommit:
+        """The commit after the ones this writer has applied (what an idle reader of the table waits for)."""
+        return delta.NextCommit(self._tail, self.version)
+
     def same_table(self) -> bool:
         """Whether the table here is still the one this writer loaded, not one deleted and
         re-created under the same path since (version 0 carries the table's unique id): a

@@ -405,6 +405,10 @@ class LogTail:
             raise CorruptedLog(f"commit {version} of {self.root.uri(*self.segments)} is not valid JSON "
                                f"({path}): {e}") from e
 
+    def has_commit(self, version: int) -> bool:
+        """Whether commit ``version`` exists, without reading it: one stat or HEAD (an idle reader's probe)."""
+        return self.root.has_file(*self.segments, "_delta_log", commit_file(version))
+
     def table_id(self) -> str | None:
         """The table's unique id, from version 0 (None: no version 0, the table is gone or its
         first commits were cleaned up after a checkpoint). A table deleted and re-created under the
@@ -420,6 +424,23 @@ class LogTail:
                 return
             yield v, actions
             v += 1
+
+
+@dataclass(frozen=True)
+class NextCommit:
+    """The commit a reader that has applied a table's log up to ``version`` waits for: the next one.
+    Probing for it is how an idle reader notices new data without re-reading anything."""
+
+    tail: LogTail
+    version: int
+
+    @property
+    def table(self) -> tuple[str, tuple[str, ...]]:
+        return self.tail.root.url, self.tail.segments
+
+    def arrived(self, version: int | None = None) -> bool:
+        """Whether commit ``version`` (default: the next one) exists."""
+        return self.tail.has_commit(self.version + 1 if version is None else version)
 
 
 @dataclass

@@ -186,6 +186,10 @@ class KeyedLog:
             raise
         return self._apply(rows)
 
+    def next_commit(self) -> delta.NextCommit | None:
+        """The commit after the ones applied here (None before the log is opened)."""
+        return None if self._appender is None else self._appender.next_commit()
+
     def replaced(self) -> bool:
         """Whether the table was deleted (and perhaps re-created) since this log loaded it."""
         return self._appender is not None and not self._appender.same_table()

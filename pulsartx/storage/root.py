@@ -394,6 +394,24 @@ class StorageRoot:
 
         return self._guarded("check", path, check)
 
+    def has_file(self, *segments: str) -> bool:
+        """Whether a file exists, in one request: a stat locally, a HEAD on S3. :meth:`exists` takes
+        two on S3 for a missing key (s3fs then lists, in case a folder has that name), and an idle
+        reader's probe for its next commit runs this many times a second. Errors reach the caller
+        unretried: a probe that fails is simply not an answer."""
+        path = self.fs_path(*segments)
+        faults.before(Op.LIST, path)
+        if self.is_local:
+            return os.path.exists(path)
+        if self.scheme != "s3":
+            return bool(self.fs.exists(path))
+        bucket, _, key = path.partition("/")
+        try:
+            self.fs.call_s3("head_object", self.fs.kwargs, Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return False
+        return True
+
     def listdir(self, *segments: str) -> list[str]:
         """Names of the direct children of a folder (empty when it does not exist)."""
         path = self.fs_path(*segments)
