@@ -34,11 +34,17 @@ BIG_RETENTION_MS = 10**12  # keep finished transactions in the TC log for the wh
 
 
 class Child:
-    """One child process running ``command(**args)`` from :data:`COMMANDS`."""
+    """One child process running ``command(**args)`` from :data:`COMMANDS` (or from the ``COMMANDS``
+    of another test module, ``script``, whose ``__main__`` calls :func:`main`); ``stdin``: a pipe the
+    parent may write commands to."""
+
+    script = HERE
+    stdin = False
 
     def __init__(self, command: str, **args: Any):
         self.command = command
-        self.proc = subprocess.Popen([sys.executable, HERE, command, json.dumps(args)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, self.script, command, json.dumps(args)],
+                                     stdin=subprocess.PIPE if self.stdin else None, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.lines: list[str] = []
         self._q: queue.Queue[str | None] = queue.Queue()
@@ -437,10 +443,10 @@ COMMANDS = {"crash_txn": crash_txn, "txn_worker": txn_worker, "sweeper": sweeper
             "lease_worker": lease_worker, "lease_holder": lease_holder}
 
 
-def main() -> None:
+def main(commands: dict[str, Any] | None = None) -> None:
     command, args = sys.argv[1], json.loads(sys.argv[2])
     try:
-        emit("RESULT", payload={"ok": True, "result": COMMANDS[command](**args)})
+        emit("RESULT", payload={"ok": True, "result": (commands or COMMANDS)[command](**args)})
     except BaseException:
         emit("RESULT", payload={"ok": False, "error": traceback.format_exc()})
     finally:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import json
 import os
 import queue
-import subprocess
-import sys
-import threading
 import time
 from typing import Any
 
 import pytest
-from _procs import Child, emit, hang
+from _procs import Child, emit, hang, main
 
 pytestmark = pytest.mark.timeout(240)
 HERE = os.path.abspath(__file__)
@@ -28,14 +25,7 @@ TOPIC = "persistent://public/default/in"
 class Proc(Child):
     """A child running ``command(**args)`` from this file's :data:`COMMANDS`."""
 
-    def __init__(self, command: str, **args: Any):  # no super().__init__(): it would start _procs.py
-        self.command = command
-        self.proc = subprocess.Popen([sys.executable, HERE, command, json.dumps(args)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+    script = HERE
 
     def all_events(self, name: str) -> list[Any]:
         """Every ``@@EVENT name`` the child printed (call once it is dead: reads to EOF)."""
@@ -304,12 +294,4 @@ def _wait_for(path: str, timeout: float = 120) -> None:
 COMMANDS = {"consume": consume, "even_odd": even_odd}
 
 if __name__ == "__main__":
-    import traceback
-
-    try:
-        emit("RESULT", payload={"ok": True, "result": COMMANDS[sys.argv[1]](**json.loads(sys.argv[2]))})
-    except BaseException:
-        emit("RESULT", payload={"ok": False, "error": traceback.format_exc()})
-    finally:
-        sys.stdout.flush()
-        os._exit(0)
+    main(COMMANDS)

@@ -12,14 +12,13 @@ import os
 import queue
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
 import pytest
-from _procs import Child, emit
+from _procs import Child, emit, main
 
 import pulsartx
 from pulsartx import InitialPosition, MessageId
@@ -39,14 +38,10 @@ def now() -> float:
 class Producer(Child):
     """The child: runs the commands written to its stdin (see :func:`serve`)."""
 
-    def __init__(self, **args: Any):  # no super().__init__(): it would start _procs.py
-        self.command = "serve"
-        self.proc = subprocess.Popen([sys.executable, HERE, "serve", json.dumps(args)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+    script, stdin = HERE, True
+
+    def __init__(self, **args: Any):
+        super().__init__("serve", **args)
 
     def do(self, *command: Any) -> Any:
         """Run one command in the child; its answer."""
@@ -287,12 +282,4 @@ def serve(root: str, topic: str, marker_delay_s: float) -> dict:
 COMMANDS = {"serve": serve}
 
 if __name__ == "__main__":
-    import traceback
-
-    try:
-        emit("RESULT", payload={"ok": True, "result": COMMANDS[sys.argv[1]](**json.loads(sys.argv[2]))})
-    except BaseException:
-        emit("RESULT", payload={"ok": False, "error": traceback.format_exc()})
-    finally:
-        sys.stdout.flush()
-        os._exit(0)
+    main(COMMANDS)
