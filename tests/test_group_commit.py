@@ -129,3 +129,83 @@ def test_cursor_updates_share_one_write_and_fail_alone(client):
     assert sorted(o for rs in cursor.pending.values() for a, b in rs.ranges() for o in range(a, b + 1)) == [
         0, 1, 2, 3, 4, 5, 7]
     consumer.close()
+
+
+# ---- background requests linger for company ---------------------------------------------------------
+def _recording_group():
+    from pulsartx.storage.group_commit import GroupCommit, Write
+
+    commits: list[list] = []
+    group = GroupCommit("test", threading.RLock(), commits.append, lambda: None)
+    return group, commits, lambda key: group.run(key, lambda: Write([key], key))
+
+
+def test_a_background_request_rides_in_the_next_foreground_commit():
+    """A decided transaction's completion (background) waits up to LINGER_S for the next request of
+    its log and shares its commit, instead of a commit of its own."""
+    from pulsartx.storage import group_commit
+
+    group, commits, request = _recording_group()
+
+    def completion() -> None:
+        with group_commit.background():
+            request("final of T1")
+
+    t = threading.Thread(target=completion)
+    t.start()
+    time.sleep(group_commit.LINGER_S / 4)
+    assert commits == []  # still lingering
+    request("registration of T2")
+    t.join()
+    assert commits == [["final of T1", "registration of T2"]]
+
+
+def test_a_lone_background_request_is_written_after_lingering_and_at_once_when_someone_waits():
+    from pulsartx.storage import group_commit
+
+    group, commits, request = _recording_group()
+    t0 = time.monotonic()
+    with group_commit.background():
+        request("alone")
+    assert commits == [["alone"]] and time.monotonic() - t0 >= group_commit.LINGER_S * 0.9
+
+    def completion() -> None:
+        with group_commit.background():
+            request("awaited")
+
+    with group_commit.urgent():  # a flush is waiting: nothing lingers
+        t0 = time.monotonic()
+        t = threading.Thread(target=completion)
+        t.start()
+        t.join()
+        assert time.monotonic() - t0 < group_commit.LINGER_S
+    assert commits[-1] == ["awaited"]
+
+
+def test_back_to_back_transactional_acks_fold_the_previous_completion_into_the_next_commits(client):
+    """A consumer acknowledging in transactions back to back: the previous transaction's
+    pending-ack commit and final record ride in the next transaction's acknowledgement and TC
+    writes, so each transaction costs its three commits on the critical path and nearly nothing after."""
+    client.admin.create_topic("ft", 1)
+    p = client.create_producer("ft")
+    for i in range(41):
+        p.send(f"m{i}".encode())
+    cons = client.subscribe("ft", "s", initial_position=InitialPosition.Earliest)
+    tc = client._coordinators().tc(0)
+    store = shared_store(client.root, TopicName.parse("ft").with_partition(0), "s")
+    txn = client.new_transaction()
+    cons.acknowledge_cumulative(cons.receive(5000), txn=txn)
+    txn.commit()
+    client.flush()
+    tc_commits, cursor_commits = tc._group.commits, store._cursor_updates.commits
+    for _ in range(40):
+        txn = client.new_transaction()
+        cons.acknowledge_cumulative(cons.receive(5000), txn=txn)
+        txn.commit()
+    client.flush()
+    # 2 TC commits (registration, decision) and 1 cursor write per transaction; the completions'
+    # own commits (2 more per transaction when each is written alone: 80 and 120) are a few at most
+    assert tc._group.commits - tc_commits <= 2 * 40 + 10
+    assert store._cursor_updates.commits - cursor_commits <= 40 + 10
+    [st] = client.admin.transactions.get_pending_ack_stats("ft", "s")
+    assert (st["markDeletePosition"], st["pendingAckCount"]) == (40, 0)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pulsartx.coordinator.state import TxnMeta
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.storage import delta
+from pulsartx.storage import delta, group_commit
 
 if TYPE_CHECKING:
     from pulsartx.coordinator.coordinator import TransactionCoordinator
@@ -57,22 +57,26 @@ class Completer:
 
     def _run(self, tc: TransactionCoordinator, meta: TxnMeta, track: bool = True) -> TxnMeta:
         try:
-            for attempt in range(ATTEMPTS):
-                try:
-                    final = tc._complete(meta)
-                except Exception as e:  # _complete reports, never raises, after a decision; be sure
-                    log.warning("completing %s failed: %s", meta.txn_id, e)
-                    final = meta
-                if final.status.is_final:
-                    return final
-                delta.backoff(attempt, base=0.05, cap=1.0)
-            log.warning("%s is %s but could not be completed here after %d attempts; the TC's recovery sweep "
-                        "finishes it (readers already see its outcome)", meta.txn_id, meta.status.value, ATTEMPTS)
-            return meta
+            with group_commit.background():  # folded into the next transaction's commits when one comes
+                return self._complete(tc, meta)
         finally:
             if track:
                 with self._lock:
                     self._inflight.pop(meta.txn_id, None)
+
+    def _complete(self, tc: TransactionCoordinator, meta: TxnMeta) -> TxnMeta:
+        for attempt in range(ATTEMPTS):
+            try:
+                final = tc._complete(meta)
+            except Exception as e:  # _complete reports, never raises, after a decision; be sure
+                log.warning("completing %s failed: %s", meta.txn_id, e)
+                final = meta
+            if final.status.is_final:
+                return final
+            delta.backoff(attempt, base=0.05, cap=1.0)
+        log.warning("%s is %s but could not be completed here after %d attempts; the TC's recovery sweep "
+                    "finishes it (readers already see its outcome)", meta.txn_id, meta.status.value, ATTEMPTS)
+        return meta
 
     def pending(self) -> int:
         with self._lock:
@@ -83,15 +87,20 @@ class Completer:
         with self._lock:
             futs = [f for t in txn_ids if (f := self._inflight.get(t)) is not None]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for f in futs:
-            try:
-                f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except Exception:  # a timeout, or a failure _run already logged
-                return
+        with group_commit.urgent():
+            for f in futs:
+                try:
+                    f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                except Exception:  # a timeout, or a failure _run already logged
+                    return
 
     def flush(self, timeout_s: float | None = 30.0) -> bool:
         """Wait for every queued completion, at most ``timeout_s``; False if some are still running
         (they stay decided, and recovery finishes them if this process stops first)."""
+        with group_commit.urgent():
+            return self._flush(timeout_s)
+
+    def _flush(self, timeout_s: float | None) -> bool:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_log = time.monotonic()
         while True:

@@ -3,6 +3,7 @@ and CommandEndTxnOnSubscription). Handlers are idempotent, so a TC may retry the
 they run in parallel so a commit's latency is one marker write, not one per partition."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,7 @@ from typing import Any
 
 from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
+from pulsartx.storage import group_commit
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.pendingack import end_transaction_on_subscription
 
@@ -43,6 +45,11 @@ def end_on_subscription(root: StorageRoot, meta: TxnMeta, sub: Subscription, act
     end_transaction_on_subscription(root, sub.topic, sub.subscription, meta.txn_id, action)
 
 
+def _as_caller(lingering: bool, fn: Any, *args: Any) -> None:
+    with group_commit.background() if lingering else contextlib.nullcontext():
+        fn(*args)
+
+
 def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> list[tuple[str, BaseException]]:
     """Apply the outcome everywhere; returns the participants that failed (to be retried later)."""
     jobs: list[tuple[str, Any, tuple]] = [(p, end_on_partition, (root, meta, p, action)) for p in sorted(meta.partitions)]
@@ -52,7 +59,8 @@ def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> 
         return failures
     # One participant, or called from a pool thread (which must not wait on the pool): inline.
     inline = len(jobs) == 1 or threading.current_thread().name.startswith(POOL_THREADS)
-    futures = [None if inline else _pool().submit(fn, *args) for _, fn, args in jobs]
+    lingering = group_commit.in_background()  # the pool threads write as the caller's thread would
+    futures = [None if inline else _pool().submit(_as_caller, lingering, fn, *args) for _, fn, args in jobs]
     for (name, fn, args), fut in zip(jobs, futures, strict=True):
         try:
             if fut is None:
