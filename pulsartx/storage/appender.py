@@ -198,7 +198,7 @@ class DeltaAppender:
         # until a lookup misses ``_apps``, or while the log is not in a form that reads.
         self._ids: dict[str, int] | None = None
         self._ids_retry_at = -1  # the version from which reading them is tried (again)
-        self._retention_ms: float | None = None  # the table's app-id retention (0: none known), once read
+        self._retention_ms: tuple[float | None | bool] | None = None  # (app_id_retention_ms,), once read
         # (expiry ms, app id, version) of app ids that expire within EXPIRING_SOON_MS of being applied
         # (marker guards): forgotten here when Delta forgets them, so a long-lived writer's memory
         # holds the last hour's guards, not every guard it ever saw.
@@ -219,7 +219,7 @@ class DeltaAppender:
         if app_id in self._apps:
             return self._apps[app_id]
         if self._ids is None and self.version >= self._ids_retry_at:
-            retention = delta.app_id_retention_ms(self.table)
+            retention = self._app_id_retention()
             ids = None if retention is False else delta.read_app_ids(self.root, self.segments, self.version, retention,
                                                                      CHECKPOINT_INTERVAL)
             if ids is None:  # not readable as this reads it (now): delta-rs answers until the log moves on
@@ -231,6 +231,7 @@ class DeltaAppender:
 
     def _apply(self, version: int, actions: list[dict[str, Any]], foreign: bool = True) -> None:
         now = time.time() * 1000
+        retention = self._retention()
         for a in actions:
             if "txn" in a:
                 app_id, v = a["txn"]["appId"], int(a["txn"]["version"])
@@ -238,8 +239,8 @@ class DeltaAppender:
                 if isinstance(self._ids, dict):
                     self._ids[app_id] = v
                 updated = a["txn"].get("lastUpdated")
-                if updated is not None and self._retention() and updated + self._retention() - now < EXPIRING_SOON_MS:
-                    heapq.heappush(self._expiring, (updated + self._retention(), app_id, v))
+                if updated is not None and retention and updated + retention - now < EXPIRING_SOON_MS:
+                    heapq.heappush(self._expiring, (updated + retention, app_id, v))
             elif "add" in a and self.track_max is not None:
                 v = delta.parse_stats(a["add"].get("stats")).get("maxValues", {}).get(self.track_max)
                 if v is not None and (self.max_value is None or int(v) > self.max_value):
@@ -337,12 +338,16 @@ class DeltaAppender:
         ]
         return self._commit(actions, commit_id, apps, set(), [add] if add is not None else [])
 
+    def _app_id_retention(self) -> float | None | bool:
+        """:func:`delta.app_id_retention_ms` of the table, read once per snapshot handle."""
+        if self._retention_ms is None:
+            self._retention_ms = (delta.app_id_retention_ms(self.table),)
+        return self._retention_ms[0]
+
     def _retention(self) -> float:
         """The table's app-id retention in ms; 0 when app ids never expire (or it cannot be read)."""
-        if self._retention_ms is None:
-            retention = delta.app_id_retention_ms(self.table)  # None (never expire) or False (unread): none
-            self._retention_ms = float(retention) if retention else 0.0
-        return self._retention_ms
+        retention = self._app_id_retention()
+        return float(retention) if retention else 0.0
 
     def _last_updated(self, app_id: str, now: int, lifetimes_ms: Mapping[str, int] | None) -> int:
         life = (lifetimes_ms or {}).get(app_id)

@@ -36,6 +36,7 @@ LINGER_S = 0.01
 _BACKGROUND = threading.local()
 _LINGER = threading.Condition()  # lingering requests wait on it; urgent() and finished requests wake them
 _urgent = 0  # threads waiting for background work right now
+_lingering = 0  # background requests lingering right now (finishers skip the wake-up when none)
 
 
 @contextlib.contextmanager
@@ -54,18 +55,26 @@ def urgent() -> Iterator[None]:
 
 
 def _linger(done: threading.Event) -> None:
+    global _lingering
     deadline = time.monotonic() + LINGER_S
     with _LINGER:
-        while not done.is_set() and not _urgent:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            _LINGER.wait(left)
+        _lingering += 1  # before reading ``done``: a finisher that saw 0 had set it already
+        try:
+            while not done.is_set() and not _urgent:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                _LINGER.wait(left)
+        finally:
+            _lingering -= 1
 
 
 def _wake_lingering() -> None:
-    with _LINGER:
-        _LINGER.notify_all()
+    """After setting a request's ``done``: wake lingering threads, if any (every group's requests
+    finish here, so the common case, nobody lingering, takes no lock)."""
+    if _lingering:
+        with _LINGER:
+            _LINGER.notify_all()
 
 
 @contextlib.contextmanager
