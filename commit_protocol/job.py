@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from commit_protocol.driver import driver_coordinators
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
@@ -59,7 +60,7 @@ class JobTransaction:
         prefix = producer_name or f"spark-{uuid.uuid4().hex[:12]}"
         if not transactional:
             return cls(root, None, prefix, timeout_ms)
-        tcs = Coordinators.shared(root, recover_on_open=True)
+        tcs = driver_coordinators(root, recover_on_open=True)
         tc = tcs.tc(tcs.pick())
         parts = sorted(set(partitions))
         meta = tc.new_transaction(timeout_ms, owner=None, properties=properties, partitions=parts)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,14 +31,15 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import WriterCommitMessage
 
 from commit_protocol import handoff
+from commit_protocol.driver import driver_coordinators, driver_jvm
 from commit_protocol.job import JobTransaction
 from pulsartx.buffer.state import txn_key
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
-from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
-from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, TransactionNotFound
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot, read_url_text
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
@@ -76,31 +76,11 @@ def query_id(checkpoint: str | None) -> str:
         return ""
 
 
-def _driver_jvm() -> tuple[int, str]:
-    """(pid, start time) of the JVM that started this Python worker: the nearest ``java`` ancestor.
-    ``streamWriter()`` runs in different workers (planner workers, daemon-forked sink runners) from
-    batch to batch, but always under the one driver JVM of the query run."""
-    pid = os.getpid()
-    for _ in range(16):
-        try:
-            stat = open(f"/proc/{pid}/stat").read()
-        except OSError:
-            break
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        if comm == "java":
-            return pid, fields[19]
-        pid = int(fields[1])
-        if pid <= 1:
-            break
-    return os.getppid(), "?"
-
-
 def connection_id(checkpoint: str | None) -> str:
     """This query run's identity for fencing: the driver JVM (host, pid, start time) and the
     checkpoint. Spark refuses two active runs of one checkpoint in one JVM, so a different JVM (or
     checkpoint) under the same transaction key is a different run."""
-    pid, start = _driver_jvm()
+    pid, start = driver_jvm()
     return f"{socket.gethostname()}:{pid}:{start}:{checkpoint or ''}"
 
 
@@ -116,13 +96,12 @@ class MicroBatchTransaction:
               producer_name: str | None = None, connection: str | None = None,
               partitions: frozenset[str] = frozenset()) -> MicroBatchTransaction:
 
-        tcs = Coordinators.shared(root)
-        tc_id = tcs.pick(full_key(OWNER, key))
-        keys = tcs.keys(tc_id)
+        tcs = driver_coordinators(root)
+        keys = tcs.key_store_of(full_key(OWNER, key))
         epoch, previous = keys.claim_connection(OWNER, key, connection or connection_id(checkpoint))
         if previous:
             fence_all(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
-        tc = tcs.tc(tc_id)
+        tc = tcs.tc(tcs.pick())  # the driver's leased TC; the key's epoch stays on the TC it hashes to
         meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch, partitions=partitions)
         try:
             earlier = keys.attach(OWNER, key, epoch, meta.txn_id)
@@ -144,7 +123,7 @@ class MicroBatchTransaction:
         return cls(JobTransaction(root, txn, f"stream-{key}", timeout_ms), key, -1, checkpoint)
 
     def _tcs(self):
-        return Coordinators.shared(self.job.root)
+        return driver_coordinators(self.job.root)
 
     def batch_token(self, batch_id: int) -> str:
         """A batch's identity: Spark's query id (kept in ``<checkpoint>/metadata``, new when a
@@ -155,18 +134,38 @@ class MicroBatchTransaction:
     def committed_by(self, batch_id: int) -> str | None:
         """The transaction of this key that already committed ``batch_id``, if any.
 
-        Searched in the key's TC log, which holds every transaction of the key still retained, and
-        whose compaction always keeps the key's latest committed one: the only batch Spark replays
-        is the latest, so its committing transaction is found however many transactions the key
-        began since (the key row lists only the last few: a crash loop pushed it off that list)."""
+        Only the key's latest committed transaction can have: Spark replays only its latest batch,
+        and a key has one open transaction at a time, so its transactions commit in the order the
+        key row lists them. Walking that list from the newest usually ends at the previous batch,
+        one or two lookups. When none listed committed (a crash loop pushed the committed one off
+        the list), the TC logs the key used are searched: their compaction always keeps the key's
+        latest committed transaction, and the key row keeps naming every TC it used."""
         tcs = self._tcs()
         token = self.batch_token(batch_id)
-        for meta in tcs.tc(tcs.pick(full_key(OWNER, self.key))).transactions(refresh=True):
-            if (meta.transaction_key == self.key and meta.owner == OWNER and meta.txn_id != self.job.txn_id
-                    and meta.properties.get(BATCH_PROPERTY) == token
-                    and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)):
-                return str(meta.txn_id)
+        listed = tcs.key_store_of(full_key(OWNER, self.key)).txn_ids(OWNER, self.key)
+        refreshed: set[int] = set()
+        for t in reversed(listed):
+            if t == self.job.txn_id:
+                continue
+            meta = self._lookup(t, refresh=t.most_bits not in refreshed)
+            refreshed.add(t.most_bits)
+            if meta is not None and self._committed_of_key(meta):
+                return str(t) if meta.properties.get(BATCH_PROPERTY) == token else None
+        for tc_id in sorted({tcs.pick(full_key(OWNER, self.key))} | {t.most_bits for t in listed}):
+            for meta in tcs.tc(tc_id).transactions(refresh=True):
+                if self._committed_of_key(meta) and meta.properties.get(BATCH_PROPERTY) == token:
+                    return str(meta.txn_id)
         return None
+
+    def _lookup(self, txn: TxnID, refresh: bool):
+        try:
+            return self._tcs().for_txn(txn).get(txn, refresh=refresh)
+        except TransactionNotFound:
+            return None  # trimmed: finished, and not the latest committed of its log
+
+    def _committed_of_key(self, meta) -> bool:
+        return (meta.transaction_key == self.key and meta.owner == OWNER and meta.txn_id != self.job.txn_id
+                and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
         done = self.committed_by(batch_id)

@@ -3,6 +3,9 @@ since (a query in a crash loop begins one per restart)."""
 from __future__ import annotations
 
 import json
+import zlib
+
+import pytest
 
 from commit_protocol.microbatch import MicroBatchTransaction
 from pulsartx.coordinator.keys import MAX_TXNS_PER_KEY
@@ -65,3 +68,61 @@ def test_a_zombie_batchs_late_cumulative_ack_does_not_block_the_next_batch(tmp_p
     batch.commit([], batch_id=0)
     cursor = store.cursor()
     assert (cursor.mark_delete, cursor.pending_cumulative, cursor.pending) == (9, None, {})
+
+
+def test_a_batch_committed_on_another_tc_before_a_crash_loop_is_still_known_committed(tmp_path, monkeypatch):
+    """Micro-batches begin on the TC their driver leases, so the runs of one query spread over
+    several TC logs while the key's epoch stays on the TC the key hashes to. A run that committed
+    batch 7 on one TC, then more than 32 restarts under other drivers (other leases), and the replay
+    still finds the commit: the key row keeps naming every TC the key used."""
+    from commit_protocol import driver
+    from pulsartx.coordinator.keys import full_key
+    from pulsartx.coordinator.registry import Coordinators
+
+    root = StorageRoot.resolve(str(tmp_path / "root"))
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata").write_text(json.dumps({"id": "query-3"}) + "\n")
+    monkeypatch.setattr(driver, "driver_lease_owner", lambda: "host:1:spark-driver-first")
+    first = MicroBatchTransaction.begin(root, "k3", str(ck), timeout_ms=600_000, connection="run-0")
+    first.commit([], batch_id=7)
+    committed_tc = first.job.txn_id.most_bits
+    tcs_used = {committed_tc}
+    for run in range(1, MAX_TXNS_PER_KEY + 8):
+        monkeypatch.setattr(driver, "driver_lease_owner", lambda run=run: f"host:{run + 1}:spark-driver-{run}")
+        batch = MicroBatchTransaction.begin(root, "k3", str(ck), timeout_ms=600_000, connection=f"run-{run}")
+        tcs_used.add(batch.job.txn_id.most_bits)
+    assert len(tcs_used) > 1  # the runs did spread over several TC logs
+    tcs = Coordinators.shared(root)
+    listed = tcs.key_store_of(full_key("spark-streaming", "k3")).txn_ids("spark-streaming", "k3")
+    assert {t.most_bits for t in listed} == tcs_used and len(listed) <= MAX_TXNS_PER_KEY + tcs.count
+    replay = MicroBatchTransaction.begin(root, "k3", str(ck), timeout_ms=600_000, connection="run-last")
+    assert replay.committed_by(7) == str(first.job.txn_id)
+    assert replay.committed_by(8) is None
+    # Steady state: the previous batch is found by the walk over the key row.
+    replay.commit([], batch_id=8)
+    nxt = MicroBatchTransaction.begin(root, "k3", str(ck), timeout_ms=600_000, connection="run-last")
+    assert nxt.committed_by(8) == str(replay.job.txn_id) and nxt.committed_by(9) is None
+
+
+def test_a_batch_on_the_drivers_tc_commits_only_while_its_run_holds_the_key(tmp_path, monkeypatch):
+    """The TC a batch began on checks the key's epoch on the key's own TC: a newer run whose claim
+    died before it could fence the batch still stops the batch from committing."""
+    from commit_protocol import driver
+    from pulsartx.coordinator.keys import full_key
+    from pulsartx.coordinator.registry import Coordinators
+    from pulsartx.exceptions import TransactionFenced
+
+    root = StorageRoot.resolve(str(tmp_path / "root"))
+    tcs = Coordinators.shared(root)
+    home = tcs.pick(full_key("spark-streaming", "k4"))
+    owner = next(o for o in (f"host:9:spark-driver-{i}" for i in range(100))
+                 if zlib.crc32(o.encode()) % tcs.count != home)
+    monkeypatch.setattr(driver, "driver_lease_owner", lambda: owner)
+    ok = MicroBatchTransaction.begin(root, "k4", None, timeout_ms=600_000, connection="run-0")
+    assert ok.job.txn_id.most_bits != home
+    ok.commit([], batch_id=0)
+    batch = MicroBatchTransaction.begin(root, "k4", None, timeout_ms=600_000, connection="run-0")
+    tcs.key_store_of(full_key("spark-streaming", "k4")).claim_connection("spark-streaming", "k4", "run-1")
+    with pytest.raises(TransactionFenced):
+        batch.commit([], batch_id=1)

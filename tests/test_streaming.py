@@ -441,6 +441,16 @@ def test_pipeline_exactly_once_in_key_order_then_checkpoint_deleted(spark: Any, 
     # Each batch's transaction carries the input acknowledgement (the subscription) with its outputs.
     assert all(any(s.subscription == "enrich" for s in m.subscriptions) for m in committed)
     assert client.admin.transactions.get_transaction_key(key, owner=OWNER)["transaction_key"] == key
+    # Every micro-batch began on the one TC the driver leases (its Python workers share the lease),
+    # while the key's epoch stays on the TC the key hashes to.
+    from pulsartx.coordinator.registry import Coordinators
+
+    (tc_id,) = {m.txn_id.most_bits for m in txns}
+    tcs = Coordinators(client.root, recover_on_open=False)
+    lease = tcs.tc(tc_id).txlog.lease()
+    assert lease is not None and not lease.released and ":spark-driver-" in lease.owner
+    assert lease.owner.split(":")[1] != str(os.getpid())  # the JVM's, not this test process's
+    assert [row for tc in tcs.all() for row in tc.transactions() if row.txn_id.most_bits != tc_id] == []
 
     # A second pipeline (own subscription and checkpoint) reads the same input in the same batches:
     # each batch ends where one of the first pipeline's did, whose hand-off record for its last batch

@@ -164,3 +164,26 @@ def test_more_processes_than_logs_share_them_and_stay_exact(tmp_path):
     assert all(len(set(r["tcs"])) == 1 for r in results)  # a process without a lease sticks to one log too
     assert sorted(committed_values(pulsartx.Client(root), TOPIC)) == sorted(
         f"{w}:{i}".encode() for w in range(4) for i in range(12))
+
+
+def test_processes_of_one_owner_name_share_its_lease(tmp_path):
+    """A Spark driver's Python workers lease under the driver's name: the first takes a log, the
+    others adopt that lease instead of taking logs of their own, and their renewals do not take it
+    from each other."""
+    from pulsartx.coordinator.registry import Coordinators
+
+    root = StorageRoot.resolve(_root(tmp_path, tcs=4))
+    workers = [Coordinators(root, recover_on_open=False) for _ in range(3)]
+    for w in workers:
+        w.use_lease_owner("host:1:spark-driver-7")
+    tc_ids = [w.pick() for w in workers]
+    assert len(set(tc_ids)) == 1
+    lease = _lease_row(str(root.url), tc_ids[0])
+    assert (lease.owner, lease.epoch, lease.released) == ("host:1:spark-driver-7", 0, False)
+    for _ in range(3):  # each renews in turn; none loses the lease to another's renewal
+        for w in workers:
+            w._renew_at = 0.0
+            assert w.pick() == tc_ids[0] and w.leased is not None
+    assert _lease_row(str(root.url), tc_ids[0]).epoch == 0
+    other = Coordinators(root, recover_on_open=False)
+    assert other.pick() != tc_ids[0]  # another client's name: a log of its own

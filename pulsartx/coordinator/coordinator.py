@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pulsartx import metrics
 from pulsartx.coordinator.completer import Completer
-from pulsartx.coordinator.keys import TransactionKeyStore
+from pulsartx.coordinator.keys import TransactionKeyStore, full_key
 from pulsartx.coordinator.lease import TcLease
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
@@ -68,12 +68,16 @@ class SweepResult:
 
 class TransactionCoordinator:
     def __init__(self, root: StorageRoot, tc_id: int, config: CoordinatorConfig | None = None,
-                 keys: TransactionKeyStore | None = None, completer: Completer | None = None):
+                 keys: TransactionKeyStore | None = None, completer: Completer | None = None,
+                 key_home: Callable[[str], TransactionKeyStore] | None = None):
         self.root = root
         self.tc_id = tc_id
         self.config = config or CoordinatorConfig()
         self.txlog = TransactionLog(root, tc_id, self.config.compact_every, self.config.finished_retention_ms)
-        self.keys = keys or TransactionKeyStore(root, tc_id)  # a keyed transaction's key lives on its TC
+        self.keys = keys or TransactionKeyStore(root, tc_id)  # the keys that hash to this TC
+        # Where a transaction key's epoch lives, by ``owner&key``: the TC it hashes to, which need
+        # not be this one (a Spark driver begins its micro-batches on the TC it leases).
+        self._key_home = key_home
         self._lock = threading.RLock()
         self._group = GroupCommit(f"TC {tc_id}", self._lock, self.txlog.write_many, self.txlog.refresh,
                                   max_attempts=MAX_CAS_ATTEMPTS)
@@ -345,7 +349,8 @@ class TransactionCoordinator:
             meta = self._require(txn_id)
         if meta.transaction_key is None or meta.epoch is None or meta.status is not TxnStatus.OPEN:
             return
-        current = self.keys.current_epoch(meta.owner, meta.transaction_key)
+        keys = self.keys if self._key_home is None else self._key_home(full_key(meta.owner, meta.transaction_key))
+        current = keys.current_epoch(meta.owner, meta.transaction_key)
         if current == meta.epoch:
             return
         reason = f"{REASON_FENCED}: transaction key {meta.transaction_key!r} is at epoch {current}"

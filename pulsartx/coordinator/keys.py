@@ -179,7 +179,7 @@ class TransactionKeyStore:
                     f"transaction key {key!r} (owner {owner!r}) is at epoch {current}, this client holds epoch {epoch}: "
                     "a newer client claimed the key, so this one may not begin transactions")
             txns = (old["txn_ids"] or []) + [{"most_bits": txn_id.most_bits, "least_bits": txn_id.least_bits}]
-            return {**old, "seq": old["seq"] + 1, "txn_ids": txns[-MAX_TXNS_PER_KEY:], "updated_ms": now}
+            return {**old, "seq": old["seq"] + 1, "txn_ids": _trimmed(txns), "updated_ms": now}
 
         old, _ = self._update(k, change)
         return [TxnID(t["most_bits"], t["least_bits"]) for t in old["txn_ids"] or []]
@@ -207,3 +207,17 @@ class TransactionKeyStore:
                                    [TxnID(t["most_bits"], t["least_bits"]) for t in r["txn_ids"] or []],
                                    r["claimed_ms"], now - r["claimed_ms"])
                 for r in self.log.rows.values() if not r["deleted"]]
+
+
+def _trimmed(txns: list[dict[str, int]]) -> list[dict[str, int]]:
+    """The key's last ``MAX_TXNS_PER_KEY`` transactions, plus the latest one on each other TC its
+    transactions began on (oldest first). The TCs a key ever used stay named, so a search for the
+    batch it committed last knows every TC log to look in, however many restarts came since."""
+    kept = txns[-MAX_TXNS_PER_KEY:]
+    tcs = {t["most_bits"] for t in kept}
+    older = []
+    for t in reversed(txns[:-MAX_TXNS_PER_KEY]):
+        if t["most_bits"] not in tcs:
+            tcs.add(t["most_bits"])
+            older.append(t)
+    return older[::-1] + kept

@@ -5,8 +5,10 @@ The TC count is fixed when the root is first used (default 16, as in Pulsar) and
 
 A transaction with a transaction key goes to the TC its key hashes to (its epochs live there).
 Any other begins on the TC this process holds the lease of (``lease.py``): the first such
-transaction takes the lease of a free log, trying the logs from a random one on, and later ones
-renew it after a third of ``lease_ms``. With every log leased by live processes, a process picks
+transaction takes the lease of a free log, trying the logs from one its owner name hashes to on,
+and later ones renew it after a third of ``lease_ms``. Processes that share an owner name (the
+Python workers of one Spark driver) share its lease: whichever comes first takes it, the others
+adopt it. With every log leased by live processes, a process picks
 one log at random and shares it by compare-and-set, trying for a lease again a lease period later.
 """
 from __future__ import annotations
@@ -100,6 +102,19 @@ class Coordinators:
             log.warning("num_coordinators=%d ignored: %s already has %d TCs", count, self.root.url, stored)
         return stored
 
+    def use_lease_owner(self, owner: str) -> None:
+        """Lease under ``owner`` instead of this process's own name: several processes that act as
+        one client (a Spark driver's Python workers) then hold one lease between them."""
+        with self._lease_lock:
+            if owner == self.lease_owner:
+                return
+            held = self._lease is not None
+        if held:
+            self.release()
+        with self._lease_lock:
+            self.lease_owner = owner
+            self._retry_at = 0.0
+
     def pick(self, key: str | None = None) -> int:
         """A client's TC: by hash of its transaction key when it has one, else the leased one (or,
         with leases off, round-robin)."""
@@ -110,7 +125,7 @@ class Coordinators:
                 return next(self._rr)
         with self._lease_lock:
             now = time.monotonic()
-            if self._lease is not None and self.tc(self._lease[0]).txlog.lease() != self._lease[1]:
+            if self._lease is not None and not _same(self.tc(self._lease[0]).txlog.lease(), self._lease[1]):
                 self._lost()  # the log, as last read, shows another owner's lease
             if self._lease is not None and (now < self._renew_at or self._renew()):
                 return self._lease[0]
@@ -140,7 +155,7 @@ class Coordinators:
         tc_id, mine = self._lease
         renewed = self._new_lease(mine.epoch)
         try:
-            _, written = self.tc(tc_id).change_lease(lambda cur: renewed if cur == mine else None)
+            _, written = self.tc(tc_id).change_lease(lambda cur: renewed if _same(cur, mine) else None)
         except Exception as e:
             log.warning("renewing the lease on TC %d failed (%s); retrying in 1 s", tc_id, e)
             self._renew_at = time.monotonic() + 1.0
@@ -158,8 +173,10 @@ class Coordinators:
         self._lease = None
 
     def _acquire(self) -> int | None:
-        """Take the lease of the first free TC log from a random one on; None when all are held."""
-        start = random.randrange(self.count)
+        """Take the lease of the first free TC log from the one our owner name hashes to on (random
+        for a process's own name; the same log for every process of a shared name), or adopt the
+        unexpired lease a process of our name holds. None when all are held by others."""
+        start = zlib.crc32(self.lease_owner.encode()) % self.count
         for i in range(self.count):
             tc_id = (start + i) % self.count
             tc = self.tc(tc_id)
@@ -170,6 +187,8 @@ class Coordinators:
                 if cur is not None and not cur.held_by(self.lease_owner) \
                         and not cur.free_for(now_ms(), self.config.max_clock_skew_ms):
                     return None
+                if cur is not None and cur.held_by(self.lease_owner) and now_ms() < cur.expires_ms:
+                    return None  # ours already (another process of our name): adopt it
                 return self._new_lease(0 if cur is None else cur.epoch + 1)
 
             try:
@@ -177,6 +196,10 @@ class Coordinators:
             except Exception as e:
                 log.warning("taking the lease on TC %d failed (%s); trying the next TC", tc_id, e)
                 continue
+            if not written and lease is not None and lease.held_by(self.lease_owner) and now_ms() < lease.expires_ms:
+                self._lease, self._renew_at = (tc_id, lease), 0.0  # another process of our name took it
+                log.debug("sharing the lease on TC %d with another process of owner %s", tc_id, self.lease_owner)
+                return tc_id
             if not written or lease is None:
                 continue
             self._held(tc_id, lease)
@@ -202,7 +225,7 @@ class Coordinators:
             self._lease = None
             gone = TcLease(mine.owner, mine.epoch, now_ms(), released=True)
             try:
-                self.tc(tc_id).change_lease(lambda cur: gone if cur == mine else None)
+                self.tc(tc_id).change_lease(lambda cur: gone if _same(cur, mine) else None)
             except Exception as e:  # it expires by itself
                 log.info("releasing the lease on TC %d failed (%s); it expires in %d ms", tc_id, e,
                          self.config.lease_ms)
@@ -215,11 +238,16 @@ class Coordinators:
             tc = self._tcs.get(tc_id)
             if tc is None:
                 tc = self._tcs[tc_id] = TransactionCoordinator(self.root, tc_id, self.config, keys=self._key_store(tc_id),
-                                                           completer=self.completer)
+                                                           completer=self.completer, key_home=self.key_store_of)
         return tc.open(recover=self.recover_on_open) if not tc._opened else tc
 
     def for_txn(self, txn_id: TxnID) -> TransactionCoordinator:
         return self.tc(txn_id.most_bits)
+
+    def key_store_of(self, full: str) -> TransactionKeyStore:
+        """The store of transaction key ``owner&key``: on the TC it hashes to, wherever its
+        transactions begin."""
+        return self.keys(self.pick(full))
 
     def keys(self, tc_id: int) -> TransactionKeyStore:
         with self._lock:
@@ -234,3 +262,9 @@ class Coordinators:
 
     def all(self) -> list[TransactionCoordinator]:
         return [self.tc(i) for i in range(self.count)]
+
+
+def _same(current: TcLease | None, mine: TcLease) -> bool:
+    """Whether the log's lease is still the one we hold: same owner and epoch, not released. Its
+    expiry may have moved on: another process of our owner name renewed it."""
+    return current is not None and not current.released and (current.owner, current.epoch) == (mine.owner, mine.epoch)
