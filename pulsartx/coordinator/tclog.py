@@ -107,20 +107,36 @@ class TransactionLog:
         self.log = KeyedLog(root, tc_segments(tc_id), ENTRY_SCHEMA,
                             key_of=lambda r: str(r["txnid_least_bits"]), name=f"tc-{tc_id}-log",
                             compact_every=compact_every)
+        self._parsed: dict[int, tuple[dict[str, Any], TxnMeta]] = {}  # least bits -> (row, its meta)
 
     def open(self) -> TransactionLog:
         self.log.open()
         return self
 
+    def _meta(self, r: dict[str, Any]) -> TxnMeta:
+        """The row's TxnMeta, parsed once per row: a log keeps every transaction finished in the
+        last ``finished_retention_ms``, tens of thousands under load, and compaction and sweeps look
+        at all of them."""
+        key = r["txnid_least_bits"]
+        hit = self._parsed.get(key)
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        meta = row_to_meta(r)
+        self._parsed[key] = (r, meta)
+        return meta
+
     def refresh(self) -> list[TxnMeta]:
-        return [row_to_meta(r) for r in self.log.refresh() if not is_lease_row(r)]
+        return [self._meta(r) for r in self.log.refresh() if not is_lease_row(r)]
 
     def get(self, least_bits: int) -> TxnMeta | None:
         r = self.log.get(str(least_bits)) if least_bits != LEASE_KEY else None
-        return None if r is None else row_to_meta(r)
+        return None if r is None else self._meta(r)
 
     def all(self) -> list[TxnMeta]:
-        return [row_to_meta(r) for r in self.log.rows.values() if not is_lease_row(r)]
+        rows = self.log.rows
+        if len(self._parsed) > 2 * len(rows) + 1024:  # trimmed rows' entries
+            self._parsed = {k: v for k, v in self._parsed.items() if rows.get(str(k)) is v[0]}
+        return [self._meta(r) for r in rows.values() if not is_lease_row(r)]
 
     # ---- the lease (pulsartx/coordinator/lease.py) ----------------------------------------------
     def lease(self) -> TcLease | None:
@@ -178,21 +194,29 @@ class TransactionLog:
 
         # The latest transaction of each transaction key, and its latest committed one, are kept
         # whatever their age: a streaming sink replaying its last batch asks whether it committed.
-        latest: dict[str, int] = {}
-        committed: dict[str, int] = {}
-        for m in self.all():
-            if m.transaction_key is not None:
-                k = f"{m.owner}&{m.transaction_key}"
-                latest[k] = max(latest.get(k, -1), m.txn_id.least_bits)
-                if m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
-                    committed[k] = max(committed.get(k, -1), m.txn_id.least_bits)
-        keep_ids = set(latest.values()) | set(committed.values())
+        # Worked out on the first row asked about: a minor compaction asks about none.
+        keep_ids: set[int] | None = None
+
+        def keyed_to_keep() -> set[int]:
+            latest: dict[str, int] = {}
+            committed: dict[str, int] = {}
+            for m in self.all():
+                if m.transaction_key is not None:
+                    k = f"{m.owner}&{m.transaction_key}"
+                    latest[k] = max(latest.get(k, -1), m.txn_id.least_bits)
+                    if m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+                        committed[k] = max(committed.get(k, -1), m.txn_id.least_bits)
+            return set(latest.values()) | set(committed.values())
 
         def keep(r: dict[str, Any]) -> bool:
+            nonlocal keep_ids
             if is_lease_row(r):
                 return True
-            m = row_to_meta(r)
-            return (not m.status.is_final or now_ms - m.last_modified_ms < self.finished_retention_ms
-                    or m.txn_id.least_bits in keep_ids)
+            m = self._meta(r)
+            if not m.status.is_final or now_ms - m.last_modified_ms < self.finished_retention_ms:
+                return True
+            if keep_ids is None:
+                keep_ids = keyed_to_keep()
+            return m.txn_id.least_bits in keep_ids
 
         return self.log.compact(keep)

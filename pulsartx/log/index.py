@@ -103,9 +103,14 @@ class FileIndex:
         self.version = version
 
     def apply_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
+        """One commit's adds and removes. An append at the end (every ordinary commit) costs O(1):
+        the offset list is rebuilt only when files are removed or land out of order, as a
+        rebuild per commit made a busy partition's refresh grow with its file count."""
         removed = {a["remove"]["path"] for a in actions if "remove" in a}
+        rebuild = False
         if removed:
             self._files = [f for f in self._files if f.path not in removed]
+            rebuild = True
         for a in actions:
             if "add" in a:
                 f = data_file_from_add(a["add"])
@@ -113,9 +118,13 @@ class FileIndex:
                     continue
                 if not self._files or f.min_offset > self._files[-1].min_offset:
                     self._files.append(f)
+                    if not rebuild:
+                        self._mins.append(f.min_offset)
                 else:
                     bisect.insort(self._files, f)
-        self._mins = [f.min_offset for f in self._files]
+                    rebuild = True
+        if rebuild:
+            self._mins = [f.min_offset for f in self._files]
         self.version = version
 
     @property

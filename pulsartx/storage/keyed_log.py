@@ -7,8 +7,13 @@ whole state plus a per-key sequence number, so
     key's bucket, and any concurrent commit to the same bucket after our snapshot makes it fail,
     after which the caller re-reads and re-validates (the spurious conflicts between keys that
     share a bucket only cost a retry; bucketing bounds the number of app ids Delta keeps);
-  * compaction (the snapshot) rewrites the live rows into one file in one overwrite commit, so
-    opening costs the live keys plus the entries since the last compaction, not the history.
+  * compaction (the snapshot) rewrites rows in one commit, so opening costs the live keys plus
+    the entries since the last compaction, not the history. It is two-level, as an LSM tree's: a
+    *minor* compaction rewrites only the files since the last compaction (the latest rows of the
+    keys they touched) into one; a *full* one rewrites every live row into one file, dropping the
+    rows ``keep`` rejects, once the minor files hold as many rows as the last full one left or
+    number ``MAX_MINOR_FILES``. A log that keeps tens of thousands of live rows (a TC log retains
+    finished transactions for minutes) so rewrites a few rows per commit, not all of them.
 
 The TC log, the transaction-key table, subscription cursors and pending-ack stores are KeyedLogs.
 """
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 BUCKETS = 256
 SEQ = "seq"
 MAX_CAS_ATTEMPTS = 500
+MAX_MINOR_FILES = 32  # minor compactions between two full ones, at most
 T = TypeVar("T")
 
 
@@ -55,6 +61,13 @@ class KeyedLog:
         self._reopen = False  # our writer lost track of the table (see _lost_track)
         self.files_since_compaction = 0
         self.appended = 0
+        # Two-level compaction: the files as of the last compaction (None: unknown, the next one is
+        # full), the keys written since, and what the minor ones wrote since the last full one.
+        self._base: set[str] | None = None
+        self._touched: set[str] = set()
+        self._minor_files = 0
+        self._minor_rows = 0
+        self._live_at_full = 0
 
     @property
     def version(self) -> int:
@@ -83,6 +96,7 @@ class KeyedLog:
         self._active = set(files)
         self._apply(rows)
         self.files_since_compaction = len(files)
+        self._base = None
         self._reopen = False
         return self
 
@@ -121,6 +135,7 @@ class KeyedLog:
         changed = []
         for r in rows:
             k = self.key_of(r)
+            self._touched.add(k)
             cur = self._rows.get(k)
             if cur is None or r[SEQ] > cur[SEQ]:
                 self._rows[k] = r
@@ -146,6 +161,7 @@ class KeyedLog:
         reloaded before they are trusted again."""
         self._reopen = True
         self._active = None
+        self._base = None
 
     def refresh(self) -> list[dict[str, Any]]:
         """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
@@ -169,6 +185,7 @@ class KeyedLog:
             return
         if any("remove" in a for a in actions):
             self.files_since_compaction = len(adds)
+            self._base = None  # another writer's compaction: ours starts over with a full one
         else:
             self.files_since_compaction += len(adds)
         self._pending.extend(adds)
@@ -332,11 +349,13 @@ class KeyedLog:
         return self.files_since_compaction >= self.compact_every
 
     def compact(self, keep: Callable[[dict[str, Any]], bool]) -> bool:
-        """Rewrite the live rows (those ``keep`` accepts) as one file replacing every active file.
+        """Rewrite rows as one file: the files since the last compaction (minor), or every live row
+        ``keep`` accepts, replacing every active file (full). See the module for which.
 
         Correct under concurrency: the commit removes only the files of its own snapshot, so an
         entry committed concurrently survives; a concurrent compaction makes one of the two give up
-        (ConcurrentCommit), and we skip this round.
+        (ConcurrentCommit), and we skip this round. A minor compaction keeps every key's latest row
+        whatever ``keep`` says: dropping it would bring back the key's older row in a base file.
 
         Written by our appender as one OPTIMIZE commit with the removes (a few ms). Through
         ``write_deltalake(mode="overwrite")`` it cost ~120 ms (bringing the handle over the ~100-200
@@ -351,11 +370,20 @@ class KeyedLog:
             if not fast:
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
-            live = pa.Table.from_pylist([r for r in self._rows.values() if keep(r)], schema=self.schema)
+            full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
+                    or self._minor_rows >= max(self._live_at_full, self.compact_every))
+            if full:
+                rows = [r for r in self._rows.values() if keep(r)]
+                removes = sorted(self._active or ())
+            else:
+                assert self._active is not None and self._base is not None
+                rows = [self._rows[k] for k in sorted(self._touched) if k in self._rows]
+                removes = sorted(self._active - self._base)
+            live = pa.Table.from_pylist(rows, schema=self.schema)
             if fast:
                 # Superseded and trimmed rows are dropped: a data change in Delta's terms
                 # (docs/design/compaction-commits.md).
-                writer.rewrite([(live, True)], [(p, None, True) for p in sorted(self._active)])
+                writer.rewrite([(live, True)], [(p, None, True) for p in removes])
             else:
                 writer.write_with_deltalake(live, mode="overwrite")
                 self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
@@ -370,6 +398,13 @@ class KeyedLog:
             log.info("%s compaction skipped (storage fault; reloading before the next decision): %s", self.name, e)
             return False
         self._flush()
-        self._rows = {k: v for k, v in self._rows.items() if keep(v)}
-        self.files_since_compaction = len(self._active) if self._active is not None else 1
+        if full:
+            self._rows = {k: v for k, v in self._rows.items() if keep(v)}
+            self._minor_files, self._minor_rows, self._live_at_full = 0, 0, len(self._rows)
+        else:
+            self._minor_files += 1
+            self._minor_rows += len(rows)
+        self._base = set(self._active) if self._active is not None else None
+        self._touched = set()
+        self.files_since_compaction = 0 if self._active is not None else 1
         return True
