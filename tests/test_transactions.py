@@ -570,3 +570,23 @@ def test_stuck_transaction_blocks_no_longer_than_its_timeout(root):
     assert read(live, "stuck", RU) == [b"before", b"stuck", b"after1", b"after2"]
     live.close()
     dead.close()
+
+
+def test_a_producer_keeps_nothing_of_its_ended_transactions(client):
+    """A long-running producer's per-transaction queue state goes when the transaction ends. Fails
+    before the fix: one queue key and flush lock per transaction and partition piled up (holding
+    every Transaction alive), and each commit scanned them all, so a process's commits got slower
+    the longer it ran."""
+    client.admin.create_topic("churn", 2)
+    p = client.create_producer("churn")
+    for i in range(60):
+        txn = client.new_transaction()
+        p.send_async(f"a{i}".encode(), None, partition_key="a", txn=txn)
+        p.send_async(f"b{i}".encode(), None, partition_key="b", txn=txn)
+        txn.commit() if i % 3 else txn.abort()
+    p.send(b"plain")
+    assert set(p._txn_keys) <= {None}
+    assert all(k[1] is None for k in p._flush_locks) and len(p._flush_locks) <= 2
+    client.flush()
+    values = sorted(m.data() for m in client.create_reader("churn", MessageId.earliest))
+    assert values == sorted([b"plain"] + [f"{s}{i}".encode() for i in range(60) if i % 3 for s in "ab"])

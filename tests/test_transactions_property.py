@@ -118,6 +118,7 @@ def test_random_interleavings_match_the_model(base, scenario):
                 for part in touched.get(tid, ()):
                     expected_markers[(part, "TXN_COMMIT" if st_ == "committed" else "TXN_ABORT",
                                       txns[tid].id.as_tuple())] += 1
+        client.flush()  # markers follow a decision in the background
         assert count_markers(str(root), "prop", nparts) == expected_markers
     finally:
         client.close()

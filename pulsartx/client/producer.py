@@ -89,6 +89,10 @@ class Producer:
         self._lock = threading.Lock()
         self._queues: dict[tuple[int, Any], list[_Pending]] = {}
         self._flush_locks: dict[tuple[int, Any], threading.Lock] = {}
+        # The queue keys of each transaction (None: plain sends), so that a commit looks at its own
+        # keys only and an ended transaction's keys can go (they piled up, one per transaction and
+        # partition, and each commit scanned them all).
+        self._txn_keys: dict[Any, list[tuple[int, Any]]] = {}
         self._append_locks = {p.partition: threading.Lock() for p in self._partitions}
         self._first_enqueued: dict[tuple[int, Any], float] = {}
         self._closed = False
@@ -226,6 +230,7 @@ class Producer:
                 self._first_enqueued[key] = time.monotonic()
                 if key not in self._flush_locks:
                     self._flush_locks[key] = threading.Lock()
+                    self._txn_keys.setdefault(txn, []).append(key)
             q.append(p)
             p.full = len(q) >= self._max_messages
         return p
@@ -351,9 +356,11 @@ class Producer:
         # A batch the flush loop already took is being appended right now: let it finish before the
         # abort is logged (as Pulsar's abort waits for the transaction's in-flight sends), so it
         # neither fails half-way against an ABORTING transaction nor lands after the decision.
-        for key in [k for k in list(self._flush_locks) if k[1] is txn]:
-            with self._flush_locks[key]:
-                pass
+        for key in self._keys_of(txn):
+            lock = self._flush_locks.get(key)
+            if lock is not None:
+                with lock:
+                    pass
 
     def transaction_partitions(self, txn: Any) -> set[str]:
         """The partitions that messages queued under ``txn`` go to (to register them all at once)."""
@@ -363,7 +370,25 @@ class Producer:
     def flush_transaction(self, txn: Any, registered: bool = False) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first);
         ``registered``: the transaction registered their partitions already."""
-        self._flush_keys([k for k in list(self._flush_locks) if k[1] is txn], registered)
+        self._flush_keys(self._keys_of(txn), registered)
+
+    def _keys_of(self, txn: Any) -> list[tuple[int, Any]]:
+        with self._lock:
+            return list(self._txn_keys.get(txn, ()))
+
+    def forget_transaction(self, txn: Any) -> None:
+        """``txn`` was decided: drop its queue keys and flush locks (a queue a late send refilled
+        stays until it is flushed and refused)."""
+        with self._lock:
+            keys = self._txn_keys.pop(txn, [])
+            left = [k for k in keys if self._queues.get(k)]
+            for k in keys:
+                if k not in left:
+                    self._flush_locks.pop(k, None)
+                    self._queues.pop(k, None)
+                    self._first_enqueued.pop(k, None)
+            if left:
+                self._txn_keys[txn] = left
 
 
 _SEND = frozenset(keyword_defaults(Producer.send))

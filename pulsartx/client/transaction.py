@@ -298,6 +298,8 @@ class Transaction:
             self.state = TransactionState.ERROR  # outcome unknown: commit()/abort() again asks the TC
             raise
         self.state = _DECIDED[meta.status]
+        for p in list(self._producers):
+            p.forget_transaction(self)
 
     def __enter__(self) -> Transaction:
         return self
