@@ -436,6 +436,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     tenth = args.seconds / 10
     first = sum(1 for t in txns if start <= t[3] < start + tenth)
     last = sum(1 for t in txns if deadline - tenth <= t[3] <= deadline)
+    tenths = [sum(1 for t in txns if start + i * tenth <= t[3] < start + (i + 1) * tenth) for i in range(10)]
     e2e, wait, look, queued = [], [], [], []
     for payload, look_start, look_end, received in consumer["got"]:
         w, s, _ = payload.split(":")
@@ -454,7 +455,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     return {
         "procs": procs, "ok": ok, "check": check_text,
         "txns": len(txns), "tps": sum(1 for t in txns if t[3] <= deadline) / args.seconds,
-        "first": first, "last": last, "growth": last / first if first else float("nan"),
+        "tenths": tenths, "first": first, "last": last, "growth": last / first if first else float("nan"),
         "commit_p50": percentile([t[2] for t in txns], 0.5), "commit_p99": percentile([t[2] for t in txns], 0.99),
         "txn_p50": percentile([t[3] - t[1] for t in txns], 0.5),
         "e2e_p50": percentile(e2e, 0.5), "e2e_p99": percentile(e2e, 0.99), "e2e_n": len(e2e),
@@ -489,6 +490,7 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
     print(f"[{store}] {s['procs']} process(es), {seconds:g} s: {s['tps']:.1f} txn/s ({s['txns']} txns, "
           f"{s['failed']} failed; first tenth {s['first']}, last tenth {s['last']}; 1-minute load average "
           f"{os.getloadavg()[0]:.1f} after the step)")
+    print(f"    transactions per tenth of the window: {s['tenths']}")
     print(f"    commit() p50 {ms(s['commit_p50'])} p99 {ms(s['commit_p99'])} ms; new_transaction() to commit() "
           f"return p50 {ms(s['txn_p50'])} ms")
     print(f"    commit -> consumer p50 {ms(s['e2e_p50'])} p99 {ms(s['e2e_p99'])} ms ({s['e2e_n']} messages, "

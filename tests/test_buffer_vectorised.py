@@ -238,7 +238,9 @@ def test_buffer_snapshots_every_n_folded_records_without_markers(client):
     for i in range(3):
         plog.append(build_records([b"x"] * 40, producer_name="p", sequence_ids=list(range(40 * i, 40 * i + 40))),
                     producer_name="p")
-        TransactionBuffer(PartitionLog(client.root, part), snapshot_every_records=100).state()
+        buf = TransactionBuffer(PartitionLog(client.root, part), snapshot_every_records=100)
+        buf.state()
+        buf.wait_for_snapshot()  # written in the background
     assert SnapshotStore(client.root, part).load().end_offset == 120  # not at 40 or 80: below 100 records
     reads = []
     fresh = PartitionLog(client.root, part)

@@ -6,13 +6,20 @@ every ``snapshot_every_txns`` markers or ``snapshot_interval_s`` seconds, whiche
 every ``snapshot_every_records`` records folded: a partition holding a few large transactions (a
 Spark job's) or none at all has few markers, and without it every new reader (each Spark query
 plans with fresh buffers) would re-fold the whole partition.
+
+A snapshot that falls due while reading is taken (as an Arrow table) on the reader's thread and
+written on a background thread: the write opens and overwrites a Delta table (50-150 ms), which
+on a consumer's path put that much into the commit-to-receive tail. A snapshot only spares
+folding, so one that fails to land costs the next reader a longer fold, nothing else.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from pulsartx.buffer.snapshot import SnapshotStore
+from pulsartx.buffer.snapshot import SnapshotStore, state_to_table
 from pulsartx.buffer.state import FOLD_COLUMNS, BufferState
 from pulsartx.log.partition import PartitionLog
 
@@ -21,6 +28,16 @@ SNAPSHOT_EVERY_TXNS = 100
 SNAPSHOT_INTERVAL_S = 60.0
 SNAPSHOT_EVERY_RECORDS = 200_000
 FOLD_CHUNK = 200_000
+_WRITER: ThreadPoolExecutor | None = None
+_WRITER_LOCK = threading.Lock()
+
+
+def _writer() -> ThreadPoolExecutor:
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None:
+            _WRITER = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-tb-snapshot")
+        return _WRITER
 
 
 class TransactionBuffer:
@@ -34,6 +51,7 @@ class TransactionBuffer:
         self.snapshot_every_records = snapshot_every_records
         self._state: BufferState | None = None
         self._last_snapshot_time = time.monotonic()
+        self._writing: Future[bool] | None = None
 
     @property
     def snapshots(self) -> SnapshotStore:
@@ -64,10 +82,23 @@ class TransactionBuffer:
         due = s.markers_since_snapshot >= self.snapshot_every_txns or (
             s.markers_since_snapshot and time.monotonic() - self._last_snapshot_time >= self.snapshot_interval_s) or (
             s.end_offset - max(s.snapshot_offset, 0) >= self.snapshot_every_records)
-        if due:
-            self.take_snapshot()
+        if due and (self._writing is None or self._writing.done()):
+            table = state_to_table(s)
+            s.snapshot_offset, s.markers_since_snapshot = s.end_offset, 0
+            self._last_snapshot_time = time.monotonic()
+            try:
+                self._writing = _writer().submit(self.snapshots.write, table)
+            except RuntimeError:  # the interpreter is exiting: a snapshot only spares folding
+                self._writing = None
+
+    def wait_for_snapshot(self) -> None:
+        """Block until a snapshot being written in the background has landed (or failed)."""
+        if self._writing is not None:
+            self._writing.result()
 
     def take_snapshot(self) -> bool:
+        """A snapshot now, on this thread (after any being written in the background)."""
+        self.wait_for_snapshot()
         s = self.state(refresh=False)
         ok = self.snapshots.save(s)
         self._last_snapshot_time = time.monotonic()

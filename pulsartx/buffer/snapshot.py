@@ -142,16 +142,22 @@ class SnapshotStore:
         return None
 
     def save(self, state: BufferState) -> bool:
+        if not self.write(state_to_table(state)):
+            return False
+        state.snapshot_offset = state.end_offset
+        state.markers_since_snapshot = 0
+        return True
+
+    def write(self, table: pa.Table) -> bool:
+        """Write a snapshot already taken (``state_to_table``); False when it could not be."""
         t = delta.open_table(self.root, *self.segments)
         if t is None:
             delta.create_table(self.root, SNAPSHOT_SCHEMA, *self.segments, name="transaction-buffer-snapshot",
                                configuration=delta.stats_config(["offset"]))
             t = delta.open_table(self.root, *self.segments)
         try:
-            delta.write(t, state_to_table(state), mode="overwrite")
+            delta.write(t, table, mode="overwrite")
         except Exception as e:
             log.debug("snapshot of %s skipped: %s", self.segments, e)
             return False
-        state.snapshot_offset = state.end_offset
-        state.markers_since_snapshot = 0
         return True
