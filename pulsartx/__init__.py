@@ -18,6 +18,7 @@ from pulsartx.exceptions import (
 from pulsartx.log.compression import CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.schema import MessageType
+from pulsartx.maintenance import merging as _merging  # noqa: F401  (writers merge small files: registers itself)
 from pulsartx.naming import TopicName
 
 __version__ = "0.1.0"

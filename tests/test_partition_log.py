@@ -217,6 +217,15 @@ def _count_read_commit(plog: PartitionLog) -> list[tuple[int, bool]]:
     return calls
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_background_merges():
+    """These tests count the commits and files a read or open touches; a writer's background merge
+    of small files (tested in test_small_file_merging.py) adds both."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(partition_mod, "MERGE_EVERY", 0)
+        yield
+
+
 @pytest.fixture(scope="module")
 def long_log(tmp_path_factory) -> str:
     """A root whose one partition has N single-message commits (built once, copied per test)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,11 @@ MAX_APPEND_ATTEMPTS = 200
 # Kept for the table's retention (7 days) instead, the guards were most of a busy partition's
 # checkpoints and app-id lookups (docs/design/short-lived-marker-guards.md).
 GUARD_LIFETIME_MS = 3_600_000
+# Every this many versions the writing process merges the partition's small files in the
+# background (pulsartx/maintenance/merging.py); 0 turns that off.
+MERGE_EVERY = 64
+# What runs then: the merge scheduler registers itself here, as maintenance sits above the log.
+EVERY_MERGE_INTERVAL: list[Callable[[StorageRoot, TopicName], None]] = []
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
 
 
@@ -269,6 +274,9 @@ class PartitionLog:
         codecs = next((i.codecs for i in items if i.codecs is not None), {"value": CompressionType.NONE.parquet_codec})
         guards = {i.guard_app_id: GUARD_LIFETIME_MS for i in items if i.guard_app_id is not None}
         version = writer.append(data, apps, codecs=codecs, lifetimes_ms=guards)
+        if version is not None and MERGE_EVERY > 0 and version % MERGE_EVERY == 0:
+            for hook in EVERY_MERGE_INTERVAL:
+                hook(self.root, self.topic)
         at = next_offset
         for i in items:
             k = i.rows.num_rows

@@ -66,7 +66,19 @@ def rewrite_plan(files: list[DataFile], kept: pa.Table) -> tuple[list[tuple[pa.T
     return parts, [(f.path, f.size, c) for f, c in zip(files, changed, strict=True)]
 
 
-def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 2) -> CompactionResult:
+def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 2,
+                      attempts: int = 5) -> CompactionResult:
+    """Compact, planning again when a concurrent change removed some of the same files first (a
+    writer's background merge of small files, another compaction, retention)."""
+    for attempt in range(attempts):
+        res = _compact_once(root, partition, min_files)
+        if res.skipped is None or not res.skipped.startswith("concurrent change") or attempt == attempts - 1:
+            return res
+        delta.backoff(attempt)
+    return res
+
+
+def _compact_once(root: StorageRoot, partition: TopicName, min_files: int) -> CompactionResult:
     plog = PartitionLog(root, partition)
     index = plog.refresh()
     state = TransactionBuffer(plog).state()

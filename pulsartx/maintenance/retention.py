@@ -73,7 +73,21 @@ def _needed_by_the_log(plog: PartitionLog, state: BufferState, doomed: list[Data
 
 
 def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | None = None,
-                    max_bytes: int | None = None, force: bool = False) -> RetentionResult:
+                    max_bytes: int | None = None, force: bool = False, attempts: int = 5) -> RetentionResult:
+    """Delete the oldest files past the limits, planning again when a concurrent change removed
+    some of them first (a writer's background merge of small files, a compaction)."""
+    for attempt in range(attempts):
+        try:
+            return _retention_once(root, partition, max_age_ms, max_bytes, force)
+        except delta.ConcurrentCommit:
+            if attempt == attempts - 1:
+                raise
+            delta.backoff(attempt)
+    raise AssertionError("unreachable")
+
+
+def _retention_once(root: StorageRoot, partition: TopicName, max_age_ms: int | None, max_bytes: int | None,
+                    force: bool) -> RetentionResult:
     plog = PartitionLog(root, partition)
     index = plog.refresh()
     files = index.files

@@ -1,0 +1,126 @@
+"""Small-file merging: keep a busy partition's file count (and so its checkpoints, its file
+index and every reader's planning) from growing with its history.
+
+A small transaction appends one file per participant and one more for its marker, so a busy
+partition gains thousands of files a minute. Merging rewrites runs of consecutive files into one,
+*without dropping or changing a row*: offsets, markers, aborted data and open transactions' data
+all stay as they were. That is why it needs no transaction state and no horizon, unlike compaction
+(``compaction.py``), and may run in the writing process at any time. The commit is an OPTIMIZE at
+``dataChange=false`` (docs/design/compaction-commits.md).
+
+The plan is size-tiered, as in an LSM tree: a file's tier is ``floor(log_FANOUT(records))``, and
+the oldest run of ``FANOUT`` consecutive files of one tier becomes one file of the next tier. Each
+row is so rewritten about ``log_FANOUT(rows)`` times over its life, never once per merge, and files
+of ``FANOUT ** MAX_TIER`` records or more are left alone.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from pulsartx.log import partition as partition_log
+from pulsartx.log.index import DataFile
+from pulsartx.log.partition import PartitionLog, read_files
+from pulsartx.log.schema import RECORD_SCHEMA
+from pulsartx.naming import TopicName
+from pulsartx.storage import delta
+from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.root import StorageRoot
+
+log = logging.getLogger(__name__)
+FANOUT = 32
+MAX_TIER = 3  # files of FANOUT**3 (32,768) records or more are never merged
+MAX_RUNS_PER_PASS = 8
+_POOL: ThreadPoolExecutor | None = None
+_QUEUED: set[tuple[str, str]] = set()
+_LOCK = threading.Lock()
+
+
+def tier(records: int) -> int:
+    return 0 if records < FANOUT else int(math.log(records, FANOUT) + 1e-9)
+
+
+def plan_run(files: list[DataFile]) -> list[DataFile] | None:
+    """The oldest run of FANOUT consecutive files (in offset order) of one tier below MAX_TIER."""
+    start = 0
+    for i in range(1, len(files) + 1):
+        if i == len(files) or tier(files[i].num_records) != tier(files[start].num_records):
+            t = tier(files[start].num_records)
+            if i - start >= FANOUT and t < MAX_TIER:
+                return files[start:start + FANOUT]
+            start = i
+    return None
+
+
+def merge_small_files(root: StorageRoot, partition: TopicName, max_runs: int = MAX_RUNS_PER_PASS) -> int:
+    """Merge up to ``max_runs`` runs; returns how many files were replaced. A concurrent change to
+    the same files (another merge, a compaction, retention) makes it stop until the next pass."""
+    plog = PartitionLog(root, partition)
+    merged = 0
+    writer: DeltaAppender | None = None
+    for _ in range(max_runs):
+        index = plog.refresh()
+        run = plan_run(index.files)
+        if run is None:
+            break
+        rows = read_files(root, plog.segments, run, run[0].min_offset, run[-1].max_offset + 1)
+        if rows.num_rows != sum(f.num_records for f in run):
+            raise RuntimeError(f"{partition}: files {run[0].path}..{run[-1].path} read back "
+                               f"{rows.num_rows} rows, their statistics say {sum(f.num_records for f in run)}")
+        if writer is None:
+            writer = DeltaAppender(root, plog.segments, delta.open_table(root, *plog.segments, version=index.version),
+                                   RECORD_SCHEMA)
+            if not writer.fast:
+                return 0  # a store without put-if-absent: leave it to `pulsartx compact`
+        try:
+            writer.rewrite([(rows, False)], [(f.path, f.size, False) for f in run])
+        except delta.ConcurrentCommit as e:
+            log.info("merging small files of %s stopped (a concurrent change): %s", partition, e)
+            break
+        merged += len(run)
+    if merged:
+        log.debug("merged %d small files of %s", merged, partition)
+    return merged
+
+
+def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
+    """Merge on the process's merge thread, once per partition at a time. A failed merge changed
+    nothing (its commit either landed whole or not at all) and is only logged."""
+    global _POOL
+    key = (root.url, str(partition))
+    with _LOCK:
+        if key in _QUEUED:
+            return
+        _QUEUED.add(key)
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-merge")
+        pool = _POOL
+
+    def run() -> None:
+        try:
+            merge_small_files(root, partition)
+        except Exception as e:
+            log.info("merging small files of %s failed (nothing changed; retried later): %s", partition, e)
+        finally:
+            with _LOCK:
+                _QUEUED.discard(key)
+
+    try:
+        pool.submit(run)
+    except RuntimeError:  # the interpreter is exiting
+        with _LOCK:
+            _QUEUED.discard(key)
+
+
+def wait_for_merges() -> None:
+    """Block until every merge scheduled so far has run (tests, orderly shutdown)."""
+    with _LOCK:
+        pool = _POOL
+    if pool is not None:
+        pool.submit(lambda: None).result()
+
+
+if schedule_merge not in partition_log.EVERY_MERGE_INTERVAL:
+    partition_log.EVERY_MERGE_INTERVAL.append(schedule_merge)
