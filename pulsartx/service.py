@@ -18,6 +18,7 @@ from typing import Any
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.maintenance.merging import merge_small_files
 from pulsartx.storage.delta import StorageUnavailable
 
 log = logging.getLogger("pulsartx.service")
@@ -30,6 +31,7 @@ class ServiceStats:
     completed: int = 0
     failed: int = 0
     compacted_files: int = 0
+    merged_files: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -65,6 +67,7 @@ class CoordinatorService:
                     return
                 try:
                     TransactionBuffer(PartitionLog(self.client.root, p)).state()  # folds; snapshots when due
+                    self.stats.merged_files += merge_small_files(self.client.root, p)
                     if compact:
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)

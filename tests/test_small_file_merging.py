@@ -100,3 +100,25 @@ def test_the_writing_process_merges_in_the_background(tmp_path, monkeypatch):
         assert len(files) < 2 * FANOUT
         assert [m for _, m in _everything(c, "bg", "READ_COMMITTED")] == [f"{i}".encode() for i in range(4 * FANOUT)]
     assert merging._QUEUED == set()
+
+
+def test_the_coordinator_service_merges_small_files_on_each_pass(tmp_path):
+    from pulsartx.service import CoordinatorService
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("svc", 1)
+        p = c.create_producer("svc")
+        for i in range(3 * FANOUT):
+            t = c.new_transaction()
+            p.send(f"{i}".encode(), txn=t)
+            t.commit()
+        c.flush()
+        part = TopicName.parse("svc-partition-0")
+        before = len(PartitionLog(c.root, part).refresh().files)
+        service = CoordinatorService(c)
+        service.run_pass()
+        after = len(PartitionLog(c.root, part).refresh().files)
+        merged = service.stats.merged_files
+        assert merged == 3 * FANOUT and after == before - merged + merged // FANOUT
+        assert [m for _, m in _everything(c, "svc", "READ_COMMITTED")] == [f"{i}".encode() for i in range(3 * FANOUT)]

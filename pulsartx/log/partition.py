@@ -12,6 +12,7 @@ the dedup check, which makes dedup race-free too).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,9 +43,11 @@ MAX_APPEND_ATTEMPTS = 200
 # Kept for the table's retention (7 days) instead, the guards were most of a busy partition's
 # checkpoints and app-id lookups (docs/design/short-lived-marker-guards.md).
 GUARD_LIFETIME_MS = 3_600_000
-# Every this many versions the writing process merges the partition's small files in the
-# background (pulsartx/maintenance/merging.py); 0 turns that off.
-MERGE_EVERY = 64
+# With ``PULSARTX_MERGE_EVERY=N`` the writing process merges the partition's small files in the
+# background every N versions (pulsartx/maintenance/merging.py). Off by default: reading the small
+# files back costs a writer about a quarter more CPU per small transaction, so by default
+# `pulsartx coordinator run` merges them on each pass instead (docs/design/small-file-merging.md).
+MERGE_EVERY = int(os.environ.get("PULSARTX_MERGE_EVERY", "0"))
 # What runs then: the merge scheduler registers itself here, as maintenance sits above the log.
 EVERY_MERGE_INTERVAL: list[Callable[[StorageRoot, TopicName], None]] = []
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
