@@ -15,29 +15,20 @@ folding, so one that fails to land costs the next reader a longer fold, nothing 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from pulsartx.buffer.snapshot import SnapshotStore, state_to_table
 from pulsartx.buffer.state import FOLD_COLUMNS, BufferState
 from pulsartx.log.partition import PartitionLog
+from pulsartx.storage.pools import ProcessPool
 
 log = logging.getLogger(__name__)
 SNAPSHOT_EVERY_TXNS = 100
 SNAPSHOT_INTERVAL_S = 60.0
 SNAPSHOT_EVERY_RECORDS = 200_000
 FOLD_CHUNK = 200_000
-_WRITER: ThreadPoolExecutor | None = None
-_WRITER_LOCK = threading.Lock()
-
-
-def _writer() -> ThreadPoolExecutor:
-    global _WRITER
-    with _WRITER_LOCK:
-        if _WRITER is None:
-            _WRITER = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-tb-snapshot")
-        return _WRITER
+_WRITER = ProcessPool(1, "pulsartx-tb-snapshot")
 
 
 class TransactionBuffer:
@@ -87,7 +78,7 @@ class TransactionBuffer:
             s.snapshot_offset, s.markers_since_snapshot = s.end_offset, 0
             self._last_snapshot_time = time.monotonic()
             try:
-                self._writing = _writer().submit(self.snapshots.write, table)
+                self._writing = _WRITER.get().submit(self.snapshots.write, table)
             except RuntimeError:  # the interpreter is exiting: a snapshot only spares folding
                 self._writing = None
 

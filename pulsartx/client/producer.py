@@ -380,13 +380,14 @@ class Producer:
         """``txn`` was decided: drop its queue keys and flush locks (a queue a late send refilled
         stays until it is flushed and refused)."""
         with self._lock:
-            keys = self._txn_keys.pop(txn, [])
-            left = [k for k in keys if self._queues.get(k)]
-            for k in keys:
-                if k not in left:
-                    self._flush_locks.pop(k, None)
-                    self._queues.pop(k, None)
-                    self._first_enqueued.pop(k, None)
+            left = []
+            for k in self._txn_keys.pop(txn, []):
+                if self._queues.get(k):
+                    left.append(k)
+                    continue
+                self._flush_locks.pop(k, None)
+                self._queues.pop(k, None)
+                self._first_enqueued.pop(k, None)
             if left:
                 self._txn_keys[txn] = left
 

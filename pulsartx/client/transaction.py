@@ -6,7 +6,6 @@ Messages sent and acks made with ``txn=`` become visible/effective atomically at
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
@@ -16,25 +15,19 @@ from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta, TxnStat
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, TransactionConflict
 from pulsartx.naming import TopicName
+from pulsartx.storage.pools import ProcessPool
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
     from pulsartx.log.partition import AppendResult
 
 log = logging.getLogger(__name__)
-_POOL: ThreadPoolExecutor | None = None
-_POOL_PID = 0
-_POOL_LOCK = threading.Lock()
+_HELPERS = ProcessPool(4, "pulsartx-txn")
 
 
 def helper_pool() -> ThreadPoolExecutor:
-    """The process's threads for protocol steps that run beside the caller's (a new one after a
-    fork: a parent's pool does not survive into the child)."""
-    global _POOL, _POOL_PID
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():
-            _POOL, _POOL_PID = ThreadPoolExecutor(4, thread_name_prefix="pulsartx-txn"), os.getpid()
-        return _POOL
+    """The process's threads for protocol steps that run beside the caller's."""
+    return _HELPERS.get()
 
 
 class TransactionState(Enum):
@@ -51,17 +44,12 @@ class TransactionState(Enum):
 _DECIDED = {TxnStatus.OPEN: TransactionState.OPEN, TxnStatus.COMMITTING: TransactionState.COMMITTED,
             TxnStatus.ABORTING: TransactionState.ABORTED, TxnStatus.COMMITTED: TransactionState.COMMITTED,
             TxnStatus.ABORTED: TransactionState.ABORTED}
-_END_POOL: ThreadPoolExecutor | None = None
-_END_POOL_PID = 0
+_ENDS = ProcessPool(8, "pulsartx-txn-end")
 
 
 def _end_pool() -> ThreadPoolExecutor:
     """Threads for commit_async/abort_async, apart from the helper pool their commit uses."""
-    global _END_POOL, _END_POOL_PID
-    with _POOL_LOCK:
-        if _END_POOL is None or _END_POOL_PID != os.getpid():
-            _END_POOL, _END_POOL_PID = ThreadPoolExecutor(8, thread_name_prefix="pulsartx-txn-end"), os.getpid()
-        return _END_POOL
+    return _ENDS.get()
 
 
 class Transaction:

@@ -40,6 +40,10 @@ class TcLease:
     def held_by(self, owner: str) -> bool:
         return not self.released and self.owner == owner
 
+    def live_for(self, owner: str, now_ms: int) -> bool:
+        """Held by ``owner`` and unexpired at ``now_ms``: a process of that name may adopt it."""
+        return self.held_by(owner) and now_ms < self.expires_ms
+
     def free_for(self, now_ms: int, max_clock_skew_ms: int) -> bool:
         """Whether another process may take it at ``now_ms`` on its own clock: released, or expired
         by more than the clocks may disagree. A taker's clock running ahead by more than

@@ -12,6 +12,7 @@ from typing import Any
 from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
 from pulsartx.storage import group_commit
+from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.pendingack import end_transaction_on_subscription
 
@@ -20,18 +21,13 @@ MAX_PARALLEL = 16
 POOL_THREADS = "pulsartx-tc-end"
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_POOL = ProcessPool(MAX_PARALLEL, POOL_THREADS)
 
 
 def _pool() -> ThreadPoolExecutor:
     """One pool per process: starting threads for every commit cost 5-7 ms of a 60 ms streaming
     batch commit (four partitions). Jobs never wait on each other, so sharing it cannot deadlock."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=MAX_PARALLEL, thread_name_prefix=POOL_THREADS)
-        return _POOL
+    return _POOL.get()
 
 
 def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: TxnAction) -> None:

@@ -187,7 +187,7 @@ class Coordinators:
                 if cur is not None and not cur.held_by(self.lease_owner) \
                         and not cur.free_for(now_ms(), self.config.max_clock_skew_ms):
                     return None
-                if cur is not None and cur.held_by(self.lease_owner) and now_ms() < cur.expires_ms:
+                if cur is not None and cur.live_for(self.lease_owner, now_ms()):
                     return None  # ours already (another process of our name): adopt it
                 return self._new_lease(0 if cur is None else cur.epoch + 1)
 
@@ -196,7 +196,7 @@ class Coordinators:
             except Exception as e:
                 log.warning("taking the lease on TC %d failed (%s); trying the next TC", tc_id, e)
                 continue
-            if not written and lease is not None and lease.held_by(self.lease_owner) and now_ms() < lease.expires_ms:
+            if not written and lease is not None and lease.live_for(self.lease_owner, now_ms()):
                 self._lease, self._renew_at = (tc_id, lease), 0.0  # another process of our name took it
                 log.debug("sharing the lease on TC %d with another process of owner %s", tc_id, self.lease_owner)
                 return tc_id

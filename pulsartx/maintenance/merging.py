@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from pulsartx.log import partition as partition_log
 from pulsartx.log.index import DataFile
@@ -27,13 +26,14 @@ from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 FANOUT = 32
 MAX_TIER = 3  # files of FANOUT**3 (32,768) records or more are never merged
 MAX_RUNS_PER_PASS = 8
-_POOL: ThreadPoolExecutor | None = None
+_POOL = ProcessPool(1, "pulsartx-merge")
 _QUEUED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 
@@ -66,9 +66,10 @@ def merge_small_files(root: StorageRoot, partition: TopicName, max_runs: int = M
         if run is None:
             break
         rows = read_files(root, plog.segments, run, run[0].min_offset, run[-1].max_offset + 1)
-        if rows.num_rows != sum(f.num_records for f in run):
+        expected = sum(f.num_records for f in run)
+        if rows.num_rows != expected:
             raise RuntimeError(f"{partition}: files {run[0].path}..{run[-1].path} read back "
-                               f"{rows.num_rows} rows, their statistics say {sum(f.num_records for f in run)}")
+                               f"{rows.num_rows} rows, their statistics say {expected}")
         if writer is None:
             writer = DeltaAppender(root, plog.segments, delta.open_table(root, *plog.segments, version=index.version),
                                    RECORD_SCHEMA)
@@ -88,15 +89,11 @@ def merge_small_files(root: StorageRoot, partition: TopicName, max_runs: int = M
 def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
     """Merge on the process's merge thread, once per partition at a time. A failed merge changed
     nothing (its commit either landed whole or not at all) and is only logged."""
-    global _POOL
     key = (root.url, str(partition))
     with _LOCK:
         if key in _QUEUED:
             return
         _QUEUED.add(key)
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-merge")
-        pool = _POOL
 
     def run() -> None:
         try:
@@ -108,7 +105,7 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
                 _QUEUED.discard(key)
 
     try:
-        pool.submit(run)
+        _POOL.get().submit(run)
     except RuntimeError:  # the interpreter is exiting
         with _LOCK:
             _QUEUED.discard(key)
@@ -116,10 +113,7 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
 
 def wait_for_merges() -> None:
     """Block until every merge scheduled so far has run (tests, orderly shutdown)."""
-    with _LOCK:
-        pool = _POOL
-    if pool is not None:
-        pool.submit(lambda: None).result()
+    _POOL.get().submit(lambda: None).result()
 
 
 if schedule_merge not in partition_log.EVERY_MERGE_INTERVAL:
