@@ -100,3 +100,11 @@ def finish_worker(result: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)
+
+
+def exit_with(main: Any) -> None:
+    """A bench's entry point: run ``main`` and leave with its code, skipping interpreter teardown,
+    where deltalake sometimes aborts (docs/design/deltalake-in-processes.md)."""
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)

@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
@@ -258,6 +257,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    from common import exit_with
+
+    exit_with(main)

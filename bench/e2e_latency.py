@@ -185,6 +185,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # skip interpreter teardown: deltalake sometimes aborts there (docs/design/deltalake-in-processes.md)
+    from common import exit_with
+
+    exit_with(main)
