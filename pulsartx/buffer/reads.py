@@ -115,6 +115,16 @@ def resolved_filter(coordinators: Any, buffer: TransactionBuffer) -> VisibilityF
     return state.filter(_decisions(metas, str(buffer.log.topic), state))
 
 
+def marker_outcomes(states: Iterable[BufferState]) -> dict[int, bool]:
+    """Each transaction with a marker in one of ``states``: True when it committed. A marker
+    follows its TC's decision, so one partition's marker settles the outcome for all of them."""
+    out: dict[int, bool] = {}
+    for s in states:
+        for k in s.ended:
+            out[k] = out.get(k, True) and k not in s.aborted
+    return out
+
+
 def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) -> dict[str, VisibilityFilter]:
     """READ_COMMITTED filters for a read of several partitions that shows every transaction whole
     or not at all (the Spark batch read's guarantee), even while transactions commit during planning.
@@ -158,8 +168,17 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
             known[txn_key(m.txn_id.most_bits, m.txn_id.least_bits)] = m
     committed = {TxnStatus.COMMITTING, TxnStatus.COMMITTED}
     states = {name: b.state() for name, b in buffers.items()}
+    # A marker is the last word: it is written only after its TC decided, so no TC entry read now
+    # can reverse it (docs/semantics.md, "Which record decides").
+    marked = marker_outcomes(states.values())
+
+    def commits(k: int) -> bool:
+        """Whether ``k``, known to its TC at T0, is decided COMMIT: its markers say so first."""
+        return marked[k] if k in marked else known[k].status in committed
 
     def decided(k: int) -> Decision | None:
+        if k in marked:
+            return Decision(marked[k])
         m = known.get(k)
         if m is None or m.status is TxnStatus.OPEN:
             return None
@@ -179,15 +198,15 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
     # kind, and is hidden everywhere, as the partitions folded before its data cannot show it.
     hidden |= {k for name, s in states.items() for k, o in s.ended.items()
                if o >= first_end[name] and k not in known and k not in s.aborted and k not in began_before}
-    visible = frozenset(k for k, m in known.items() if m.status in committed and k not in hidden)
-    invisible = frozenset((set(known) - visible) | hidden)
+    visible = frozenset(k for k in known if commits(k) and k not in hidden)
+    invisible = frozenset((set(known) - visible) | hidden | {k for k, c in marked.items() if not c})
     cut = Cut(visible, invisible, counters)
     out = {}
     for name, s in states.items():
         ranges = dict(s.ranges)
         for k in s.ongoing:
             m = known.get(k)
-            if m is not None and m.status in committed and m.commit_entries is not None:
+            if m is not None and commits(k) and m.commit_entries is not None:
                 ranges[k] = [(a, b) for p, a, b in m.commit_entries if p == name]
         out[name] = VisibilityFilter(limits[name], dict(s.aborted), dict(s.ended), ranges, cut=cut,
                                      stragglers=tuple(s.stragglers),

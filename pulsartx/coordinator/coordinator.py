@@ -317,17 +317,25 @@ class TransactionCoordinator:
         return self._complete(meta)
 
     def _abort_unwritten(self, txn_id: TxnID, reason: str | None) -> TxnMeta | None:
-        """An admin abort of an issued TxnID that is not in the log: its owner began it in another
-        process and has registered nothing yet, so only that process knows it (or it finished and
-        its entry was trimmed). Writing ABORTED for it fences the owner: its first registration
-        is a compare-and-set on the same key and now fails. Returns None when the log has the
-        transaction (the ordinary path ends it)."""
+        """An admin abort of an issued TxnID that is not in the log: either its owner began it in
+        another process and has registered nothing yet, so only that process knows it, or it
+        finished and its entry was trimmed. Only the first may be decided here: writing ABORTED
+        for it fences the owner (its first registration is a compare-and-set on the same key and
+        now fails). The log's trim mark tells them apart: an id above it cannot have been trimmed.
+        One at or below it may have committed, and re-deciding it would hide committed data, so
+        it is refused. Returns None when the log has the transaction (the ordinary path ends it)."""
         with self._lock:
             if txn_id.most_bits != self.tc_id or txn_id.least_bits in self._unwritten:
                 return None
             self.txlog.refresh()
             if self.txlog.get(txn_id.least_bits) is not None or txn_id.least_bits > self.txlog.counter:
                 return None
+            if txn_id.least_bits <= self.txlog.trimmed_through:
+                raise TransactionNotFound(
+                    f"transaction {txn_id} is not in TC {self.tc_id}'s log and may have finished: TC {self.tc_id} "
+                    f"has trimmed finished transactions up to id {self.txlog.trimmed_through} "
+                    "(finished_retention_ms), so its outcome is no longer the TC's to report; refusing to abort "
+                    "it. The commit or abort markers in the partitions it wrote hold its outcome")
             t = now_ms()
             meta = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason)
             try:

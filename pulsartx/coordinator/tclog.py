@@ -7,6 +7,9 @@ transactions. Finished transactions are trimmed once ``finished_retention_ms`` h
 opening a TC costs its open transactions plus the entries since the last compaction.
 
 The TxnID counter is the Delta app-transaction ``pulsartx.tc.counter``: the last id reserved.
+Beside it, ``pulsartx.tc.trimmed`` is the highest id a compaction has trimmed, set in the same
+commit that trims it: an id the log does not hold is known never to have finished only while it
+lies above that mark (an admin abort must not re-decide a transaction that finished).
 A process reserves a block of ids at once (:meth:`TransactionLog.lease_block`, a commit that sets
 only the counter), so beginning a transaction costs no write: two processes leasing at the same
 time conflict on the app id and one retries with the next block. Ids never repeat, across
@@ -32,6 +35,9 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 COUNTER_APP_ID = "pulsartx.tc.counter"
+# The highest TxnID (least bits) a compaction has trimmed from the log, set by the compaction commit
+# that trims it: an id above it that the log does not hold has never finished.
+TRIMMED_APP_ID = "pulsartx.tc.trimmed"
 MAX_LEASE_ATTEMPTS = 500
 
 # One flat row per entry: PIP-31's TransactionMetadataEntry with the fields that identify the
@@ -163,6 +169,13 @@ class TransactionLog:
         v = self.log.app_version(COUNTER_APP_ID)
         return -1 if v is None else v
 
+    @property
+    def trimmed_through(self) -> int:
+        """The highest TxnID (least bits) compaction has trimmed from this log (-1 before the first):
+        an id at or below it that the log does not hold may have finished."""
+        v = self.log.app_version(TRIMMED_APP_ID)
+        return -1 if v is None else v
+
     def lease_block(self, size: int) -> tuple[int, int]:
         """Reserve the next ``size`` ids for this process: one compare-and-set on the counter.
         Returns ``(first, last)``. A lease whose outcome is unknown is never used: the next lease
@@ -219,4 +232,8 @@ class TransactionLog:
                 keep_ids = keyed_to_keep()
             return m.txn_id.least_bits in keep_ids
 
-        return self.log.compact(keep)
+        def dropping(rows: list[dict[str, Any]]) -> dict[str, int]:
+            highest = max(r["txnid_least_bits"] for r in rows)
+            return {TRIMMED_APP_ID: max(highest, self.trimmed_through)}
+
+        return self.log.compact(keep, dropping)

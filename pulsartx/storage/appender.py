@@ -355,14 +355,15 @@ class DeltaAppender:
         return now - int(retention) + life if life is not None and retention > life else now
 
     def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
-                codecs: Mapping[str, str] | None = None) -> int:
+                codecs: Mapping[str, str] | None = None, apps: Mapping[str, int] | None = None) -> int:
         """Commit a compaction as Delta records an OPTIMIZE: ``removes`` ((path, size, dataChange)
         of data files as of :attr:`version`) replaced by one new file per ``parts`` entry
         ((rows, dataChange)); returns the version. ``dataChange`` False says the rows are the same
         rows rearranged, which a Delta streaming reader skips; True that rows were dropped
         (docs/design/compaction-commits.md). A commit after our snapshot that removed one of the
         same files (another compaction, retention) raises ConcurrentCommit; files others added
-        meanwhile stay, as their rows are not in ours."""
+        meanwhile stay, as their rows are not in ours. ``apps``: app-transaction versions the same
+        commit sets (a record of what the compaction dropped, atomic with dropping it)."""
         if not self.fast:
             raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         self._check_fresh()
@@ -389,12 +390,13 @@ class DeltaAppender:
                                 "numRemovedBytes": str(sum(s or 0 for _, s, _ in removes)),
                                 "numAddedBytes": str(sum(a["size"] for a in adds))},
                             "txnId": commit_id}},
+            *({"txn": {"appId": k, "version": int(v), "lastUpdated": now}} for k, v in (apps or {}).items()),
             *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": change, "extendedFileMetadata": True,
                           "partitionValues": {}, **({"size": size} if size is not None else {})}}
               for p, size, change in removes),
             *({"add": add} for add in adds),
         ]
-        return self._commit(actions, commit_id, {}, {p for p, _, _ in removes}, adds)
+        return self._commit(actions, commit_id, dict(apps or {}), {p for p, _, _ in removes}, adds)
 
     def _check_fresh(self) -> None:
         if time.monotonic() - self._synced > STALE_AFTER_S:

@@ -348,9 +348,12 @@ class KeyedLog:
     def needs_compaction(self) -> bool:
         return self.files_since_compaction >= self.compact_every
 
-    def compact(self, keep: Callable[[dict[str, Any]], bool]) -> bool:
+    def compact(self, keep: Callable[[dict[str, Any]], bool],
+                dropping: Callable[[list[dict[str, Any]]], Mapping[str, int]] | None = None) -> bool:
         """Rewrite rows as one file: the files since the last compaction (minor), or every live row
         ``keep`` accepts, replacing every active file (full). See the module for which.
+        ``dropping``: given the rows a full compaction drops, the app-transaction versions its
+        commit sets with it, so what was dropped is recorded in the same atomic commit.
 
         Correct under concurrency: the commit removes only the files of its own snapshot, so an
         entry committed concurrently survives; a concurrent compaction makes one of the two give up
@@ -372,9 +375,13 @@ class KeyedLog:
             self._flush()
             full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
                     or self._minor_rows >= max(self._live_at_full, self.compact_every))
+            apps: Mapping[str, int] = {}
             if full:
-                rows = [r for r in self._rows.values() if keep(r)]
+                dropped = {k: r for k, r in self._rows.items() if not keep(r)}
+                rows = [r for k, r in self._rows.items() if k not in dropped]
                 removes = sorted(self._active or ())
+                if dropping is not None and dropped:
+                    apps = dropping(list(dropped.values()))
             else:
                 assert self._active is not None and self._base is not None
                 rows = [self._rows[k] for k in sorted(self._touched) if k in self._rows]
@@ -383,9 +390,9 @@ class KeyedLog:
             if fast:
                 # Superseded and trimmed rows are dropped: a data change in Delta's terms
                 # (docs/design/compaction-commits.md).
-                writer.rewrite([(live, True)], [(p, None, True) for p in removes])
+                writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps)
             else:
-                writer.write_with_deltalake(live, mode="overwrite")
+                writer.write_with_deltalake(live, mode="overwrite", apps=apps)
                 self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
                                 .to_pylist()}
         except delta.ConcurrentCommit as e:
@@ -399,7 +406,8 @@ class KeyedLog:
             return False
         self._flush()
         if full:
-            self._rows = {k: v for k, v in self._rows.items() if keep(v)}
+            # A row another writer committed meanwhile is in a file this commit did not remove.
+            self._rows = {k: v for k, v in self._rows.items() if dropped.get(k) is not v}
             self._minor_files, self._minor_rows, self._live_at_full = 0, 0, len(self._rows)
         else:
             self._minor_files += 1
