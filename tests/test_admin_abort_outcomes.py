@@ -118,3 +118,29 @@ def test_a_marker_is_the_last_word_over_a_later_tc_entry(tmp_path):
     assert _cut_values(root) == [b"a", b"b"]
     assert sorted(committed_values(c, "t")) == [b"a", b"b"]
     c.close()
+
+
+def test_an_admin_fence_outlives_compaction(tmp_path):
+    """The ABORTED entry an admin abort logs for a transaction that registered nothing is its
+    owner's only way to learn of the fence: compaction keeps it however old, or the owner would
+    register and commit the id later, reversing the ABORTED the admin was told."""
+    root = str(tmp_path / "root")
+    owner = pulsartx.Client(root, num_coordinators=1, coordinator_config=TRIM)
+    owner.admin.create_topic("t", 1)
+    fenced = owner.new_transaction()
+    admin = pulsartx.Client(root, num_coordinators=1)
+    assert admin.admin.transactions.abort_transaction(str(fenced.id))["status"] == "ABORTED"
+    tc = owner._coordinators().for_txn(fenced.id)
+    for _ in range(4):  # the owner's own writes compact the log, trimming every finished entry
+        other = owner.new_transaction()
+        owner.create_producer("t").send(b"x", txn=other)
+        other.abort()
+        assert owner.flush()
+    fresh = pulsartx.Client(root, num_coordinators=1)
+    assert fresh._coordinators().for_txn(fenced.id).get(fenced.id, refresh=True).status.value == "ABORTED"
+    assert tc.txlog.trimmed_through >= 0  # compaction did trim around it
+    with pytest.raises(pulsartx.PulsarException, match="ABORTED"):
+        fenced.commit()
+    assert committed_values(fresh, "t") == []
+    for c in (owner, admin, fresh):
+        c.close()

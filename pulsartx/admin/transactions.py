@@ -7,6 +7,7 @@ from typing import Any
 from pulsartx.admin.host import AdminHost
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn, txn_key
+from pulsartx.coordinator.coordinator import REASON_ADMIN_ABORT
 from pulsartx.coordinator.keys import full_key, key_segments
 from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
 from pulsartx.coordinator.tclog import tc_segments
@@ -91,7 +92,7 @@ class TransactionsAdmin:
     def abort_transaction(self, txn_id: TxnID | str) -> dict[str, Any]:
         """Admin override: abort whatever the owner, recorded in the TC log with reason 'admin abort'."""
         t = TxnID.parse(txn_id)
-        meta = self._tcs().for_txn(t).end_transaction(t, TxnAction.ABORT, reason="admin abort", admin=True)
+        meta = self._tcs().for_txn(t).end_transaction(t, TxnAction.ABORT, reason=REASON_ADMIN_ABORT, admin=True)
         return meta_dict(meta)
 
     def sweep(self, grace_ms: int | None = None) -> dict[str, int]:

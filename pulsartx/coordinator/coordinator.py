@@ -19,7 +19,7 @@ from pulsartx.coordinator.keys import TransactionKeyStore, full_key
 from pulsartx.coordinator.lease import TcLease
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
-from pulsartx.coordinator.tclog import TransactionLog
+from pulsartx.coordinator.tclog import FENCE_PROPERTY, TransactionLog
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import (
     ExpiredTransactionError,
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_CAS_ATTEMPTS = 500
 REASON_TIMEOUT = "timed out"
 REASON_FENCED = "fenced"
+REASON_ADMIN_ABORT = "admin abort"
 
 
 def now_ms() -> int:
@@ -323,7 +324,9 @@ class TransactionCoordinator:
         for it fences the owner (its first registration is a compare-and-set on the same key and
         now fails). The log's trim mark tells them apart: an id above it cannot have been trimmed.
         One at or below it may have committed, and re-deciding it would hide committed data, so
-        it is refused. Returns None when the log has the transaction (the ordinary path ends it)."""
+        it is refused. The fence entry is never trimmed (``FENCE_PROPERTY``): its owner, which
+        never wrote the id, learns of the fence only from it, however late it comes to register.
+        Returns None when the log has the transaction (the ordinary path ends it)."""
         with self._lock:
             if txn_id.most_bits != self.tc_id or txn_id.least_bits in self._unwritten:
                 return None
@@ -337,7 +340,7 @@ class TransactionCoordinator:
                     "(finished_retention_ms), so its outcome is no longer the TC's to report; refusing to abort "
                     "it. The commit or abort markers in the partitions it wrote hold its outcome")
             t = now_ms()
-            meta = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason)
+            meta = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason, properties={FENCE_PROPERTY: "admin"})
             try:
                 self.txlog.write(meta, MetadataOp.NEW, None)
             except delta.ConcurrentCommit:

@@ -38,6 +38,9 @@ COUNTER_APP_ID = "pulsartx.tc.counter"
 # The highest TxnID (least bits) a compaction has trimmed from the log, set by the compaction commit
 # that trims it: an id above it that the log does not hold has never finished.
 TRIMMED_APP_ID = "pulsartx.tc.trimmed"
+# Marks the ABORTED entry an admin abort logs for an id that registered nothing (a fence): kept by
+# every compaction, as trimming it would let the id's owner, which alone knows it, register later.
+FENCE_PROPERTY = "pulsartx.fence"
 MAX_LEASE_ATTEMPTS = 500
 
 # One flat row per entry: PIP-31's TransactionMetadataEntry with the fields that identify the
@@ -227,6 +230,8 @@ class TransactionLog:
                 return True
             m = self._meta(r)
             if not m.status.is_final or now_ms - m.last_modified_ms < self.finished_retention_ms:
+                return True
+            if FENCE_PROPERTY in m.properties:
                 return True
             if keep_ids is None:
                 keep_ids = keyed_to_keep()
