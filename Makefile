@@ -48,7 +48,7 @@ test: $(DEV)
 # including the slow ones. `make test` runs the same suites at a smaller scale.
 RELIABILITY_ENV := PULSARTX_CRASH_SEEDS=20 PULSARTX_CRASH_SEEDS_RGW=20 PULSARTX_SOAK_SECONDS=300 \
 	PULSARTX_SOAK_STORAGE=all PULSARTX_TEST_RGW_FULL=1 PULSARTX_FUZZ_SCALE=10 PULSARTX_REPORT_COUNTS=1 \
-	PULSARTX_FAULT_MATRIX=all PULSARTX_OPERATOR_EXAMPLES=400
+	PULSARTX_FAULT_MATRIX=all
 reliability: $(DEV)
 	scripts/ceph-rgw.sh install
 	$(RELIABILITY_ENV) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability

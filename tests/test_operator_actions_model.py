@@ -192,7 +192,7 @@ class OperatorMachine(RuleBasedStateMachine):
 
 TestOperatorActions = OperatorMachine.TestCase
 # 80 examples found the hole an admin abort of a trimmed transaction opened in about 3 runs of 4
-# (30 examples: 1 in 2); PULSARTX_OPERATOR_EXAMPLES raises it (make reliability).
+# (30 examples: 1 in 2); PULSARTX_OPERATOR_EXAMPLES sets another count.
 TestOperatorActions.settings = settings(
     max_examples=int(os.environ.get("PULSARTX_OPERATOR_EXAMPLES", "80")), stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
