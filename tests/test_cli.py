@@ -263,7 +263,7 @@ def test_subscriptions_reset_errors(shared) -> None:
     assert "use epoch milliseconds" in r.stderr
     r = run(root, "subscriptions", "reset", "orders", "ghost", "--message-id", "earliest", code=2)
     assert r.stderr == (f"error: subscription 'ghost' does not exist on topic {T}: list the topic's subscriptions "
-                        f"with `pulsartx subscriptions list {T}`, or create it by subscribing "
+                        f"with `pulsartx --service-url {root} subscriptions list {T}`, or create it by subscribing "
                         f"(client.subscribe('{T}', 'ghost'))\n")
     r = run(root, "subscriptions", "reset", "orders", "billing", "--message-id", "(1,9)", code=2)
     assert r.stderr.startswith(f"error: cannot reset subscription 'billing' on {P1} to (1,9): the partition ends at "
@@ -286,7 +286,7 @@ def test_subscriptions_skip_and_delete(fresh) -> None:
     r = run(root, "subscriptions", "delete", "orders", "billing", code=2)
     assert r.stderr.startswith("error: subscription 'billing' on persistent://public/default/orders has 1 live "
                                "consumer(s)")
-    assert "--force" in r.stderr
+    assert f"(`pulsartx --service-url {root} subscriptions delete {T} billing --force`, force=True)" in r.stderr
     assert lines(run(root, "subscriptions", "delete", "orders", "billing", "--force")) == [
         "KEY           VALUE",
         f"topic         {T}",
@@ -452,7 +452,8 @@ def test_console_script(shared) -> None:
     assert bad.returncode == 2
     assert bad.stdout == ""
     assert bad.stderr == (f"error: topic persistent://public/default/missing does not exist under {root}: create it "
-                          "with client.admin.create_topic() or `pulsartx topics create`\n")
+                          f"with client.admin.create_topic() or `pulsartx --service-url {root} topics create "
+                          "public/default/missing`\n")
 
 
 def test_command_tree() -> None:
