@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,36 @@ def test_transactions_metadata_and_slow(shared) -> None:
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
         "error: transaction (0,99) is not in TC 0's log: it finished and its metadata was trimmed, or it never "
         "registered a partition or subscription\n")
+
+
+def test_open_duration_stops_when_the_transaction_ends(root: str) -> None:
+    """An ended transaction's open_duration_ms is fixed: begin to its COMMITTED/ABORTED entry, read
+    from the TC log, however much later it is asked for. An unfinished one's keeps running."""
+    client = pulsartx.Client(root, num_coordinators=1)
+    client.admin.create_topic("t")
+    producer = client.create_producer("t")
+    begun = time.time()
+    committed, aborted, unfinished = (client.new_transaction(timeout_ms=600_000) for _ in range(3))
+    for txn in (committed, aborted, unfinished):
+        producer.send(b"x", txn=txn)
+    committed.commit()
+    aborted.abort()
+    client.flush()
+    ended_within_ms = (time.time() - begun) * 1000
+    meta = lambda txn: run(root, "transactions", "transaction-metadata", str(txn.id), json_out=True)  # noqa: E731
+    first = {txn: meta(txn) for txn in (committed, aborted, unfinished)}
+    time.sleep(0.3)
+    later = {txn: meta(txn) for txn in (committed, aborted, unfinished)}
+    for txn, status in ((committed, "COMMITTED"), (aborted, "ABORTED")):
+        m = first[txn]
+        assert m["status"] == status
+        assert later[txn]["open_duration_ms"] == m["open_duration_ms"] == (m["last_modification_time_ms"]
+                                                                           - m["start_time_ms"])
+        assert 0 <= m["open_duration_ms"] <= ended_within_ms
+        assert client.admin.transactions.get_transaction_metadata(txn.id)["open_duration_ms"] == m["open_duration_ms"]
+    assert later[unfinished]["open_duration_ms"] >= first[unfinished]["open_duration_ms"] + 300
+    unfinished.abort()
+    client.close()
 
 
 def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
