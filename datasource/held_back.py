@@ -12,6 +12,7 @@ from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import VisibilityFilter
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.observe.holdback import HoldBack, holding_back
+from pulsartx.storage.cli_command import cli_command
 
 log = logging.getLogger("pulsartx.datasource")
 
@@ -34,7 +35,7 @@ def warn_held_back(tcs: Coordinators, buffers: dict[str, TransactionBuffer],
         where = ", ".join(f"{h.partition} at {h.max_read_position} ({h.held_entries} entries after it)"
                           for h in group)
         first = group[0]
+        abort = cli_command(tcs.root, "transactions", "abort", f"{first.txn_id.most_bits}:{first.txn_id.least_bits}")
         log.warning("READ_COMMITTED read held back by open %s: it holds maxReadPosition of %s; the read returns "
-                    "only what is before it. Wait for it to commit, abort or time out, or abort it with "
-                    "`pulsartx transactions abort %s` if its owner is gone", first.describe(), where,
-                    f"{first.txn_id.most_bits}:{first.txn_id.least_bits}")
+                    "only what is before it. Wait for it to commit, abort or time out, or abort it with `%s` if its "
+                    "owner is gone", first.describe(), where, abort)

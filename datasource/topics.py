@@ -10,6 +10,7 @@ from datasource.options import TopicSelection
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import DEFAULT_NAMESPACE, DEFAULT_TENANT, TopicName
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.presence import root_missing
 from pulsartx.storage.root import StorageRoot
 
@@ -42,11 +43,11 @@ def selected_topics(root: StorageRoot, selection: TopicSelection) -> list[TopicN
                 raise TopicNotFound(
                     f"option {selection.option}: topic {t.base} does not exist because the storage root {root.url} "
                     "itself does not exist: check the service.url option, or create the topic first with "
-                    f"`pulsartx --service-url {root.url} topics create {t.base.short}`") from None
+                    f"`{cli_command(root, 'topics', 'create', t.base.short)}`") from None
             raise TopicNotFound(
                 f"option {selection.option}: topic {t.base} does not exist under {root.url}: create it first with "
                 f"pulsartx.Client(service_url).admin.create_topic({t.base.short!r}, partitions=N) or "
-                f"`pulsartx topics create {t.base.short}`, or check the service.url option") from None
+                f"`{cli_command(root, 'topics', 'create', t.base.short)}`, or check the service.url option") from None
     return list(selection.topics)
 
 

@@ -36,6 +36,7 @@ from commit_protocol.task import TaskAppender
 from datasource.errors import spark_facing
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
+from pulsartx.storage.cli_command import cli_command
 
 if TYPE_CHECKING:
     from commit_protocol.job import JobTransaction
@@ -83,10 +84,11 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
     the topic when asked. Returns (columns, partition counts, partitions to register up front,
     skip) where skip means saveMode=ignore found the topic, so nothing is written."""
     if overwrite:
+        topic = "TOPIC" if opts.topic is None else opts.topic.short
         raise InvalidConfiguration(
             "mode('overwrite') is not supported (nor is streaming outputMode complete): pulsartx topics are "
             "append-only logs (readers hold offsets into them). Use mode('append') / outputMode append; to start "
-            "over, delete and recreate the topic (pulsartx topics delete)")
+            f"over, delete and recreate the topic (`{cli_command(opts.root, 'topics', 'delete', topic)}`)")
     columns = check_write_schema(schema)
     if opts.topic is None and "__topic" not in columns:
         raise InvalidConfiguration("no topic to write to: set option topic, or add a __topic column naming each "
@@ -107,8 +109,9 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
         skip = exists and opts.save_mode == "ignore"
         if not exists:
             if not opts.create_topic and opts.save_mode == "append":
+                create = cli_command(opts.root, "topics", "create", opts.topic.short)
                 raise TopicNotFound(f"topic {name} does not exist: create it first (client.admin.create_topic or "
-                                    "`pulsartx topics create`), or set option createTopic=true with partitions=N")
+                                    f"`{create}`), or set option createTopic=true with partitions=N")
             counts[name] = admin.ensure_topic(name, opts.partitions)
     registered: frozenset[str] = frozenset()
     if opts.topic is not None and "__topic" not in columns:

@@ -1,6 +1,7 @@
 """client.admin: topic_stats, peek and subscription administration (list, reset, skip, delete)."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -232,7 +233,8 @@ def test_reset_by_time(client, root) -> None:
 def test_reset_errors(shared) -> None:
     client = shared
     with pytest.raises(SubscriptionNotFound, match=r"'nope' does not exist on topic persistent://public/default/orders"
-                                                   r".*pulsartx subscriptions list"):
+                                                   rf".*`pulsartx --service-url {re.escape(client.root.url)} "
+                                                   r"subscriptions list persistent://public/default/orders`"):
         client.admin.reset_subscription("orders", "nope", message_id=MessageId.earliest)
     with pytest.raises(InvalidConfiguration, match="exactly one"):
         client.admin.reset_subscription("orders", "billing")

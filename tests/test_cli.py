@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,7 +264,7 @@ def test_subscriptions_reset_errors(shared) -> None:
     assert "use epoch milliseconds" in r.stderr
     r = run(root, "subscriptions", "reset", "orders", "ghost", "--message-id", "earliest", code=2)
     assert r.stderr == (f"error: subscription 'ghost' does not exist on topic {T}: list the topic's subscriptions "
-                        f"with `pulsartx subscriptions list {T}`, or create it by subscribing "
+                        f"with `pulsartx --service-url {root} subscriptions list {T}`, or create it by subscribing "
                         f"(client.subscribe('{T}', 'ghost'))\n")
     r = run(root, "subscriptions", "reset", "orders", "billing", "--message-id", "(1,9)", code=2)
     assert r.stderr.startswith(f"error: cannot reset subscription 'billing' on {P1} to (1,9): the partition ends at "
@@ -286,7 +287,7 @@ def test_subscriptions_skip_and_delete(fresh) -> None:
     r = run(root, "subscriptions", "delete", "orders", "billing", code=2)
     assert r.stderr.startswith("error: subscription 'billing' on persistent://public/default/orders has 1 live "
                                "consumer(s)")
-    assert "--force" in r.stderr
+    assert f"(`pulsartx --service-url {root} subscriptions delete {T} billing --force`, force=True)" in r.stderr
     assert lines(run(root, "subscriptions", "delete", "orders", "billing", "--force")) == [
         "KEY           VALUE",
         f"topic         {T}",
@@ -344,6 +345,36 @@ def test_transactions_metadata_and_slow(shared) -> None:
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
         "error: transaction (0,99) is not in TC 0's log: it finished and its metadata was trimmed, or it never "
         "registered a partition or subscription\n")
+
+
+def test_open_duration_stops_when_the_transaction_ends(root: str) -> None:
+    """An ended transaction's open_duration_ms is fixed: begin to its COMMITTED/ABORTED entry, read
+    from the TC log, however much later it is asked for. An unfinished one's keeps running."""
+    client = pulsartx.Client(root, num_coordinators=1)
+    client.admin.create_topic("t")
+    producer = client.create_producer("t")
+    begun = time.time()
+    committed, aborted, unfinished = (client.new_transaction(timeout_ms=600_000) for _ in range(3))
+    for txn in (committed, aborted, unfinished):
+        producer.send(b"x", txn=txn)
+    committed.commit()
+    aborted.abort()
+    client.flush()
+    ended_within_ms = (time.time() - begun) * 1000
+    meta = lambda txn: run(root, "transactions", "transaction-metadata", str(txn.id), json_out=True)  # noqa: E731
+    first = {txn: meta(txn) for txn in (committed, aborted, unfinished)}
+    time.sleep(0.3)
+    later = {txn: meta(txn) for txn in (committed, aborted, unfinished)}
+    for txn, status in ((committed, "COMMITTED"), (aborted, "ABORTED")):
+        m = first[txn]
+        assert m["status"] == status
+        assert later[txn]["open_duration_ms"] == m["open_duration_ms"] == (m["last_modification_time_ms"]
+                                                                           - m["start_time_ms"])
+        assert 0 <= m["open_duration_ms"] <= ended_within_ms
+        assert client.admin.transactions.get_transaction_metadata(txn.id)["open_duration_ms"] == m["open_duration_ms"]
+    assert later[unfinished]["open_duration_ms"] >= first[unfinished]["open_duration_ms"] + 300
+    unfinished.abort()
+    client.close()
 
 
 def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
@@ -452,7 +483,8 @@ def test_console_script(shared) -> None:
     assert bad.returncode == 2
     assert bad.stdout == ""
     assert bad.stderr == (f"error: topic persistent://public/default/missing does not exist under {root}: create it "
-                          "with client.admin.create_topic() or `pulsartx topics create`\n")
+                          f"with client.admin.create_topic() or `pulsartx --service-url {root} topics create "
+                          "public/default/missing`\n")
 
 
 def test_command_tree() -> None:

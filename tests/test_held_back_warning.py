@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from _fresh import user_env
 
 import pulsartx
 from datasource.visibility import plan_visibility
@@ -57,11 +60,39 @@ def test_one_warning_names_the_transaction_and_its_partitions(tmp_path, caplog) 
                r"'loader'; OPEN, open (\d+\.\d) s of its 600 s timeout\): it holds maxReadPosition of "
                rf"{re.escape(parts[0])} at 0 \(2 entries after it\), {re.escape(parts[1])} at -1 \(2 entries after "
                r"it\); the read returns only what is before it\. Wait for it to commit, abort or time out, or "
-               rf"abort it with `pulsartx transactions abort 0:{t.id.least_bits}` if its owner is gone")
+               rf"abort it with `pulsartx --service-url {re.escape(root)} transactions abort 0:{t.id.least_bits}` "
+               r"if its owner is gone")
     m = re.fullmatch(pattern, msg)
     assert m, msg
     assert str(t.id) in msg and float(m.group(1)) < 600
     c.close()
+
+
+def fix_command(caplog) -> list[str]:
+    """The command the one held-back warning prints, as a shell would split it."""
+    (record,) = [r for r in caplog.records if r.name == LOGGER]
+    return shlex.split(re.search(r"`(pulsartx [^`]*)`", record.getMessage()).group(1))
+
+
+def test_the_printed_abort_acts_on_its_root_from_any_directory(tmp_path, caplog) -> None:
+    """Run where another root answers to the default ``./pulsartx-data``, and holds a transaction
+    with the same TxnID, the printed command still aborts the one the warning is about."""
+    root = str(tmp_path / "held root")  # a space: the printed root must come out quoted
+    c, t = hold(root)
+    elsewhere = tmp_path / "elsewhere"
+    other, twin = hold(str(elsewhere / "pulsartx-data"))
+    assert twin.id == t.id
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        plan(root, str(TopicName.parse("held-partition-0")))
+    argv = fix_command(caplog)
+    done = subprocess.run([str(Path(sys.executable).parent / "pulsartx"), *argv[1:]], cwd=elsewhere, env=user_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status = lambda client, txn: client._coordinators().for_txn(txn.id).get(txn.id, refresh=True).status.value  # noqa: E731
+    assert (status(c, t), status(other, twin)) == ("ABORTED", "OPEN")
+    assert argv == ["pulsartx", "--service-url", root, "transactions", "abort", f"0:{t.id.least_bits}"]
+    c.close()
+    other.close()
 
 
 def test_no_warning_when_nothing_is_held(tmp_path, caplog) -> None:

@@ -256,7 +256,8 @@ def test_topic_option_errors(spark: Any, client: Any, root: str) -> None:
 def test_unknown_topic_error(spark: Any, root: str) -> None:
     msg = error_of(lambda: read(spark, root, topic="missing"))
     assert "persistent://public/default/missing does not exist" in msg
-    assert "create_topic('public/default/missing'" in msg and "pulsartx topics create" in msg
+    assert "create_topic('public/default/missing'" in msg
+    assert f"`pulsartx --service-url {root} topics create public/default/missing`" in msg
     msg = error_of(lambda: read(spark, root, topics="missing-too"))
     assert "option topics: topic persistent://public/default/missing-too does not exist" in msg
 

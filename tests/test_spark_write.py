@@ -307,7 +307,8 @@ def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: 
             "(it has __key)", topic="bad")
     refused(good.withColumn("payload", F.lit(1)), "column 'payload' is not written by pulsartx", topic="bad")
     refused(good.withColumn("__offset", F.lit(1)), "column '__offset' is not written by pulsartx", topic="bad")
-    refused(good, "mode('overwrite') is not supported", "Use mode('append')", mode="overwrite", topic="bad")
+    refused(good, "mode('overwrite') is not supported", "Use mode('append')",
+            f"`pulsartx --service-url {root} topics delete public/default/bad`", mode="overwrite", topic="bad")
     for mode in ("errorifexists", "ignore", None):
         refused(good, "UNSUPPORTED_DATA_SOURCE_SAVE_MODE", mode=mode, topic="bad")  # Spark's own check
     for col, expr, shown in [("value", "id", "column 'value' has type bigint: it must be binary or string"),
@@ -326,7 +327,8 @@ def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: 
     refused(good, "option transactionTimeoutMs='0' is invalid", topic="bad", transactionTimeoutMs="0")
     refused(good, "topic persistent://public/default/bad already exists and option saveMode=errorifexists",
             topic="bad", saveMode="errorifexists")
-    refused(good, "persistent://public/default/missing does not exist", "createTopic=true", topic="missing")
+    refused(good, "persistent://public/default/missing does not exist", "createTopic=true",
+            f"`pulsartx --service-url {root} topics create public/default/missing`", topic="missing")
     assert client.admin.list_topics() == ["persistent://public/default/bad"]  # nothing created
     assert txns(root) == baseline  # every refusal above happened before a transaction began
 

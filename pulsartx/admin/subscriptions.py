@@ -25,6 +25,7 @@ from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarExc
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
@@ -108,10 +109,10 @@ class SubscriptionsAdmin:
                 out.append((store, c))
         if not out:
             t = TopicName.parse(topic)
+            listing = cli_command(self.client.root, "subscriptions", "list", t)
             raise SubscriptionNotFound(
                 f"subscription {subscription!r} does not exist on topic {t}: list the topic's subscriptions with "
-                f"`pulsartx subscriptions list {t}`, or create it by subscribing (client.subscribe({str(t.base)!r}, "
-                f"{subscription!r}))")
+                f"`{listing}`, or create it by subscribing (client.subscribe({str(t.base)!r}, {subscription!r}))")
         return out
 
     def _plog(self, partition: TopicName) -> PartitionLog:
@@ -259,7 +260,8 @@ class SubscriptionsAdmin:
             if live:
                 raise NotAllowedError(
                     f"subscription {subscription!r} on {base} has {len(live)} live consumer(s) ({', '.join(live)}): "
-                    "close them first, or force the deletion (`pulsartx subscriptions delete --force`, "
+                    "close them first, or force the deletion "
+                    f"(`{cli_command(self.client.root, 'subscriptions', 'delete', base, subscription, '--force')}`, "
                     "force=True)")
 
         tombstone(store for store, _ in stores)

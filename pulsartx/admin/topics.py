@@ -23,6 +23,7 @@ from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.appender import wait_for_checkpoints
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
 
@@ -76,7 +77,8 @@ class TopicsAdmin:
         meta = self._read_meta(t.base)
         if meta is None:
             raise TopicNotFound(f"topic {t.base} does not exist under {self.root.url}: create it with "
-                                "client.admin.create_topic() or `pulsartx topics create`")
+                                "client.admin.create_topic() or "
+                                f"`{cli_command(self.root, 'topics', 'create', t.base.short)}`")
         n = int(meta["partitions"])
         if t.partition is not None and t.partition >= n:
             raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")

@@ -17,11 +17,21 @@ from pulsartx.log.partition import PartitionLog
 from pulsartx.subscription.store import SubscriptionStore
 
 
+def open_duration_ms(m: TxnMeta, now_ms: int) -> int:
+    """How long the transaction has been unfinished: from its begin to its COMMITTED/ABORTED entry
+    (that entry's modification time), else to ``now_ms``. An ended transaction's figure thus comes
+    from its TC entry alone and stays the same however late it is asked for. A COMMITTING/ABORTING
+    one still counts as unfinished, as in ``slow-transactions``: its markers or pending acks are
+    not all written yet, and a stuck one should show its growing age."""
+    end = m.last_modified_ms if m.status.is_final else now_ms
+    return max(0, end - m.start_ms)
+
+
 def meta_dict(m: TxnMeta, now_ms: int | None = None) -> dict[str, Any]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     return {
         "txn_id": str(m.txn_id), "coordinator_id": m.txn_id.most_bits, "status": m.status.value,
-        "open_duration_ms": now_ms - m.start_ms, "timeout_ms": m.timeout_ms, "start_time_ms": m.start_ms,
+        "open_duration_ms": open_duration_ms(m, now_ms), "timeout_ms": m.timeout_ms, "start_time_ms": m.start_ms,
         "last_modification_time_ms": m.last_modified_ms, "partitions": sorted(m.partitions),
         "subscriptions": sorted(str(s) for s in m.subscriptions), "owner": m.owner,
         "transaction_key": m.transaction_key, "epoch": m.epoch, "reason": m.reason,
@@ -78,6 +88,9 @@ class TransactionsAdmin:
         return out
 
     def get_transaction_metadata(self, txn_id: TxnID | str) -> dict[str, Any]:
+        """What the TC log holds about the transaction (``pulsar-admin transactions
+        transaction-metadata``). ``open_duration_ms`` runs until the transaction has ended and is
+        fixed from then on: begin to its COMMITTED/ABORTED entry (see :func:`open_duration_ms`)."""
         t = TxnID.parse(txn_id)
         return meta_dict(self._tcs().for_txn(t).get(t, refresh=True))
 

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from pulsartx.client import Client
 from pulsartx.exceptions import PulsarException
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.presence import root_missing
 from pulsartx.storage.root import StorageRoot
 
@@ -76,7 +77,7 @@ def require_root(ctx: click.Context) -> None:
     else:
         given = "the default root, as neither --service-url nor $PULSARTX_SERVICE_URL is set"
     raise PulsarTxError(f"storage root {root.url} does not exist ({given}): check --service-url, or create a "
-                        f"topic there first with `pulsartx --service-url {root.url} topics create TOPIC`")
+                        f"topic there first with `{cli_command(root, 'topics', 'create', 'TOPIC')}`")
 
 
 def json_mode(ctx: click.Context) -> bool:

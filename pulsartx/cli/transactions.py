@@ -35,7 +35,10 @@ def coordinators_list(ctx: click.Context) -> None:
 @click.argument("txn_id")
 @click.pass_context
 def transaction_metadata(ctx: click.Context, txn_id: str) -> None:
-    """Everything the TC log holds about TXN_ID (15:0, 15,0 or "(15,0)")."""
+    """Everything the TC log holds about TXN_ID (15:0, 15,0 or "(15,0)").
+
+    open_duration_ms runs while the transaction is unfinished (OPEN, COMMITTING or ABORTING) and is
+    fixed once it has ended: from its begin to its COMMITTED/ABORTED entry."""
     emit(ctx, get_client(ctx).admin.transactions.get_transaction_metadata(txn_id))
 
 

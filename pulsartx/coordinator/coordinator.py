@@ -29,6 +29,7 @@ from pulsartx.exceptions import (
     TransactionNotFound,
 )
 from pulsartx.storage import delta
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.group_commit import Done, GroupCommit, Write
 from pulsartx.storage.root import StorageRoot
 
@@ -278,9 +279,10 @@ class TransactionCoordinator:
             # anyone's. owner=None is an in-process protocol step (recovery, Spark commit protocols)
             # acting on a transaction it created itself.
             if not admin and owner is not None and meta.owner and owner != meta.owner:
+                abort = cli_command(self.root, "transactions", "abort", f"{txn_id.most_bits}:{txn_id.least_bits}")
                 raise NotAllowedError(f"transaction {txn_id} belongs to owner {meta.owner!r}, not {owner!r}: "
-                                      "only its owner may end it (an admin may abort it: "
-                                      "`pulsartx transactions abort` or admin.transactions.abort_transaction)")
+                                      f"only its owner may end it (an admin may abort it: `{abort}` "
+                                      "or admin.transactions.abort_transaction)")
             if meta.status is TxnStatus.OPEN and action is TxnAction.COMMIT and meta.expired(now_ms()):
                 raise _expired(meta, "it passed its timeout")
             try:

@@ -31,6 +31,7 @@ from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMES
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.diagnose import naming_partition
 from pulsartx.storage.group_commit import Done, GroupCommit, Write
 from pulsartx.storage.root import StorageRoot
@@ -198,8 +199,9 @@ class PartitionLog:
             with naming_partition(self.root, self.segments, self.topic):
                 t = delta.open_table(self.root, *self.segments)
             if t is None:
-                raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: "
-                                    "create it with client.admin.create_topic() or `pulsartx topics create`")
+                raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: create it "
+                                    "with client.admin.create_topic() or "
+                                    f"`{cli_command(self.root, 'topics', 'create', self.topic.base.short)}`")
             self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset")
         return self._writer
 

@@ -176,7 +176,9 @@ def test_only_the_owner_ends_its_transaction(root):
             with pytest.raises(NotAllowedError) as ei:
                 getattr(stolen, action)()
             assert f"transaction {txn.id} belongs to owner 'alice'" in str(ei.value), who
-            assert "pulsartx transactions abort" in str(ei.value)  # says how an admin may end it
+            # says how an admin may end it, on this root
+            assert (f"`pulsartx --service-url {root} transactions abort {txn.id.most_bits}:{txn.id.least_bits}`"
+                    in str(ei.value))
             refused += 1
     assert refused == 6
     assert status(alice, txn) == "OPEN"
