@@ -1,9 +1,10 @@
 """``pulsartx coordinator run``: the long-running coordinator service.
 
 Each pass, it sweeps every TC (aborts timed-out transactions, finishes COMMITTING/ABORTING ones a
-dead process left behind), folds every partition's transaction buffer (which writes snapshots when
-due), and optionally compacts. Every action is a compare-and-set on storage, so any number of
-instances may run at once, against the same root, with no leader election. SIGTERM or SIGINT ends
+dead process left behind), folds every partition's transaction buffer and settles it through the
+TCs (which writes snapshots when due), and optionally compacts. Every action is a compare-and-set
+on storage, so any number of instances may run at once, against the same root, with no leader
+election. SIGTERM or SIGINT ends
 the current pass and exits cleanly; a SIGKILLed instance leaves nothing to clean up.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import settle
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import merge_small_files
@@ -66,7 +68,8 @@ class CoordinatorService:
                 if self._stop.is_set():
                     return
                 try:
-                    TransactionBuffer(PartitionLog(self.client.root, p)).state()  # folds; snapshots when due
+                    buf = TransactionBuffer(PartitionLog(self.client.root, p))
+                    settle(self.client._coordinators(), buf, eager=True)  # folds; snapshots when due
                     self.stats.merged_files += merge_small_files(self.client.root, p)
                     if compact:
                         res = compact_partition(self.client.root, p)

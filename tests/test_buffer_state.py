@@ -267,7 +267,9 @@ def test_trim_below_forgets_transactions_retention_removed():
 
 
 def test_ended_set_is_bounded_but_keeps_aborted_and_ranged(monkeypatch):
+    """A state nobody settles through the TCs forgets plain commits past MAX_REMEMBERED."""
     monkeypatch.setattr(state_mod, "MAX_ENDED", 4)
+    monkeypatch.setattr(state_mod, "MAX_REMEMBERED", 4)
     spec = []
     for i in range(10):
         t = (1, i)
@@ -366,3 +368,24 @@ def test_snapshot_table_round_trips_and_resumes(arg):
     for attr in ("end_offset", "ongoing", "aborted", "ended", "ranges"):
         assert getattr(restored, attr) == getattr(whole, attr), attr
     assert visible(restored.filter(), t) == visible(whole.filter(), t)
+
+
+def test_only_overdue_plain_commits_confirmed_finished_are_forgotten(monkeypatch):
+    """Past the MAX_ENDED latest plain commits, one is forgotten only once its TC confirmed it
+    finished: a straggler of one still COMMITTING stays a straggler, which its TC could not tell."""
+    monkeypatch.setattr(state_mod, "MAX_ENDED", 2)
+    spec = []
+    for i in range(6):
+        spec += [D(f"v{i}", (1, i)), A((1, i)) if i == 1 else C((1, i))]
+    s, _ = fold(spec)
+    keys = [txn_key(1, i) for i in range(6)]
+    assert list(s.plain_ended) == [keys[i] for i in (0, 2, 3, 4, 5)]  # all kept by the fold
+    assert s.overdue() == [keys[0], keys[2], keys[3]] and s.forget_due
+    assert s.forget([keys[0], keys[1], keys[3], keys[5]]) == 2  # keys[2] still COMMITTING; 5 not overdue
+    assert list(s.plain_ended) == [keys[2], keys[4], keys[5]]
+    assert set(s.ended) == {keys[1], keys[2], keys[4], keys[5]} and s.aborted == {keys[1]: 3}
+    s.fold(records([D("late", (1, 2)), D("late", (1, 3))], start=12))
+    assert s.stragglers == [(12, 12)]  # keys[2]'s, known by its marker
+    assert s.ongoing == {keys[3]: 13}  # keys[3]'s looks new: its TC tells (reads.settle)
+    s.settle_stragglers([keys[3]], [13])
+    assert (s.ongoing, s.last_data.get(keys[3]), s.stragglers, s.read_limit) == ({}, None, [(12, 13)], 14)

@@ -165,8 +165,8 @@ def fields(s: BufferState) -> dict:
 def test_vectorised_fold_equals_per_row_fold(rows, cuts, chunks, max_ended):
     import pulsartx.buffer.state as state_mod
 
-    saved = state_mod.MAX_ENDED
-    state_mod.MAX_ENDED = max_ended  # small, so trimming the ended set happens too
+    saved = state_mod.MAX_ENDED, state_mod.MAX_REMEMBERED
+    state_mod.MAX_ENDED = state_mod.MAX_REMEMBERED = max_ended  # small, so trimming the ended set happens too
     try:
         fast, ref = BufferState(), BufferState()
         bounds = sorted({0, len(rows), *(c for c in cuts if c <= len(rows))})
@@ -176,7 +176,7 @@ def test_vectorised_fold_equals_per_row_fold(rows, cuts, chunks, max_ended):
             fold_rows(ref, t)
             assert fields(fast) == fields(ref)
     finally:
-        state_mod.MAX_ENDED = saved
+        state_mod.MAX_ENDED, state_mod.MAX_REMEMBERED = saved
 
 
 @settings(max_examples=120, deadline=None)

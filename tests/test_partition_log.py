@@ -394,7 +394,7 @@ def test_open_from_a_checkpoint_without_delta_rs_matches_delta_rs(plog, sroot):
     from_light, from_delta_rs = FileIndex(), FileIndex()
     from_light.load_adds(light.adds.values(), light.version)
     from_delta_rs.load_snapshot(t)
-    assert from_light._files == from_delta_rs._files and from_light.version == from_delta_rs.version
+    assert from_light.files == from_delta_rs.files and from_light.version == from_delta_rs.version
     fresh = PartitionLog(sroot, plog.topic)
     assert fresh.end_offset() == 107
     assert fresh.read(0, 107).column("value").to_pylist() == [f"m{i}".encode() for i in range(104)] + [

@@ -95,11 +95,12 @@ def test_a_straggler_of_a_committed_transaction_trimmed_from_the_ended_set_stays
 
 
 def test_a_straggler_folded_after_its_transaction_was_forgotten_stays_hidden(tmp_path, monkeypatch):
-    """The same straggler, met by a buffer that had already forgotten its transaction: the fold
-    sees an open transaction, its TC says COMMITTED (every marker written), and the state folded
-    after that lookup still has no marker for it, so the data came after its own marker."""
+    """The same straggler, met by a buffer that had already forgotten its transaction (its TC had
+    confirmed it finished): the fold sees an open transaction, its TC says COMMITTED (every marker
+    written), and the state folded after that lookup still has no marker for it, so the data came
+    after its own marker: it is recorded as a straggler."""
     import pulsartx.buffer.state as state_mod
-    from pulsartx.buffer.reads import resolved_filter
+    from pulsartx.buffer.reads import resolved_filter, settle
 
     monkeypatch.setattr(state_mod, "MAX_ENDED", 2)
     c = pulsartx.Client(str(tmp_path / "root"))
@@ -114,12 +115,14 @@ def test_a_straggler_folded_after_its_transaction_was_forgotten_stays_hidden(tmp
         t.commit()
     c.flush()  # the markers: commit() returns at the decision, the background completer writes them
     buf = TransactionBuffer(PartitionLog(c.root, PART))
-    assert buf.state().ongoing == {}  # `old` already forgotten here
+    state, _ = settle(c._coordinators(), buf, eager=True)  # its TC confirms `old` COMMITTED: forgotten
+    assert state.ongoing == {} and state_mod.txn_key(*old.id.as_tuple()) not in state.ended
     PartitionLog(c.root, PART).append(build_records([b"straggler"], txn=old.id.as_tuple()))
     p.send(b"after")
     assert list(buf.state().ongoing.values()) == [8]
     f = resolved_filter(c._coordinators(), buf)
     assert f.read_limit == 10
+    assert (buf.state().ongoing, buf.state().stragglers) == ({}, [(8, 8)])  # settled for good
     rows = f.apply(PartitionLog(c.root, PART).read(0, f.read_limit))
     assert rows.column("value").to_pylist() == [b"old", b"n0", b"n1", b"n2", b"after"]
     c.close()

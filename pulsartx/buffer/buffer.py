@@ -18,9 +18,13 @@ import logging
 import time
 from concurrent.futures import Future
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pulsartx.buffer.snapshot import SnapshotStore, state_to_table
-from pulsartx.buffer.state import FOLD_COLUMNS, BufferState
+from pulsartx.buffer.state import FOLD_COLUMNS, BufferState, txn_key_column
 from pulsartx.log.partition import PartitionLog
+from pulsartx.log.schema import MessageType
 from pulsartx.storage.pools import ProcessPool
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,19 @@ class TransactionBuffer:
                     s.end_offset = upto
             self._maybe_snapshot()
         return self._state
+
+    def settle_stragglers(self, keys: set[int]) -> None:
+        """Record the data of ``keys`` folded so far as stragglers (:meth:`BufferState.settle_stragglers`):
+        the exact rows, read back from the first one, as other transactions' rows lie between them."""
+        s = self.state(refresh=False)
+        keys = {k for k in keys if k in s.ongoing}
+        if not keys:
+            return
+        rows = self.log.read(min(s.ongoing[k] for k in keys), s.end_offset, ["type", "txn_most_bits", "txn_least_bits"],
+                             txn_only=True)
+        theirs = pc.and_(pc.equal(rows.column("type"), MessageType.DATA.value),
+                         pc.is_in(txn_key_column(rows), pa.array(sorted(keys), pa.int64())))
+        s.settle_stragglers(keys, rows.filter(theirs).column("offset").to_pylist())
 
     def _maybe_snapshot(self) -> None:
         s = self._state

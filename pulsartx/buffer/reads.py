@@ -77,21 +77,53 @@ def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
     return out
 
 
+def _finished(m: Any) -> bool:
+    """Finished for good: COMMITTED/ABORTED are logged after every marker was written, and a
+    transaction its TC no longer knows finished and was trimmed from its log."""
+    return m is None or m.status in (TxnStatus.COMMITTED, TxnStatus.ABORTED)
+
+
+def finished(coordinators: Any, keys: set[int]) -> set[int]:
+    """Those of ``keys`` whose TCs finished them for good (see :func:`_finished`); one whose TC
+    cannot be read now is not among them."""
+    return {k for k, m in _lookup(coordinators, keys).items() if _finished(m)}
+
+
+def settle(coordinators: Any, buffer: TransactionBuffer, eager: bool = False) -> tuple[BufferState, dict[int, Any]]:
+    """The buffer's state, folded, with what its transactions' TCs know for good applied to it,
+    and the TC metadata looked up (by key; only ongoing transactions, and overdue plain commits).
+
+    * A transaction still ongoing here that its TC reports finished has no marker here though
+      every marker was written before that report, and the state is folded again after it: its
+      data here came after its own marker (forgotten, or deleted by retention), or lies in a
+      partition it never registered. None of it is ever visible: it is recorded as stragglers,
+      and stops holding maxReadPosition, for readers, compaction and retention alike.
+    * Plain commits past the MAX_ENDED most recent ones are forgotten once their TCs confirm them
+      finished; the TCs are asked once MAX_ENDED are due (at every call with ``eager``)."""
+    state = buffer.state()
+    overdue = state.overdue() if eager or state.forget_due else []
+    if not state.ongoing and not overdue:
+        return state, {}
+    metas = _lookup(coordinators, set(state.ongoing) | set(overdue))
+    done = {k for k, m in metas.items() if _finished(m)}
+    if done & state.ongoing.keys():
+        state = buffer.state()  # folded after the lookup: every marker written before it is in
+        buffer.settle_stragglers(done)
+    if overdue:
+        state.forget(done)
+    return state, metas
+
+
 def _decisions(metas: Mapping[int, Any], name: str, state: BufferState) -> dict[int, Decision]:
-    """Outcomes for the transactions still ongoing in ``state`` that their TCs decided."""
+    """Outcomes for the transactions still ongoing in ``state`` that their TCs decided (after
+    :func:`settle`, no finished one is left ongoing)."""
     decided: dict[int, Decision] = {}
-    for k, first in state.ongoing.items():
+    for k in state.ongoing:
         if k not in metas:
             continue
         m = metas[k]
         if m is None or m.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):
             decided[k] = Decision(False)
-        elif m.status is TxnStatus.COMMITTED and m.commit_entries is None:
-            # COMMITTED is logged after every marker was written, and the state was folded after
-            # this was read: data still without a marker lies after its own marker, which the
-            # bounded ended set forgot (a straggler), or in a partition the transaction never
-            # registered. It was never part of the commit.
-            decided[k] = Decision(True, stragglers_from=first)
         elif m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
             ranges = None
             if m.commit_entries is not None:
@@ -106,12 +138,11 @@ def resolved_filter(coordinators: Any, buffer: TransactionBuffer) -> VisibilityF
     readers and consumers as well as Spark's stream reader, so a dead producer's transaction blocks
     none of them past its timeout, with or without a sweeper. A decided COMMIT shows its data in
     every partition alike, marker written or not (no fractured reads)."""
-    state = buffer.state()
-    if not state.ongoing or coordinators is None:
+    if coordinators is None:
+        return buffer.state().filter()
+    state, metas = settle(coordinators, buffer)
+    if not state.ongoing:
         return state.filter()
-    metas = _lookup(coordinators, set(state.ongoing))
-    if any(m is not None and m.status is TxnStatus.COMMITTED for m in metas.values()):
-        state = buffer.state()  # folded after the lookup: every marker written before COMMITTED is in
     return state.filter(_decisions(metas, str(buffer.log.topic), state))
 
 
@@ -141,7 +172,8 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
        data lies at or past any partition's limit: otherwise it is hidden everywhere.
     """
 
-    first = {name: b.state() for name, b in buffers.items()}
+    # Settled: a forgotten transaction's straggler is neither shown nor holding the limit.
+    first = {name: b.state() if coordinators is None else settle(coordinators, b)[0] for name, b in buffers.items()}
     # Before T0: everything at or past these offsets was written after this instant.
     first_end = {name: s.end_offset for name, s in first.items()}
     # Transactions with data before this instant (copied: a buffer's state may advance in place).
@@ -239,10 +271,10 @@ class VisibilityReader:
             return self._end
         state = self.buffer.state()
         tc_logs: dict[int, NextCommit] = {}
-        if not state.ongoing or self.client is None:
+        if self.client is None or not (state.ongoing or state.forget_due):
             self._filter = state.filter()
-        elif self._filter is None or any(k not in self._filter.decided_commits and k not in self._filter.aborted
-                                         for k in state.ongoing):
+        elif self._filter is None or state.forget_due or any(
+                k not in self._filter.decided_commits and k not in self._filter.aborted for k in state.ongoing):
             # An undecided transaction is asked about on every call, never cached: a commit is
             # visible to everyone from its decision on (read-your-writes across processes). A TC
             # log with nothing new costs one probe for its next commit.

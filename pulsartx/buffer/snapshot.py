@@ -64,8 +64,9 @@ def state_to_table(s: BufferState) -> pa.Table:
 
 
 def table_to_state(t: pa.Table) -> BufferState:
-    """Column-wise per kind: a snapshot holds thousands of ENDED/ABORTED rows (up to MAX_ENDED
-    committed ones plus every aborted transaction still in the log)."""
+    """Column-wise per kind: a snapshot holds thousands of ENDED/ABORTED rows (up to twice
+    MAX_ENDED committed ones, plus those their TCs have not finished, plus every aborted
+    transaction still in the log)."""
     import pyarrow.compute as pc
 
     s = BufferState()

@@ -5,7 +5,9 @@ Folding a record batch in offset order maintains:
   * ``ongoing``: transactions with data in the partition and no marker yet, with their first offset;
   * ``aborted``: transactions whose TXN_ABORT marker is in the partition (offset of the marker);
   * ``ended``: every transaction whose marker was seen (commit or abort), with the marker offset:
-    data of a transaction after its own marker (a straggler) is never visible;
+    data of a transaction after its own marker (a straggler) is never visible. Plain commits are
+    forgotten only once their TC confirms them finished (:meth:`BufferState.forget`), so a straggler
+    met later is told apart from new data through the TC (``reads.settle``);
   * ``ranges``: for commit markers that list their entries, the exact visible offset ranges;
   * ``stragglers``: offset ranges of data written after its own transaction's marker, recorded
     when folded (while the marker is known), so they stay hidden after the bounded ended set
@@ -29,8 +31,13 @@ from pulsartx.log.schema import MessageType
 TC_SHIFT = 40
 # Committed transactions without entry lists are remembered only to drop their stragglers (data
 # written after their own marker, e.g. by a zombie producer); the most recent ones cover that, and
-# keeping all of them would make snapshots, and so rebuilding the state, grow with history.
+# keeping all of them would make snapshots, and so rebuilding the state, grow with history. Older
+# ones are forgotten once their TC confirms them finished (COMMITTED, or trimmed from its log): a
+# straggler of one is then known for one by its TC. One still COMMITTING is kept, as its TC cannot
+# tell its straggler from data its commit covers (docs/design/forgetting-finished-transactions.md).
 MAX_ENDED = 1000
+# A state that no TC-aware reader settles (nothing but folds) still forgets past this many.
+MAX_REMEMBERED = 10_000
 
 
 def txn_key(most: int, least: int) -> int:
@@ -198,13 +205,48 @@ class BufferState:
             self.plain_ended.append(k)
 
     def _trim(self) -> None:
-        """Keep only the MAX_ENDED most recent plain committed transactions (aborted and
-        range-limited ones are kept: they decide visibility of data below maxReadPosition)."""
-        while len(self.plain_ended) > MAX_ENDED:
-            k = self.plain_ended.popleft()
-            if k not in self.aborted and k not in self.ranges:
-                self.ended.pop(k, None)
-                self.last_data.pop(k, None)
+        """Keep at most MAX_REMEMBERED plain committed transactions, confirmed or not: only a state
+        that nobody settles through the TCs gets there (aborted and range-limited ones are kept:
+        they decide visibility of data below maxReadPosition)."""
+        while len(self.plain_ended) > MAX_REMEMBERED:
+            self._forget_plain(self.plain_ended.popleft())
+
+    def _forget_plain(self, k: int) -> None:
+        if k not in self.aborted and k not in self.ranges:
+            self.ended.pop(k, None)
+            self.last_data.pop(k, None)
+
+    def overdue(self) -> list[int]:
+        """Plain committed transactions past the MAX_ENDED most recent ones, oldest first: to be
+        forgotten once their TCs confirm them finished."""
+        n = len(self.plain_ended) - MAX_ENDED
+        return [self.plain_ended[i] for i in range(n)] if n > 0 else []
+
+    @property
+    def forget_due(self) -> bool:
+        """MAX_ENDED plain commits are overdue: worth asking their TCs (once per that many, not per read)."""
+        return len(self.plain_ended) >= 2 * MAX_ENDED
+
+    def forget(self, finished: Iterable[int]) -> int:
+        """Forget the overdue plain commits among ``finished`` (their TCs logged them COMMITTED, so
+        every marker is written, or trimmed them). Returns how many were forgotten."""
+        done = set(finished).intersection(self.overdue())
+        if done:
+            self.plain_ended = deque(k for k in self.plain_ended if k not in done)
+            for k in done:
+                self._forget_plain(k)
+        return len(done)
+
+    def settle_stragglers(self, keys: Iterable[int], offsets: Iterable[int]) -> None:
+        """``keys`` are ongoing here, yet finished for good by their TCs, with no marker here: their
+        data here (at ``offsets``) came after a marker this state forgot or retention deleted, or
+        lies in a partition they never registered. None of it is ever visible, so it is recorded
+        as stragglers, and they stop holding maxReadPosition."""
+        for k in keys:
+            self.ongoing.pop(k, None)
+            self.last_data.pop(k, None)
+        self.add_stragglers((o, o) for o in offsets)
+        self.markers_since_snapshot += 1  # worth a snapshot, as a marker is
 
     def rebuild_plain_ended(self) -> None:
         """After loading a snapshot: the plain committed transactions in marker order, bounded."""
@@ -250,9 +292,7 @@ class BufferState:
         for k, d in decided.items():
             if k not in self.ongoing:
                 continue
-            if d.stragglers_from is not None:
-                ended[k] = d.stragglers_from - 1
-            elif d.commit:
+            if d.commit:
                 commits.add(k)
                 if d.ranges is not None:
                     ranges[k] = list(d.ranges)
@@ -270,9 +310,6 @@ class Decision:
 
     commit: bool
     ranges: tuple[tuple[int, int], ...] | None = None  # the commit's entries in this partition
-    # The transaction's marker here lies before this offset (forgotten by the bounded ended set):
-    # its data from here on came after its own marker, and is never visible.
-    stragglers_from: int | None = None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ commit log, so catching up costs the new commits only. Range lookups are a bisec
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -62,10 +63,22 @@ def _txn_free(null_count: Any, records: int) -> bool:
 
 
 class FileIndex:
+    """The files of one partition table at :attr:`version`, shared by the threads of a process.
+
+    A reader takes the index's one view, (files, their first offsets), in a single read and works on
+    it; a commit that removes files publishes a new view instead of changing the one readers hold,
+    so a reader sees the files before a merge or after it, never the run's files gone and the
+    merged one not yet in. Commits are applied under a lock and each at most once: two threads that
+    catch up at the same time both read the same new commits."""
+
     def __init__(self) -> None:
-        self._files: list[DataFile] = []
-        self._mins: list[int] = []
+        self._view: tuple[list[DataFile], list[int]] = ([], [])
         self.version = -1
+        self._lock = threading.Lock()
+
+    def _publish(self, files: list[DataFile], version: int) -> None:
+        self._view = (files, [f.min_offset for f in files])
+        self.version = version
 
     def load_snapshot(self, table: Any) -> None:
         """Build from a DeltaTable snapshot: one call, whatever the number of commits."""
@@ -92,61 +105,66 @@ class FileIndex:
             records = int(count or 0)
             files.append(DataFile(int(lo), int(hi), path, int(size), records, pmin, _max_us(pmax),
                                   _txn_free(null, records)))
-        self._files = sorted(files)
-        self._mins = [f.min_offset for f in self._files]
-        self.version = table.version()
+        with self._lock:
+            self._publish(sorted(files), table.version())
 
     def load_adds(self, adds: Iterable[dict[str, Any]], version: int) -> None:
         """Build from add actions (a checkpoint's and the commits' after it)."""
-        self._files = sorted(f for f in map(data_file_from_add, adds) if f is not None)
-        self._mins = [f.min_offset for f in self._files]
-        self.version = version
+        files = sorted(f for f in map(data_file_from_add, adds) if f is not None)
+        with self._lock:
+            self._publish(files, version)
 
     def apply_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
-        """One commit's adds and removes. An append at the end (every ordinary commit) costs O(1):
-        the offset list is rebuilt only when files are removed or land out of order, as a
-        rebuild per commit made a busy partition's refresh grow with its file count."""
+        """One commit's adds and removes; a commit already applied is skipped. An append at the end
+        (every ordinary commit) costs O(1), extending the current view in place (files first: a
+        reader's bisect over the first offsets it sees then finds a prefix of the files); the
+        offset list is rebuilt only when files are removed or land out of order, as a rebuild per
+        commit made a busy partition's refresh grow with its file count."""
         removed = {a["remove"]["path"] for a in actions if "remove" in a}
-        rebuild = False
-        if removed:
-            self._files = [f for f in self._files if f.path not in removed]
-            rebuild = True
-        for a in actions:
-            if "add" in a:
-                f = data_file_from_add(a["add"])
-                if f is None:
-                    continue
-                if not self._files or f.min_offset > self._files[-1].min_offset:
-                    self._files.append(f)
-                    if not rebuild:
-                        self._mins.append(f.min_offset)
-                else:
-                    bisect.insort(self._files, f)
-                    rebuild = True
-        if rebuild:
-            self._mins = [f.min_offset for f in self._files]
-        self.version = version
+        added = [f for a in actions if "add" in a and (f := data_file_from_add(a["add"])) is not None]
+        with self._lock:
+            if version <= self.version:
+                return
+            files, mins = self._view
+            in_order = not removed
+            last = mins[-1] if mins else None
+            for f in added:
+                in_order = in_order and (last is None or f.min_offset > last)
+                last = f.min_offset
+            if in_order:
+                for f in added:
+                    files.append(f)
+                    mins.append(f.min_offset)
+                self.version = version
+                return
+            kept = [f for f in files if f.path not in removed] if removed else list(files)
+            for f in added:
+                bisect.insort(kept, f)
+            self._publish(kept, version)
 
     @property
     def end_offset(self) -> int:
         """The next offset to be written: one past the highest offset in any file."""
-        return self._files[-1].max_offset + 1 if self._files else 0
+        files = self._view[0]
+        return files[-1].max_offset + 1 if files else 0
 
     @property
     def start_offset(self) -> int:
-        return self._files[0].min_offset if self._files else 0
+        files = self._view[0]
+        return files[0].min_offset if files else 0
 
     @property
     def files(self) -> list[DataFile]:
-        return list(self._files)
+        return list(self._view[0])
 
     def files_for(self, start: int, end: int) -> list[DataFile]:
         """Files holding any offset in ``[start, end)``, in offset order."""
-        if start >= end or not self._files:
+        files, mins = self._view
+        if start >= end or not files:
             return []
-        i = max(0, bisect.bisect_right(self._mins, start) - 1)
+        i = max(0, bisect.bisect_right(mins, start) - 1)
         out = []
-        for f in self._files[i:]:
+        for f in files[i:]:
             if f.min_offset >= end:
                 break
             if f.max_offset >= start:
@@ -154,4 +172,4 @@ class FileIndex:
         return out
 
     def size_bytes(self) -> int:
-        return sum(f.size for f in self._files)
+        return sum(f.size for f in self._view[0])

@@ -324,15 +324,17 @@ class PartitionLog:
             return self._refresh()
 
     def _refresh(self) -> FileIndex:
-        if self._index is not None and time.monotonic() - self._identity_checked >= INCARNATION_CHECK_S:
+        # One index throughout (threads share this log): another thread may start over meanwhile.
+        idx = self._index
+        if idx is not None and time.monotonic() - self._identity_checked >= INCARNATION_CHECK_S:
             # A long-lived reader must notice a topic deleted and re-created elsewhere: the new table's
             # commits would otherwise be applied as if they continued the old one's log.
             self._identity_checked = time.monotonic()
             current = self._tail.table_id()
             if current is not None and current != self._table_id:
                 log.info("%s was deleted and re-created since this process loaded it: starting over", self.topic)
-                self._index = None
-        if self._index is None:
+                self._index = idx = None
+        if idx is None:
             idx = FileIndex()
             light = delta.read_checkpointed_snapshot(self.root, self.segments)
             if light is not None:  # a checkpoint to start from: read without delta-rs (half the cost)
@@ -346,9 +348,9 @@ class PartitionLog:
                 self._table_id = t.metadata().id
             self._index = idx
             self._identity_checked = time.monotonic()
-        for version, actions in self._tail.commits_after(self._index.version):
-            self._index.apply_commit(version, actions)
-        return self._index
+        for version, actions in self._tail.commits_after(idx.version):
+            idx.apply_commit(version, actions)
+        return idx
 
     def next_commit(self) -> delta.NextCommit:
         """The commit after the ones the file index has applied (before it is loaded: version 0)."""

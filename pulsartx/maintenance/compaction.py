@@ -1,9 +1,11 @@
 """Compaction: rewrite a partition's old files without what no reader may ever see.
 
 Only files entirely below maxReadPosition are touched, so open transactions' data and anything
-still undecided are never rewritten. The rewrite drops DATA rows of aborted transactions, rows a
-commit marker left out, and stragglers after their own transaction's marker; it keeps plain
-messages, committed messages and markers with their offsets, in order. Offsets never change, so
+still undecided are never rewritten. The transaction buffer is settled through the TCs first
+(``reads.settle``): data a zombie wrote after a forgotten marker would otherwise hold
+maxReadPosition, and so compaction, where it stands for good. The rewrite drops DATA rows of
+aborted transactions, rows a commit marker left out, and stragglers after their own transaction's
+marker; it keeps plain messages, committed messages and markers with their offsets, in order. Offsets never change, so
 cursors, MessageIds and transaction-buffer snapshots stay valid.
 
 The commit is recorded as Delta records an OPTIMIZE (docs/design/compaction-commits.md): runs of
@@ -22,6 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import settle
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
 from pulsartx.log.schema import RECORD_SCHEMA, STATS_COLUMNS, MessageType
@@ -81,7 +85,7 @@ def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 
 def _compact_once(root: StorageRoot, partition: TopicName, min_files: int) -> CompactionResult:
     plog = PartitionLog(root, partition)
     index = plog.refresh()
-    state = TransactionBuffer(plog).state()
+    state, _ = settle(Coordinators.shared(root), TransactionBuffer(plog), eager=True)
     horizon = state.read_limit
     files = [f for f in index.files if f.max_offset < horizon]
     res = CompactionResult(str(partition), files_before=len(index.files), files_after=len(index.files))

@@ -5,7 +5,9 @@ Whatever the limits say, retention keeps what the rest of the log needs to be re
 (:func:`_needed_by_the_log`): it never passes maxReadPosition (an open transaction's data stays
 until its outcome is known), and it never deletes the marker of a transaction that still has data
 after the new start (a straggler whose marker is gone would look like an open transaction to a
-fold of the remaining log, forever)."""
+fold of the remaining log, forever), nor that of a commit its TC has not finished
+(:func:`_needed_until_finished`). It settles the transaction buffer through the TCs first, as
+compaction does, so a straggler of a forgotten transaction does not hold it back for good."""
 from __future__ import annotations
 
 import logging
@@ -16,7 +18,9 @@ import pyarrow.compute as pc
 
 from pulsartx.admin.subscriptions import live_cursor, subscription_names
 from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.buffer.reads import finished, settle
 from pulsartx.buffer.state import BufferState, txn_key_column
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, partition_segments
 from pulsartx.log.schema import STATS_COLUMNS, MessageType
@@ -72,6 +76,25 @@ def _needed_by_the_log(plog: PartitionLog, state: BufferState, doomed: list[Data
     return [f for f in doomed if f.max_offset < keep_from]
 
 
+def _needed_until_finished(coordinators: Coordinators, plog: PartitionLog, state: BufferState,
+                           doomed: list[DataFile]) -> list[DataFile]:
+    """The leading files of ``doomed`` holding no commit marker of a transaction its TC has not
+    finished (still COMMITTING, its other markers on their way, or its TC unreadable now). Its TC
+    cannot tell a straggler of it from data its commit covers, so only this partition's memory of
+    the marker can: deleted, a straggler appended later would be shown."""
+    if not doomed:
+        return doomed
+    start = doomed[-1].max_offset + 1
+    plain = {k: o for k, o in state.ended.items() if o < start and k not in state.aborted and k not in state.ranges}
+    unfinished = plain.keys() - finished(coordinators, set(plain)) if plain else set()
+    if not unfinished:
+        return doomed
+    keep_from = min(plain[k] for k in unfinished)
+    log.info("retention on %s keeps offsets from %d: the marker of %d transaction(s) not finished yet",
+             plog.topic, keep_from, len(unfinished))
+    return [f for f in doomed if f.max_offset < keep_from]
+
+
 def apply_retention(root: StorageRoot, partition: TopicName, max_age_ms: int | None = None,
                     max_bytes: int | None = None, force: bool = False, attempts: int = 5) -> RetentionResult:
     """Delete the oldest files past the limits, planning again when a concurrent change removed
@@ -104,8 +127,9 @@ def _retention_once(root: StorageRoot, partition: TopicName, max_age_ms: int | N
             break
         doomed.append(f)
         total -= f.size
-    buf = TransactionBuffer(plog)
-    doomed = _needed_by_the_log(plog, buf.state(), doomed)
+    tcs = Coordinators.shared(root)
+    state, _ = settle(tcs, TransactionBuffer(plog), eager=True)
+    doomed = _needed_until_finished(tcs, plog, state, _needed_by_the_log(plog, state, doomed))
     if not force and doomed:
         name, first_unacked = slowest_subscription(root, partition)
         if first_unacked is not None:
