@@ -148,7 +148,7 @@ def test_a_repeated_marker_does_not_end_a_straggler_of_a_decided_transaction_the
         t = c.new_transaction()
         p0.send(f"n{i}".encode(), txn=t)
         t.commit()
-    assert c.flush()
+        assert c.flush()  # its marker, written in the background, lands before the next data
     vis = VisibilityReader(c, PartitionLog(c.root, P0), "READ_COMMITTED")  # a reader catches up, and
     assert vis.end_position() == 9
     assert vis.buffer.take_snapshot()  # its buffer is snapshotted: later readers fold on from there

@@ -140,6 +140,10 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             aborted_hist.add(_txn(e["txn"]))
         elif f == "abort" and kind == "ok":
             aborted_hist.add(_txn(e["txn"]))
+        elif f == "admin_abort" and kind == "ok":
+            # An operator was told ABORTED: the transaction must never show as committed.
+            aborted_hist.add(_txn(e["txn"]))
+            stats["admin_aborted"] += 1
         if f in ("commit", "abort") and kind == "ok":
             decided_at[_txn(e["txn"])] = min(decided_at.get(_txn(e["txn"]), e["t"]), e["t"])
     stored_values = {r[2] for rows in final.stored.values() for r in rows}

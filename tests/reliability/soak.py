@@ -1,4 +1,4 @@
-"""Suite 2, the concurrency soak: 8 processes on one root at once, then the checker.
+"""Suite 2, the concurrency soak: 9 processes on one root at once, then the checker.
 
 =========  ======================================================================================
 txn-0/1    transactional producers to ``orders`` (3 partitions): 1-4 values per transaction over
@@ -12,6 +12,9 @@ reader     batch reads of ``orders`` and of ``out1`` + ``out2`` (the consistent 
            reader tailing ``orders``, and maxReadPosition samples of every partition
 service    the coordinator service (``pulsartx.service``): sweeps every TC, folds buffers and
            writes snapshots when due
+operator   an operator at random moments: admin aborts (``abort_transaction``) of open, deciding,
+           decided and trimmed transactions, and TC-log maintenance that trims finished entries
+           (a full compaction with a short retention); an abort it is told succeeded must hold
 maint      maintenance: ``compact_partition`` of every partition and a forced buffer snapshot, in turn
 =========  ======================================================================================
 
@@ -37,7 +40,9 @@ OUT_PARTS = 2
 TXN_TIMEOUT_MS = 5000
 TINY_TIMEOUT_MS = 300
 SERVICE_INTERVAL_S = 1.0
-ROLES = ["txn-0", "txn-1", "plain", "xform-1", "xform-2", "reader", "service", "maint"]
+ROLES = ["txn-0", "txn-1", "plain", "xform-1", "xform-2", "reader", "service", "maint", "operator"]
+TRIM_EVERY_S = 3.0  # the operator's TC-log maintenance, with this retention for finished entries
+TRIM_RETENTION_MS = 2000
 DEFINITELY_ABORTED = ("ExpiredTransactionError", "TransactionConflict")
 
 
@@ -318,8 +323,55 @@ def maintenance(role, url, options, hist_dir, stop_path, go_path, deadline, seed
             "first_errors": errors[:3]}
 
 
+def operator(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
+    from pulsartx.coordinator.state import TxnStatus
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    rng = random.Random(seed)
+    c, h = _setup(role, url, options, hist_dir, go_path)
+    told: dict[str, int] = {}
+    trimmed: list = []  # ids seen finished, then trimmed by this role's maintenance
+    last_trim = time.monotonic()
+    while not _stopping(stop_path, deadline):
+        time.sleep(rng.uniform(0.05, 0.3))
+        try:
+            metas = [m for tc in c._coordinators().all() for m in tc.transactions(refresh=True)]
+            if time.monotonic() - last_trim >= TRIM_EVERY_S:
+                last_trim = time.monotonic()
+                tc_id = rng.choice(sorted({m.txn_id.most_bits for m in metas} or {0}))
+                tl = TransactionLog(c.root, tc_id, compact_every=1, finished_retention_ms=TRIM_RETENTION_MS).open()
+                before = {m.txn_id for m in tl.all() if m.status.is_final}
+                tl.log.files_since_compaction = 1
+                if tl.maybe_compact(int(time.time() * 1000)):
+                    tl.refresh()
+                    trimmed.extend(t for t in before if tl.get(t.least_bits) is None)
+                    trimmed[:] = trimmed[-200:]
+        except Exception:
+            continue  # a storage fault: try again later
+        kinds = {
+            "open": [m.txn_id for m in metas if m.status is TxnStatus.OPEN],
+            "deciding": [m.txn_id for m in metas if m.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING)],
+            "decided": [m.txn_id for m in metas if m.status.is_final],
+            "trimmed": trimmed,
+        }
+        kind = rng.choice([k for k, v in kinds.items() if v] or ["open"])
+        if not kinds[kind]:
+            continue
+        target = rng.choice(kinds[kind])
+        h.invoke("admin_abort", txn=txn_list(target), kind=kind)
+        try:
+            meta = c.admin.transactions.abort_transaction(str(target))
+        except Exception as e:
+            h.info("admin_abort", e, txn=txn_list(target), kind=kind)
+            told[f"{kind}:refused"] = told.get(f"{kind}:refused", 0) + 1
+            continue
+        h.ok("admin_abort", txn=txn_list(target), kind=kind, status=meta["status"])
+        told[f"{kind}:{meta['status']}"] = told.get(f"{kind}:{meta['status']}", 0) + 1
+    return {"admin_aborts": told, "trimmed_seen": len(trimmed)}
+
+
 ROLE_FNS = {"txn": txn_producer, "plain": plain_producer, "xform": transformer, "reader": reader,
-            "service": service, "maint": maintenance}
+            "service": service, "maint": maintenance, "operator": operator}
 
 
 # ================================ parent ==========================================================
