@@ -41,7 +41,7 @@ TXN_TIMEOUT_MS = 5000
 TINY_TIMEOUT_MS = 300
 SERVICE_INTERVAL_S = 1.0
 ROLES = ["txn-0", "txn-1", "plain", "xform-1", "xform-2", "reader", "service", "maint", "operator"]
-TRIM_EVERY_S = 3.0  # the operator's TC-log maintenance, with this retention for finished entries
+TRIM_EVERY_S = 1.0  # the operator's TC-log maintenance, with this retention for finished entries
 TRIM_RETENTION_MS = 2000
 DEFINITELY_ABORTED = ("ExpiredTransactionError", "TransactionConflict")
 
@@ -354,7 +354,8 @@ def operator(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -
             "decided": [m.txn_id for m in metas if m.status.is_final],
             "trimmed": trimmed,
         }
-        kind = rng.choice([k for k, v in kinds.items() if v] or ["open"])
+        # Trimmed ids half the time when there are any: the state an abort must not re-decide.
+        kind = "trimmed" if trimmed and rng.random() < 0.5 else rng.choice([k for k, v in kinds.items() if v] or ["open"])
         if not kinds[kind]:
             continue
         target = rng.choice(kinds[kind])
