@@ -73,6 +73,11 @@ class ProducerFenced(PulsarException):
     """Another producer with the same name won the race for a sequence id."""
 
 
+class ForkedProcessError(PulsarException):
+    """A forked child used what its parent made before the fork (a producer, consumer, reader or
+    transaction), or storage after its parent had used deltalake; the message says how to start it."""
+
+
 class StorageError(PulsarException):
     """The storage root could not be read or written; the message names the table or file."""
 

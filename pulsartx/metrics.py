@@ -12,6 +12,7 @@ Embed with :func:`generate_latest` (text exposition) or :func:`start_metrics_ser
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
@@ -30,6 +31,19 @@ _counts: dict[tuple[str, int], int] = defaultdict(int)  # (event, coordinator_id
 _latency: dict[int, list[int]] = defaultdict(lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
 _tp: dict[str, int] = defaultdict(int)  # pending-ack committed/aborted counts
 _tp_latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+
+
+def _counts_in_child() -> None:
+    """A forked child counts its own events, behind a lock no parent thread holds."""
+    global _lock
+    _lock = threading.Lock()
+    _counts.clear()
+    _latency.clear()
+    _tp.clear()
+    _tp_latency[:] = [0] * len(_tp_latency)
+
+
+os.register_at_fork(after_in_child=_counts_in_child)
 
 
 def _bucket(ms: float) -> int:

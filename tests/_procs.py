@@ -10,6 +10,9 @@ by what they printed and by what is in storage, never by their exit codes.
 Patching inside a child (``end_on_partition``, ``end_on_participants``) only makes the child stop at
 an exact step of the commit protocol; the parent then kills it with SIGKILL and checks recovery with
 the real, unpatched code.
+
+:class:`Forked` is the exception: a child ``os.fork()`` makes of the calling process, for tests of
+what a forked child may do with what its parent made (docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -105,6 +108,58 @@ class Child:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+
+class Forked:
+    """``fn(*args)`` in a child ``os.fork()`` makes of this process, which sends back its JSON
+    result through a pipe and leaves with ``os._exit(0)``. The child runs nothing but ``fn``: no
+    test framework, no interpreter teardown."""
+
+    def __init__(self, fn: Any, *args: Any):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                out = {"ok": True, "result": fn(*args)}
+            except BaseException:
+                out = {"ok": False, "error": traceback.format_exc()}
+            try:
+                data = json.dumps(out).encode()
+                while data:
+                    data = data[os.write(w, data):]
+            finally:
+                os._exit(0)
+        os.close(w)
+        self.pid = pid
+        self._r = r
+
+    def result(self, timeout: float = 60) -> Any:
+        """The child's return value; raises AssertionError with its traceback if it failed, or if
+        it sent nothing within ``timeout`` seconds (then it is killed: e.g. it waits on a lock)."""
+        import select
+
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._r], [], [], left)[0]:
+                    os.kill(self.pid, signal.SIGKILL)
+                    raise AssertionError(f"forked child {self.pid}: no result within {timeout}s")
+                chunk = os.read(self._r, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self._r)
+            os.waitpid(self.pid, 0)
+        if not chunks:
+            raise AssertionError(f"forked child {self.pid} ended without a result")
+        out = json.loads(b"".join(chunks))
+        if not out["ok"]:
+            raise AssertionError(f"forked child {self.pid} failed:\n{out['error']}")
+        return out["result"]
 
 
 def count_markers(root_url: str, topic: str, partitions: int) -> Counter:

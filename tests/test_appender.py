@@ -197,12 +197,11 @@ def test_an_unknown_compression_type_is_refused_by_name(tmp_path):
 def test_a_checkpoint_that_cannot_be_scheduled_never_fails_the_commit(table, monkeypatch):
     """At interpreter exit executors refuse work while daemon threads (a consumer's ack flush, a
     producer's batch timer) may still append: the 100th commit has landed and must be reported so."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from pulsartx.storage import appender as ap
+    from pulsartx.storage.pools import ProcessPool
 
-    closed = ThreadPoolExecutor(1)
-    closed.shutdown()
+    closed = ProcessPool(1, "pulsartx-checkpoint")
+    closed.get().shutdown()
     monkeypatch.setattr(ap, "_CHECKPOINTS", closed)
     a = appender(table)
     for i in range(CHECKPOINT_INTERVAL):

@@ -14,6 +14,14 @@ Every keyword is checked: a misspelt one raises :class:`~pulsartx.exceptions.Unk
 ``TypeError`` too) naming the nearest valid keyword, instead of being ignored. Each method's
 docstring lists its keywords with their defaults (tests/test_client_keywords.py compares the
 lists with the signatures).
+
+Across ``os.fork()`` (multiprocessing's default start method on Linux before Python 3.14), a
+Client in the child starts over as a fresh one: its TCs, TxnID block, TC lease and background
+completions stay with the parent. Its producers, consumers, readers and transactions made before
+the fork, and a Client holding a transaction key, stay with the parent too: in the child they
+raise :class:`~pulsartx.exceptions.ForkedProcessError`. A child forked after its parent used
+storage cannot use deltalake at all, so it too gets ForkedProcessError at its first storage access:
+start such children with the ``spawn`` or ``forkserver`` method (docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import logging
 import threading
 from typing import Any
 
+from pulsartx import forks
 from pulsartx.admin import Admin
 from pulsartx.admin.topics import MAX_PARTITIONS
 from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
@@ -75,9 +84,19 @@ class Client:
         self._tcs: Coordinators | None = None
         self._tcs_lock = threading.Lock()
         self.admin = Admin(self)
+        self._made = forks.stamp()
         if transaction_key is not None:
             full_key(owner, transaction_key)  # validate before touching storage
             self._claim_transaction_key()
+        forks.reset_in_child(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: start over as a fresh Client. The TCs (TxnID block, lease, queued
+        completions) and everything made so far are the parent's; the child builds its own on first
+        use. A transaction key stays the parent's (:meth:`new_transaction` refuses it here)."""
+        self._tcs = None
+        self._tcs_lock = threading.Lock()
+        self._children = []
 
     def _coordinators(self) -> Coordinators:
         """The client's one set of TCs: a transaction begun lazily lives in its TC object until it
@@ -110,6 +129,9 @@ class Client:
         """
         if self._closed:
             raise AlreadyClosed("client is closed")
+        if self.transaction_key is not None:  # a key has one holder: the process that claimed it
+            forks.check(self._made, lambda: f"the Client holding transaction key {self.transaction_key!r} "
+                                            f"(owner {self.owner!r}, epoch {self.epoch})")
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
             raise InvalidConfiguration(f"timeout_ms={timeout_ms!r}: must be a positive number of milliseconds")
         tcs = self._coordinators()

@@ -6,6 +6,9 @@ live in their own modules: :mod:`~pulsartx.client.receiving`, :mod:`~pulsartx.cl
 and :mod:`~pulsartx.client.redelivery`; this one holds the subscription's lifecycle (subscribe,
 leases, seek, unsubscribe, close) and the background work (ack grouping, lease renewal, the
 unacked timeout).
+
+A consumer stays with the process that made it: in a forked child it raises ForkedProcessError
+(its lease and the messages it holds are the parent's; docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.acknowledgement import Acknowledgement
 from pulsartx.client.consumer_state import ConsumerType, InitialPosition, PartitionState
@@ -49,6 +53,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                  idle_poll_max_interval_ms: int | None = None):
         """Made by :meth:`Client.subscribe`, whose docstring lists the keywords."""
         check_subscription_name(subscription_name)
+        self._made = forks.stamp()
         self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
         self._local_change = threading.Event()
         if not isinstance(consumer_type, ConsumerType):
@@ -127,7 +132,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
         return self._name
 
     def is_connected(self) -> bool:
-        return not self._closed
+        return not self._closed and not forks.forked(self._made)
 
     def seek(self, message_id: MessageId) -> None:
         """Reset the subscription: the next message delivered is ``message_id`` (or the
@@ -172,6 +177,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
 
     def close(self) -> None:
         if self._closed:
+            return
+        if forks.forked(self._made):  # the parent's copy: its acks and lease are the parent's
+            self._closed = True
             return
         try:
             self._flush_acks()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message
@@ -91,11 +92,14 @@ class ConsumerCore:
     _idle: IdleWait
     _local_change: threading.Event  # set when this consumer's own state made a message deliverable
     _closed: bool
+    _made: int  # forks.stamp() when made: a forked child must not receive or ack as this consumer
     _active: bool
     _leases: LeaseStore
     _parts: list[PartitionState]
     _rr: int
 
     def _check_open(self) -> None:
+        if self._made != forks.generation:
+            forks.check(self._made, f"consumer {self._name} of subscription {self._subscription!r} on {self._topic}")
         if self._closed:
             raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")

@@ -4,6 +4,10 @@ Messages are queued per (partition, transaction) and each queue is appended as o
 when it holds ``batching_max_messages`` messages, when ``batching_max_publish_delay_ms`` has
 passed, or on ``flush()``/``send()``. Sequence ids are assigned at send time, so a retried batch
 carries the same ids and the partition's dedup drops what already landed.
+
+A producer stays with the process that made it: in a forked child it raises ForkedProcessError
+(its name and sequence ids would name two writers, and Pulsar refuses a second producer of one
+name; docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pulsartx import forks
 from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
@@ -77,6 +82,7 @@ class Producer:
             raise InvalidConfiguration(f"batching_max_publish_delay_ms={batching_max_publish_delay_ms}: must be >= 0")
         self._compression = CompressionType.parse(compression_type)
         self._client = client
+        self._made = forks.stamp()
         self._partitions: list[TopicName] = client.admin.partitions_of(topic)
         self._topic = str(TopicName.parse(topic))
         self._name = producer_name or f"pulsartx-{uuid.uuid4().hex[:12]}"
@@ -169,6 +175,7 @@ class Producer:
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
+        forks.check(self._made, self._describe)
         # Iterate over the flush locks, not the queues: a batch the timer thread already popped is
         # no longer queued, and taking its lock is what waits for that append to finish.
         self._flush_keys(list(self._flush_locks))
@@ -179,6 +186,9 @@ class Producer:
     def close(self) -> None:
         if self._closed:
             return
+        if forks.forked(self._made):  # the parent's copy: its queue is the parent's to flush
+            self._closed = True
+            return
         try:
             self.flush()
         finally:
@@ -186,7 +196,7 @@ class Producer:
             self._wake.set()
 
     def is_connected(self) -> bool:
-        return not self._closed
+        return not self._closed and not forks.forked(self._made)
 
     def __enter__(self) -> Producer:
         return self
@@ -195,8 +205,13 @@ class Producer:
         self.close()
 
     # ---- internals ------------------------------------------------------------------------------
+    def _describe(self) -> str:
+        return f"producer {self._name} on {self._topic}"
+
     def _enqueue(self, content, callback, properties, partition_key, sequence_id, event_timestamp, txn,
                  sync: bool = False) -> _Pending:
+        if self._made != forks.generation:
+            forks.check(self._made, self._describe)
         if self._closed:
             raise AlreadyClosed(f"producer {self._name} on {self._topic} is closed")
         if not isinstance(content, bytes | bytearray | memoryview):

@@ -3,6 +3,9 @@
 Each partition is tailed incrementally: the file index follows new Delta commits, and only the
 offsets past the reader's position are fetched, so tailing cost does not grow with the log.
 Which records are *visible* is decided by :mod:`pulsartx.buffer.reads` (isolation levels).
+
+A reader stays with the process that made it: in a forked child it raises ForkedProcessError
+(docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message, messages_from_table
@@ -64,6 +68,7 @@ class Reader:
                  start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
                  idle_poll_max_interval_ms: int | None = None):
         """Made by :meth:`Client.create_reader`, whose docstring lists the keywords."""
+        self._made = forks.stamp()
         self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
         if not isinstance(start_message_id, MessageId):
             raise InvalidConfiguration(
@@ -83,6 +88,7 @@ class Reader:
 
     def seek(self, message_id: MessageId) -> None:
         """Reposition: earliest, latest, or just after (``start_message_id_inclusive``: at) a message."""
+        forks.check(self._made, self._describe)
         for f in self._fetchers:
             if message_id.is_earliest:
                 f.seek(0)
@@ -123,9 +129,13 @@ class Reader:
         self._closed = True
 
     def is_connected(self) -> bool:
-        return not self._closed
+        return not self._closed and not forks.forked(self._made)
+
+    def _describe(self) -> str:
+        return f"reader {self._name} on {self._topic}" if self._name else f"reader on {self._topic}"
 
     def _check_open(self) -> None:
+        forks.check(self._made, self._describe)
         if self._closed:
             raise AlreadyClosed(f"reader on {self._topic} is closed")
 

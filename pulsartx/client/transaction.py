@@ -2,6 +2,10 @@
 
 ``with client.new_transaction() as txn:`` commits on success and aborts on an exception.
 Messages sent and acks made with ``txn=`` become visible/effective atomically at commit.
+
+A transaction stays with the process that began it: in a forked child its use raises
+ForkedProcessError (two processes adding to one transaction would merge their work unseen;
+docs/design/clients-across-fork.md).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from pulsartx import forks
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, TransactionConflict
@@ -55,6 +60,7 @@ def _end_pool() -> ThreadPoolExecutor:
 class Transaction:
     def __init__(self, client: Client, meta: TxnMeta, written: bool = True):
         self._client = client
+        self._made = forks.stamp()
         self.id: TxnID = meta.txn_id
         self.timeout_ms = meta.timeout_ms
         self.state = TransactionState.OPEN
@@ -80,7 +86,11 @@ class Transaction:
         return self.id
 
     # ---- used by producers and consumers --------------------------------------------------------
+    def _check_process(self) -> None:
+        forks.check(self._made, lambda: f"transaction {self.id}")
+
     def _check_usable(self) -> None:
+        self._check_process()
         if self._expired is not None:
             raise ExpiredTransactionError(str(self._expired))
         if self.state is TransactionState.TIME_OUT:
@@ -183,6 +193,7 @@ class Transaction:
 
         Safe to call again after it raised (PIP-254): it returns if the transaction committed and
         raises naming the real outcome if it aborted; on a committed transaction it returns quietly."""
+        self._check_process()
         with self._end_lock:
             if self.state is TransactionState.COMMITTED:
                 return
@@ -214,15 +225,18 @@ class Transaction:
         """Decide ABORT; returns once that is durable (nothing of the transaction is then ever
         visible, and its acknowledged messages are redeliverable). Safe to call again; on an
         aborted transaction it returns quietly, on a committed one it raises."""
+        self._check_process()
         with self._end_lock:
             self._abort_locked()
 
     def commit_async(self) -> Future[None]:
         """:meth:`commit` on a helper thread: the future completes at the decision point (Pulsar's
         ``commit()`` returns a CompletableFuture)."""
+        self._check_process()
         return _end_pool().submit(self.commit)
 
     def abort_async(self) -> Future[None]:
+        self._check_process()
         return _end_pool().submit(self.abort)
 
     def _abort_locked(self) -> None:

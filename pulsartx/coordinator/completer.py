@@ -7,18 +7,24 @@ readers resolve a transaction without a marker through its TC log, so a completi
 repeated or never run changes when the markers appear, not what anyone sees. If this process dies
 with completions queued, whoever opens the TC log finishes them (the recovery sweep), exactly as
 after a crash between the decision and the markers.
+
+Its threads come from a :class:`~pulsartx.storage.pools.ProcessPool`: a forked child starts its
+own (the parent's threads did not survive the fork) and forgets the parent's queue, whose
+completions are the parent's to run.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from pulsartx import forks
 from pulsartx.coordinator.state import TxnMeta
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.storage import delta, group_commit
+from pulsartx.storage.pools import ProcessPool
 
 if TYPE_CHECKING:
     from pulsartx.coordinator.coordinator import TransactionCoordinator
@@ -33,9 +39,13 @@ class Completer:
     """One per client (its TCs share it): what :meth:`flush` waits for is that client's work."""
 
     def __init__(self, threads: int = THREADS):
-        self._threads = threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = ProcessPool(threads, THREAD_PREFIX)
         self._inflight: dict[TxnID, Future[TxnMeta]] = {}
+        self._lock = threading.Lock()
+        forks.reset_in_child(self)
+
+    def _after_fork(self) -> None:
+        self._inflight = {}
         self._lock = threading.Lock()
 
     def submit(self, tc: TransactionCoordinator, meta: TxnMeta) -> Future[TxnMeta]:
@@ -44,10 +54,8 @@ class Completer:
             fut = self._inflight.get(meta.txn_id)
             if fut is not None:
                 return fut
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=THREAD_PREFIX)
             try:
-                fut = self._pool.submit(self._run, tc, meta)
+                fut = self._pool.get().submit(self._run, tc, meta)
             except RuntimeError:  # the interpreter is exiting: no new threads; complete here
                 fut = Future()
                 fut.set_result(self._run(tc, meta, track=False))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pulsartx import metrics
+from pulsartx import forks, metrics
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.keys import TransactionKeyStore, full_key
 from pulsartx.coordinator.lease import TcLease
@@ -88,6 +88,7 @@ class TransactionCoordinator:
         # the first ADD_PARTITION/ADD_SUBSCRIPTION (or the end), so beginning one costs no write.
         self._unwritten: dict[int, TxnMeta] = {}
         self._ids: tuple[int, int] | None = None  # the rest of this process's TxnID block: (next, last)
+        self._made = forks.stamp()  # the block is this process's: a forked child issuing from it would repeat ids
         self.completer = completer  # background completion for end_transaction(background=True)
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
 
@@ -167,6 +168,7 @@ class TransactionCoordinator:
     # ---- requests (PIP-31 "TC Request Processing") -----------------------------------------------
     def _next_id(self) -> TxnID:
         """The next TxnID of this process's block, leasing a new block when it runs out."""
+        forks.check(self._made, lambda: f"TC {self.tc_id} of {self.root.url} (its TxnID block)")
         if self._ids is None or self._ids[0] > self._ids[1]:
             self._ids = self.txlog.lease_block(self.config.id_block_size)
         least, last = self._ids

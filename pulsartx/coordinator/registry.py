@@ -24,6 +24,7 @@ import time
 import uuid
 import zlib
 
+from pulsartx import forks
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator, now_ms
 from pulsartx.coordinator.keys import TransactionKeyStore
@@ -37,6 +38,16 @@ DEFAULT_COORDINATORS = 16
 META = ("coordinator", "_coordinators.json")
 _SHARED: dict[tuple, Coordinators] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+def _shared_in_child() -> None:
+    """A forked child builds its own TC sets: the parent's hold its TxnID blocks and its lease."""
+    global _SHARED_LOCK
+    _SHARED.clear()
+    _SHARED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_shared_in_child)
 
 
 class Coordinators:
@@ -61,6 +72,11 @@ class Coordinators:
         self._renew_at = 0.0
         self._shared_tc = random.randrange(self.count)
         self._retry_at = 0.0
+        self._made = forks.stamp()  # a forked child must not begin transactions on our blocks and lease
+
+    def _check_process(self) -> None:
+        forks.check(self._made, lambda: f"the transaction coordinators of {self.root.url} (lease owner "
+                                        f"{self.lease_owner}, and its TxnID blocks)")
 
     @classmethod
     def shared(cls, root: StorageRoot, recover_on_open: bool = False) -> Coordinators:
@@ -118,6 +134,7 @@ class Coordinators:
     def pick(self, key: str | None = None) -> int:
         """A client's TC: by hash of its transaction key when it has one, else the leased one (or,
         with leases off, round-robin)."""
+        self._check_process()
         if key is not None:
             return zlib.crc32(key.encode()) % self.count
         if self.config.lease_ms <= 0:
@@ -218,6 +235,7 @@ class Coordinators:
 
     def release(self) -> None:
         """Give our lease up (a closing client), so the next process takes the log at once."""
+        self._check_process()
         with self._lease_lock:
             if self._lease is None:
                 return
@@ -231,6 +249,7 @@ class Coordinators:
                          self.config.lease_ms)
 
     def tc(self, tc_id: int) -> TransactionCoordinator:
+        self._check_process()
         if not 0 <= tc_id < self.count:
             raise TransactionCoordinatorNotFoundError(
                 f"TC {tc_id} does not exist: {self.root.url} has TCs 0..{self.count - 1}")

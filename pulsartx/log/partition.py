@@ -390,6 +390,17 @@ _SHARED: dict[tuple[str, str], PartitionLog] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+def _shared_in_child() -> None:
+    """A forked child starts without its parent's writers: their handles belong to the parent's
+    deltalake runtime, their locks and group commits to threads the child does not have."""
+    global _SHARED_LOCK
+    _SHARED.clear()
+    _SHARED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_shared_in_child)
+
+
 def shared_log(root: StorageRoot, topic: TopicName) -> PartitionLog:
     """A process-wide PartitionLog per partition, for writers that come and go (the TC's marker
     channel): reusing its DeltaTable avoids re-reading the Delta log on every marker."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 
 from pulsartx.log import partition as partition_log
@@ -36,6 +37,17 @@ MAX_RUNS_PER_PASS = 8
 _POOL = ProcessPool(1, "pulsartx-merge")
 _QUEUED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
+
+
+def _queue_in_child() -> None:
+    """A forked child runs none of its parent's queued merges (left queued, those partitions would
+    never be merged here); its lock may have been held by the parent's merge thread."""
+    global _LOCK
+    _QUEUED.clear()
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_queue_in_child)
 
 
 def tier(records: int) -> int:

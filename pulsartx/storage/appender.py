@@ -31,18 +31,20 @@ import contextlib
 import heapq
 import json
 import logging
+import os
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
+from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ EXPIRING_SOON_MS = 2 * 3_600_000  # app ids expiring sooner than this are tracke
 T = TypeVar("T")
 
 
-_CHECKPOINTS: ThreadPoolExecutor | None = None
+_CHECKPOINTS = ProcessPool(1, "pulsartx-checkpoint")
 # The checkpoint thread's table handles, newest last: the next checkpoint of a table reads only the
 # commits since the last one (a fresh open read the checkpoint and every commit after it again:
 # a tenth of a small transaction's CPU).
@@ -69,6 +71,19 @@ _CHECKPOINT_HANDLES: OrderedDict[str, Any] = OrderedDict()
 CHECKPOINT_HANDLES = 64
 _CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
 _CHECKPOINT_LOCK = threading.Lock()
+
+
+def _checkpoints_in_child() -> None:
+    """A forked child: the parent's queued checkpoints are the parent's (left queued here, their
+    tables would never be checkpointed again), its handles belong to its deltalake runtime, and
+    its lock may have been held by its checkpoint thread."""
+    global _CHECKPOINT_LOCK
+    _CHECKPOINT_QUEUED.clear()
+    _CHECKPOINT_HANDLES.clear()
+    _CHECKPOINT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_checkpoints_in_child)
 
 
 def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: int) -> Future[None] | None:
@@ -80,7 +95,6 @@ def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: i
     The thread is not a daemon (a daemon thread inside delta-rs at interpreter exit can abort the
     process), but queued jobs are skipped once shutdown begins: exit waits for one running job
     at most."""
-    global _CHECKPOINTS
     uri = root.uri(*segments)
     with _CHECKPOINT_LOCK:
         queued = uri in _CHECKPOINT_QUEUED
@@ -88,9 +102,7 @@ def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: i
         if queued:
             return None
         try:
-            if _CHECKPOINTS is None:
-                _CHECKPOINTS = ThreadPoolExecutor(1, thread_name_prefix="pulsartx-checkpoint")
-            return _CHECKPOINTS.submit(_write_checkpoint, root, segments, uri)
+            return _CHECKPOINTS.get().submit(_write_checkpoint, root, segments, uri)
         except RuntimeError as e:  # interpreter shutting down: the commits alone are the table
             _CHECKPOINT_QUEUED.pop(uri, None)
             log.debug("checkpoint of %s at version %d not scheduled: %s", uri, version, e)
@@ -127,8 +139,7 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
 
 def wait_for_checkpoints() -> None:
     """Block until every checkpoint scheduled so far is written (tests, orderly shutdown)."""
-    with _CHECKPOINT_LOCK:
-        pool = _CHECKPOINTS
+    pool = _CHECKPOINTS.started()
     if pool is not None:
         with contextlib.suppress(RuntimeError):  # interpreter shutting down: nothing more will run
             pool.submit(lambda: None).result()

@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
@@ -64,9 +65,19 @@ def _delta_options(root: StorageRoot) -> dict[str, str] | None:
     return options
 
 
+_USED_IN: int | None = None  # the fork generation (pulsartx.forks) of the process that first used deltalake
+
+
 def _deltalake():
-    # Imported lazily: deltalake's runtime panics in a forked child once the parent has used it,
-    # and Spark's daemon forks workers (docs/design/deltalake-in-processes.md).
+    """deltalake, for a call that may start its runtime. Imported lazily: that runtime panics in a
+    forked child once the parent has used it, and Spark's daemon forks workers
+    (docs/design/deltalake-in-processes.md). In such a child this raises ForkedProcessError, saying
+    how to start the child, instead of deltalake's panic (docs/design/clients-across-fork.md)."""
+    global _USED_IN
+    if _USED_IN is None:
+        _USED_IN = forks.stamp()
+    elif forks.forked(_USED_IN):
+        raise forks.refuse_deltalake(_USED_IN)
     import deltalake
 
     return deltalake

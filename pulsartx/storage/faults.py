@@ -112,6 +112,15 @@ _loaded = False
 _lock = threading.Lock()
 
 
+def _lock_in_child() -> None:
+    """A forked child keeps its parent's plan, behind a lock no parent thread holds."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_lock_in_child)
+
+
 def install(faults: Iterable[Fault]) -> None:
     """Make ``faults`` this process's plan (replacing any other)."""
     global _plan, _loaded

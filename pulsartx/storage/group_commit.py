@@ -21,6 +21,7 @@ usually comes within a few milliseconds, and nobody waits on a completion that l
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -37,6 +38,17 @@ _BACKGROUND = threading.local()
 _LINGER = threading.Condition()  # lingering requests wait on it; urgent() and finished requests wake them
 _urgent = 0  # threads waiting for background work right now
 _lingering = 0  # background requests lingering right now (finishers skip the wake-up when none)
+
+
+def _linger_in_child() -> None:
+    """A forked child has none of the threads that were lingering or urgent, and their condition's
+    lock may be held for good."""
+    global _LINGER, _urgent, _lingering
+    _LINGER = threading.Condition()
+    _urgent = _lingering = 0
+
+
+os.register_at_fork(after_in_child=_linger_in_child)
 
 
 @contextlib.contextmanager

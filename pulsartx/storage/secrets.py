@@ -3,6 +3,7 @@ secrets, and a log-record filter that hides their values wherever a library echo
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,15 @@ def redact_options(options: dict[str, str]) -> dict[str, str]:
 
 _LOG_SECRETS: set[str] = set()
 _LOG_SECRETS_LOCK = threading.Lock()
+
+
+def _lock_in_child() -> None:
+    """A forked child keeps hiding the same secrets, behind a lock no parent thread holds."""
+    global _LOG_SECRETS_LOCK
+    _LOG_SECRETS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_lock_in_child)
 _MIN_SCRUBBED_LENGTH = 6  # shorter values ("true", "us") would mangle unrelated log text
 
 

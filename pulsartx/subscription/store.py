@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -218,6 +219,17 @@ def _claims(r: dict[str, Any]) -> list[Claim]:
 
 _SHARED: dict[tuple[str, str, str], SubscriptionStore] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+def _shared_in_child() -> None:
+    """A forked child starts without its parent's stores (their handles, locks and combiners are
+    the parent's)."""
+    global _SHARED_LOCK
+    _SHARED.clear()
+    _SHARED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_shared_in_child)
 
 
 def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> SubscriptionStore:

@@ -21,6 +21,8 @@ stale_read             a batch read begun after a commit() returned misses some 
 stuck_partition        maxReadPosition blocked at one offset longer than the limit, or a
                        transaction still ongoing in a partition after recovery
 unfinished_txn         a transaction not COMMITTED or ABORTED in its TC after recovery
+merged_txn             one TxnID begun twice (by two processes, or twice by one): two transactions
+                       that were meant to be unrelated share one outcome
 lost_ack               a value acknowledged by a committed transaction is delivered again (final
                        drain) or acknowledged by a second committed transaction
 lost_delivery          a visible value of a subscribed topic is neither acknowledged by a committed
@@ -67,6 +69,7 @@ class Anomalies:
     stale_read: int = 0
     stuck_partition: int = 0
     unfinished_txn: int = 0
+    merged_txn: int = 0
     lost_ack: int = 0
     lost_delivery: int = 0
     examples: dict[str, list[Any]] = field(default_factory=dict)
@@ -115,12 +118,14 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
     commit_returned: dict[Txn, float] = {}  # when commit() returned (the earliest, if retried)
     aborted_hist: set[Txn] = set()  # abort ok, or commit failed (definitely not committed)
     begun: set[Txn] = set()
+    begun_by: dict[Txn, list[str]] = defaultdict(list)  # the processes whose begin returned each TxnID
     decided_at: dict[Txn, float] = {}  # when commit() or abort() first returned (its decision durable)
     invoked_send: dict[tuple[str, int], dict] = {}
     for e in events:
         f, kind = e["f"], e["type"]
         if f == "begin" and kind == "ok":
             begun.add(_txn(e["txn"]))
+            begun_by[_txn(e["txn"])].append(e["p"])
         elif f == "send":
             if kind == "invoke":
                 value_txn[e["value"]] = _txn(e.get("txn"))
@@ -163,6 +168,9 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             return ABORTED
         return s
 
+    for t, processes in begun_by.items():
+        if len(processes) > 1:
+            a.add("merged_txn", (t, sorted(processes)))
     txns = begun | set(txn_values) | commit_ok | aborted_hist | set(final.txn_status)
     stats["txns"] = len(txns)
     for t in sorted(txns):

@@ -136,6 +136,12 @@ def test_unfinished_transaction():
     assert counts(events, final) == {"unfinished_txn": 1}
 
 
+def test_one_txn_id_begun_by_two_processes_is_a_merged_transaction():
+    events, final = base()
+    events.append({"p": "forked", "i": 1, "t": 0, "type": "ok", "f": "begin", "txn": list(T2)})
+    assert counts(events, final) == {"merged_txn": 1}
+
+
 def test_duplicate_value_at_two_offsets():
     events, final = base()
     final.visible["in"].append((1, 7, "d"))

@@ -1,0 +1,88 @@
+"""What a process forked from one that used pulsartx keeps of it.
+
+``os.fork()`` copies a process's memory but only the thread that called it. In the child, pool
+threads, a producer's flush timer and a consumer's lease renewal are gone; a lock another thread
+held is held forever; and everything that names the process (a TxnID block, a TC lease, a
+producer's name and sequence ids, a consumer's subscription lease, a transaction) now names two
+processes, so the two would silently share it. Two rules follow
+(docs/design/clients-across-fork.md):
+
+* state the process keeps for itself (caches, locks, pools, a Client's TCs) is replaced in the
+  child: modules register a reset with ``os.register_at_fork``, objects with :func:`reset_in_child`;
+* an object with an identity stays with the process that made it: it takes a :func:`stamp` when
+  made, and :func:`check` refuses it in a child, at once, with :class:`ForkedProcessError`.
+
+``os.register_at_fork`` runs in every child ``os.fork()`` makes: multiprocessing's ``fork`` and
+``forkserver`` start methods included.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+from pulsartx.exceptions import ForkedProcessError
+
+# The pids of this process's forked ancestors, oldest first, then its own: an object stamped in
+# generation g was made by process _lineage[g].
+_lineage: list[int] = [os.getpid()]
+# This process's generation (read it, never write it): per-message paths compare it inline, a
+# call of check() costing ~0.2 us.
+generation = 0
+SPAWN = ("start processes that use pulsartx with multiprocessing's 'spawn' or 'forkserver' start method "
+         "(multiprocessing.get_context('spawn')), or fork them before the parent first uses pulsartx storage")
+HOW = (f"Create the Client, and its producers, consumers, readers and transactions, in the child after the fork; "
+       f"if the parent had used pulsartx storage before forking, {SPAWN}: deltalake cannot run in a child forked "
+       f"after its first use.")
+
+
+class Resettable(Protocol):
+    def _after_fork(self) -> None: ...
+
+
+_RESET: weakref.WeakSet[Resettable] = weakref.WeakSet()
+
+
+def stamp() -> int:
+    """Which process is making an object (its generation): what :func:`check` compares."""
+    return generation
+
+
+def forked(made: int) -> bool:
+    """Whether an object stamped ``made`` came from a parent of this process."""
+    return made != generation
+
+
+def check(made: int, what: str | Callable[[], str]) -> None:
+    """Refuse, in a forked child, an object its parent made. ``what`` names it (a callable is only
+    called to build the message)."""
+    if made != generation:
+        name = what() if callable(what) else what
+        raise ForkedProcessError(f"{name} was made by process {_lineage[made]}, and this is a child it forked "
+                                 f"(process {os.getpid()}): it stays with the process that made it, which may still "
+                                 f"be using it. {HOW}")
+
+
+def refuse_deltalake(used_in: int) -> ForkedProcessError:
+    """The error for storage access in a child forked after an ancestor started deltalake's runtime."""
+    return ForkedProcessError(f"deltalake was used by process {_lineage[used_in]} before it forked this one "
+                              f"(process {os.getpid()}), and its runtime cannot run in a forked child: {SPAWN}, "
+                              f"and create the Client in the child, after the fork.")
+
+
+def reset_in_child(obj: Resettable) -> None:
+    """Call ``obj._after_fork()`` in every child forked while ``obj`` lives (it must take no lock:
+    another thread of the parent may have held it)."""
+    _RESET.add(obj)
+
+
+def _in_child() -> None:
+    global generation
+    _lineage.append(os.getpid())
+    generation = len(_lineage) - 1
+    for obj in list(_RESET):
+        obj._after_fork()
+
+
+os.register_at_fork(after_in_child=_in_child)
