@@ -20,8 +20,9 @@ from pulsartx.log.message_id import MessageId
 from pulsartx.log.schema import MessageType
 from pulsartx.maintenance import merging as _merging  # noqa: F401  (writers merge small files: registers itself)
 from pulsartx.naming import TopicName
+from pulsartx.version import installed_version
 
-__version__ = "0.1.0"
+__version__ = installed_version()
 __all__ = [
     "Client", "CompressionType", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 
 import pulsartx
 from pulsartx import InitialPosition, MessageId
+from pulsartx.cli.common import parse_duration_ms
 from pulsartx.cli.main import cli
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
@@ -473,6 +476,8 @@ def test_service_url_from_environment(shared) -> None:
 def test_console_script(shared) -> None:
     root, _ = shared
     env = {**os.environ, "PULSARTX_SERVICE_URL": ""}
+    version = subprocess.run([str(PULSARTX), "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert (version.returncode, version.stdout) == (0, f"pulsartx {metadata.version('pulsartx')}\n"), version.stderr
     ok = subprocess.run([str(PULSARTX), "--service-url", root, "--json", "topics", "list"], capture_output=True,
                         text=True, env=env, timeout=60)
     assert ok.returncode == 0, ok.stderr
@@ -485,6 +490,44 @@ def test_console_script(shared) -> None:
     assert bad.stderr == (f"error: topic persistent://public/default/missing does not exist under {root}: create it "
                           f"with client.admin.create_topic() or `pulsartx --service-url {root} topics create "
                           "public/default/missing`\n")
+
+
+def test_slow_transactions_takes_pulsar_admin_durations(shared) -> None:
+    """``-t 1s`` as pulsar-admin takes it; a bare number stays milliseconds."""
+    root, _ = shared
+    open_one = ["(0,2)"]
+    for given in ("0", "0ms", "0s", "1ms"):
+        assert [m["txn_id"] for m in run(root, "transactions", "slow-transactions", "-t", given, json_out=True)] == open_one
+    for given in ("1h", "2m", "3600000"):
+        assert run(root, "transactions", "slow-transactions", "-t", given, json_out=True) == []
+    for bad in ("5x", "1.5s", "-1", "s", ""):
+        r = run(root, "transactions", "slow-transactions", "-t", bad, code=2)
+        assert r.stderr.splitlines()[-1] == (
+            f"Error: Invalid value for '--timeout-ms' / '-t': {bad!r} is not a duration: use milliseconds (500), "
+            "or a whole number with ms, s, m or h (500ms, 1s, 2m, 1h)")
+
+
+def test_durations_parse_to_milliseconds() -> None:
+    assert [parse_duration_ms(t) for t in ("500", "500ms", "1s", "2m", "1h", " 7s ")] == [
+        500, 500, 1_000, 120_000, 3_600_000, 7_000]
+
+
+def test_version_is_the_installed_one() -> None:
+    r = CliRunner().invoke(cli, ["--version"])
+    assert (r.exit_code, r.stdout) == (0, f"pulsartx {metadata.version('pulsartx')}\n")
+    assert pulsartx.__version__ == metadata.version("pulsartx")
+
+
+def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch) -> None:
+    from pulsartx import version
+
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(version.metadata, "version", not_installed)
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert version.installed_version() == project["version"]
+    assert version.pyproject_version(Path("/nonexistent/pyproject.toml")) == version.UNKNOWN
 
 
 def test_command_tree() -> None:

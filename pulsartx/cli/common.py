@@ -53,6 +53,35 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+# pulsar-admin's relative times (``1s``, ``2m``); a bare number stays milliseconds, as it always was here.
+DURATION = re.compile(r"(\d+)(ms|s|m|h)?")
+DURATION_UNIT_MS = {None: 1, "ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+DURATION_FORMS = "milliseconds (500), or a whole number with ms, s, m or h (500ms, 1s, 2m, 1h)"
+
+
+def parse_duration_ms(text: str) -> int:
+    """``500``, ``500ms``, ``1s``, ``2m``, ``1h`` in milliseconds; ValueError naming the accepted forms."""
+    m = DURATION.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration: use {DURATION_FORMS}")
+    return int(m.group(1)) * DURATION_UNIT_MS[m.group(2)]
+
+
+class Duration(click.ParamType):
+    """A click option that takes :func:`parse_duration_ms`'s forms, so every duration option reads
+    them alike and a bad value is reported with the option's name."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration_ms(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 def get_client(ctx: click.Context, creates: bool = False):
     """A Client on the root given by the global ``--service-url`` / ``--storage-option``. Only a
     command that ``creates`` something may run on a local root that does not exist yet."""

@@ -16,11 +16,14 @@ from pulsartx.cli.subscriptions import subscriptions
 from pulsartx.cli.topics import topics
 from pulsartx.cli.transactions import transactions
 from pulsartx.exceptions import PulsarException
+from pulsartx.version import installed_version
 
 __all__ = ["cli", "emit", "main"]
 
 
 @click.group(cls=RootGroup)
+@click.version_option(installed_version(), "--version", prog_name="pulsartx", message="%(prog)s %(version)s",
+                      help="Print the installed pulsartx version and exit.")
 @click.option("--service-url", envvar="PULSARTX_SERVICE_URL", default=None,
               help="Storage root (path, file://, s3://bucket/prefix); else $PULSARTX_SERVICE_URL, else ./pulsartx-data.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pulsartx.cli.common import emit, get_client
+from pulsartx.cli.common import Duration, emit, get_client
 
 COORDINATOR_COLUMNS = ["coordinator_id", "state", "active_txns", "last_txn_id", "txn_ids_reserved", "lease_owner",
                        "lease_expires_ms", "log", "transaction_keys"]
@@ -43,8 +43,8 @@ def transaction_metadata(ctx: click.Context, txn_id: str) -> None:
 
 
 @transactions.command("slow-transactions")
-@click.option("--timeout-ms", "-t", required=True, type=click.IntRange(min=0),
-              help="List transactions still unfinished after this many milliseconds.")
+@click.option("--timeout-ms", "-t", required=True, type=Duration(),
+              help="List transactions still unfinished after this long: milliseconds, or 500ms, 1s, 2m, 1h.")
 @click.pass_context
 def slow_transactions(ctx: click.Context, timeout_ms: int) -> None:
     """Transactions open (or still committing/aborting) for longer than --timeout-ms."""
