@@ -41,6 +41,13 @@ class TopicsAdmin:
         self.root = root
 
     def create_topic(self, topic: str, partitions: int = 1) -> TopicName:
+        t = self._create_topic(topic, partitions)
+        log.info("created topic %s with %d partition(s)", t, partitions)
+        return t
+
+    def _create_topic(self, topic: str, partitions: int = 1) -> TopicName:
+        """:meth:`create_topic` without its log line, for a caller that reports the creation in its
+        own words (the client's auto-creation says how to turn it off), so it is logged once."""
         t = TopicName.parse(topic)
         if t.partition is not None:
             raise InvalidConfiguration(f"create_topic({topic!r}): give the topic name without '-partition-{t.partition}'")
@@ -57,7 +64,6 @@ class TopicsAdmin:
                                configuration=PARTITION_TABLE_CONFIG, name=f"{t.short}-partition-{i}")
         meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
         self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
-        log.info("created topic %s with %d partition(s)", t, partitions)
         return t
 
     def ensure_topic(self, topic: str, partitions: int = 1) -> int:

@@ -6,9 +6,11 @@ transaction it creates works directly against the Delta tables there.
 Topics are created on first use, as a Pulsar broker does by default (``allowAutoTopicCreation=true``,
 non-partitioned): ``create_producer``, ``subscribe`` and ``create_reader`` on a missing topic create
 it with ``auto_create_partitions`` partitions (1, the nearest to Pulsar's non-partitioned topic).
-``Client(..., auto_create_topics=False)`` makes them raise ``TopicNotFound`` instead, as a broker
-with ``allowAutoTopicCreation=false`` does; topics are then created with ``client.admin.create_topic``
-or ``pulsartx topics create``. A ``-partition-N`` name is never auto-created.
+As a misspelt name would otherwise create a topic unnoticed, each one created so is logged once, at
+INFO, with the way to turn this off: ``Client(..., auto_create_topics=False)`` makes them raise
+``TopicNotFound`` instead, as a broker with ``allowAutoTopicCreation=false`` does; topics are then
+created with ``client.admin.create_topic`` or ``pulsartx topics create``. A ``-partition-N`` name
+is never auto-created.
 
 Every keyword is checked: a misspelt one raises :class:`~pulsartx.exceptions.UnknownOption` (a
 ``TypeError`` too) naming the nearest valid keyword, instead of being ignored. Each method's
@@ -25,6 +27,7 @@ start such children with the ``spawn`` or ``forkserver`` method (docs/design/cli
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -40,7 +43,13 @@ from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, NotAllowedError, TopicNotFound
+from pulsartx.exceptions import (
+    AlreadyClosed,
+    InvalidConfiguration,
+    NotAllowedError,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from pulsartx.log.message_id import MessageId
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
@@ -170,12 +179,15 @@ class Client:
         docstring). Racing creators agree: the first one's partition count wins."""
         if not self.auto_create_topics or self._closed or TopicName.parse(topic).partition is not None:
             return
-        try:
+        with contextlib.suppress(TopicNotFound):
             self.admin.get_partitions(topic)
-        except TopicNotFound:
-            n = self.admin.ensure_topic(topic, self.auto_create_partitions)
-            log.info("auto-created topic %s with %d partition(s) (Client(auto_create_topics=False) turns this off)",
-                     topic, n)
+            return
+        try:
+            t = self.admin._create_topic(topic, self.auto_create_partitions)
+        except TopicAlreadyExists:
+            return  # a racing creator made it first: its partition count stands, and it is not ours to log
+        log.info("auto-created topic %s with %d partition(s) on first use; Client(..., auto_create_topics=False) "
+                 "turns auto-creation off", t, self.auto_create_partitions)
 
     @checked_keywords(Producer.__init__)
     def create_producer(self, topic: str, producer_name: str | None = None, batching_max_messages: int = 1000,
