@@ -9,7 +9,7 @@ with none still gets one (empty) input partition, so the task count is predictab
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +92,11 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
 
 
 def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, earliest: int,
-                  latest: int) -> tuple[int, int]:
+                  latest: int, offset_at_time: Callable[[int], int]) -> tuple[int, int]:
     """The offsets to read on one partition, clamped to what exists now. Offsets past the end are
-    clamped rather than waited for: a batch read is a snapshot."""
-    s, e = starting.for_partition(topic), ending.for_partition(topic)
+    clamped rather than waited for: a batch read is a snapshot. ``offset_at_time`` resolves a
+    publish time (``startingTimestamp`` and its kin) to an offset."""
+    s, e = starting.position(topic, offset_at_time), ending.position(topic, offset_at_time)
     if s >= 0 and e >= 0 and s > e:
         raise InvalidConfiguration(
             f"options {STARTING_OFFSETS}/{ENDING_OFFSETS}: partition {topic} starts at {s}, after its end {e}; "
@@ -129,7 +130,8 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
         assert p.partition is not None
         index, visibility = indexes[str(p)], visibilities[str(p)]
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
-        start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit)
+        start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit,
+                                   plogs[str(p)].offset_at_time)
         if pushed is not None:
             start, end = pushed.clamp(start, end)
         ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition)

@@ -7,6 +7,12 @@ two spellings of one topic in the same JSON are rejected as a duplicate. Partiti
 not list read from the option's default (earliest for the start, latest for the end), which is
 friendlier than the Kafka source's "you must specify all partitions".
 
+Publish times, as Spark's Kafka source names them: ``startingTimestamp`` (every partition),
+``startingOffsetsByTimestamp`` (JSON per partition, values in epoch milliseconds) and, for batch
+reads, ``endingTimestamp``. A partition starts (or ends) at its first message published at or after
+the time, or at its end when there is none yet (Kafka's ``latest`` strategy). They take precedence
+over offsets, the all-partition one first, as in Spark's Kafka source.
+
 Parsing here is purely syntactic, so it can run before any storage is touched; checking keys
 against real topics is :meth:`OffsetSpec.check_against`.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
@@ -33,10 +40,27 @@ class OffsetSpec:
     default: int
     # full base topic name -> partition index -> offset (or EARLIEST/LATEST)
     per_partition: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Publish times (epoch ms) that win over offsets: one for every partition, or per partition.
+    timestamp: int | None = None
+    timestamps: dict[str, dict[int, int]] = field(default_factory=dict)
+    timestamps_option: str | None = None  # the option ``timestamps`` came from, for messages
 
     def for_partition(self, topic: TopicName) -> int:
         assert topic.partition is not None
         return self.per_partition.get(str(topic.base), {}).get(topic.partition, self.default)
+
+    def time_for(self, topic: TopicName) -> int | None:
+        """The publish time this partition starts (or ends) at, if one was given."""
+        if self.timestamp is not None:
+            return self.timestamp
+        assert topic.partition is not None
+        return self.timestamps.get(str(topic.base), {}).get(topic.partition)
+
+    def position(self, topic: TopicName, offset_at_time: Callable[[int], int]) -> int:
+        """An offset, or EARLIEST/LATEST: a publish time is resolved through ``offset_at_time``
+        (:meth:`pulsartx.log.partition.PartitionLog.offset_at_time`)."""
+        t = self.time_for(topic)
+        return self.for_partition(topic) if t is None else offset_at_time(t)
 
     def is_explicit(self, topic: TopicName) -> bool:
         """True when the user gave a real offset (not earliest/latest) for this partition."""
@@ -49,16 +73,19 @@ class OffsetSpec:
         for p in partitions:
             assert p.partition is not None
             known.setdefault(str(p.base), set()).add(p.partition)
-        for topic, parts in self.per_partition.items():
-            if topic not in known:
-                raise InvalidConfiguration(
-                    f"option {self.option}: topic {topic!r} is not one of the topics this read covers "
-                    f"({', '.join(sorted(known)) or 'none'}); remove it or add it to the topic/topics/topicsPattern option")
-            missing = sorted(set(parts) - known[topic])
-            if missing:
-                raise InvalidConfiguration(
-                    f"option {self.option}: topic {topic} has no partition {missing[0]} in this read "
-                    f"(partitions read: {sorted(known[topic])}); fix the partition number")
+        for option, per_partition in ((self.option, self.per_partition),
+                                      (self.timestamps_option, self.timestamps)):
+            for topic, parts in per_partition.items():
+                if topic not in known:
+                    raise InvalidConfiguration(
+                        f"option {option}: topic {topic!r} is not one of the topics this read covers "
+                        f"({', '.join(sorted(known)) or 'none'}); remove it or add it to the "
+                        "topic/topics/topicsPattern option")
+                missing = sorted(set(parts) - known[topic])
+                if missing:
+                    raise InvalidConfiguration(
+                        f"option {option}: topic {topic} has no partition {missing[0]} in this read "
+                        f"(partitions read: {sorted(known[topic])}); fix the partition number")
 
 
 def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
@@ -79,6 +106,19 @@ def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
         hint = f"did you mean {nearest[0]!r}? " if nearest else ""
         raise InvalidConfiguration(f"option {option}={raw!r} is invalid: {hint}expected {_SHAPE}")
 
+    def offset(key: str, pkey: str, off: object) -> int:
+        if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
+            raise bad(f"offset {off!r} for {key!r} partition {pkey} must be an integer >= 0, "
+                      "or -2 (earliest) / -1 (latest)")
+        return off
+
+    return OffsetSpec(option, default, _per_partition(text, bad, offset))
+
+
+def _per_partition(text: str, bad: Callable[[str], InvalidConfiguration],
+                   value: Callable[[str, str, object], int]) -> dict[str, dict[int, int]]:
+    """``{"<topic>": {"<partition>": <value>}}``, topics normalised; ``value(topic key, partition
+    key, value)`` checks each value."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -98,14 +138,50 @@ def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
         if name in out:
             raise bad(f"topic {name} appears twice (under different spellings)")
         if not isinstance(parts, dict):
-            raise bad(f"the value for topic {key!r} must be an object of partition -> offset")
-        offsets: dict[int, int] = {}
-        for pkey, off in parts.items():
+            raise bad(f"the value for topic {key!r} must be an object of partition -> value")
+        values: dict[int, int] = {}
+        for pkey, v in parts.items():
             if not (isinstance(pkey, str) and pkey.isascii() and pkey.isdigit()):
                 raise bad(f"partition key {pkey!r} of topic {key!r} is not a non-negative integer")
-            if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
-                raise bad(f"offset {off!r} for {key!r} partition {pkey} must be an integer >= 0, "
-                          "or -2 (earliest) / -1 (latest)")
-            offsets[int(pkey)] = off
-        out[name] = offsets
-    return OffsetSpec(option, default, out)
+            values[int(pkey)] = value(key, pkey, v)
+        out[name] = values
+    return out
+
+
+_TIME_SHAPE = "a time in epoch milliseconds, a whole number >= 0 (e.g. 1700000000000)"
+_TIMES_SHAPE = ('JSON per topic and partition of epoch-millisecond times like '
+                '{"public/default/my-topic":{"0":1700000000000,"1":1700000000000}}')
+
+
+def parse_timestamp(option: str, raw: str | None) -> int | None:
+    """``startingTimestamp`` / ``endingTimestamp``: epoch milliseconds."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidConfiguration(f"option {option}={raw!r} is invalid: expected {_TIME_SHAPE}")
+    return int(text)
+
+
+def with_timestamps(spec: OffsetSpec, all_option: str, all_raw: str | None, per_option: str | None = None,
+                    per_raw: str | None = None) -> OffsetSpec:
+    """``spec`` with the publish times of ``all_option`` (every partition) and ``per_option``
+    (``startingOffsetsByTimestamp``'s JSON) added."""
+    timestamps: dict[str, dict[int, int]] = {}
+    if per_raw is not None:
+        assert per_option is not None
+
+        def bad(why: str) -> InvalidConfiguration:
+            return InvalidConfiguration(f"option {per_option}={per_raw!r} is invalid: {why}; expected {_TIMES_SHAPE}")
+
+        def time(key: str, pkey: str, v: object) -> int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(f"time {v!r} for {key!r} partition {pkey} must be epoch milliseconds, a whole number >= 0")
+            return v
+
+        text = per_raw.strip()
+        if not text.startswith("{"):
+            raise bad("not a JSON object")
+        timestamps = _per_partition(text, bad, time)
+    return OffsetSpec(spec.option, spec.default, spec.per_partition, parse_timestamp(all_option, all_raw),
+                      timestamps, per_option)

@@ -90,6 +90,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Where a batch read ends (exclusive), in the same syntax as `startingOffsets`.",
                default_text="`latest`",
                wrong_use="a stream has no end (use Trigger.AvailableNow to stop at the data present when it starts)"),
+    OptionSpec("startingTimestamp", _READS, "epoch milliseconds",
+               "Start every partition at its first message published at or after this time (its end when "
+               "there is none yet); wins over `startingOffsetsByTimestamp` and `startingOffsets`, as in "
+               "Spark's Kafka source.", default_text="none"),
+    OptionSpec("startingOffsetsByTimestamp", _READS, "JSON",
+               'Per partition, the publish time to start at: `{"topic":{"0":1700000000000}}` (epoch '
+               "milliseconds; a partition with no message at or after it starts at its end); partitions it "
+               "does not list follow `startingOffsets`. Wins over `startingOffsets`.", default_text="none"),
+    OptionSpec("endingTimestamp", frozenset({READ}), "epoch milliseconds",
+               "End every partition (exclusive) at its first message published at or after this time; wins "
+               "over `endingOffsets`.", default_text="none",
+               wrong_use="a stream has no end (use Trigger.AvailableNow to stop at the data present when it starts)"),
     OptionSpec("maxEntriesPerTrigger", frozenset({READ_STREAM}), "integer >= 1",
                "At most this many entries per micro-batch, shared among partitions by backlog.",
                default_text="no limit", minimum=1),
@@ -144,6 +156,37 @@ def spec(name: str) -> OptionSpec:
     return _BY_KEY[name.lower()]
 
 
+# Spark's Kafka-source options that pulsartx spells differently, or has no use for: the nearest
+# pulsartx name would mislead (``subscribe`` is not ``subscription``), so each says what to write.
+KAFKA_NAMES: dict[str, str] = {
+    "subscribe": "Spark's Kafka source calls it subscribe; pulsartx reads the topic named by `topic` "
+                 "(`topics` for several, comma-separated)",
+    "subscribepattern": "Spark's Kafka source calls it subscribePattern; pulsartx calls it `topicsPattern`",
+    "assign": "Spark's Kafka source calls it assign; pulsartx reads one partition as "
+              "`topic` = `<topic>-partition-<N>`, or several through `startingOffsets` JSON per partition",
+    "kafka.bootstrap.servers": "pulsartx has no brokers: `service.url` names the storage root (a directory or "
+                               "s3://bucket/prefix)",
+    "maxoffsetspertrigger": "Spark's Kafka source calls it maxOffsetsPerTrigger; pulsartx calls it "
+                            "`maxEntriesPerTrigger`",
+    "startingoffsetsbytimestampstrategy": "pulsartx has no such option: a partition with no message at or "
+                                          "after the time starts at its end (the Kafka source's `latest` "
+                                          "strategy); remove it",
+    "endingoffsetsbytimestamp": "pulsartx ends every partition at one time with `endingTimestamp`",
+    "includeheaders": "pulsartx always returns message properties, in the `__messageProperties` column",
+}
+
+
+def kafka_name(key: str) -> str | None:
+    """What pulsartx calls a Kafka-source option ``key`` (lowercased), or None for other names.
+    Any other ``kafka.*`` key is a Kafka client setting, which pulsartx has none of."""
+    if key in KAFKA_NAMES:
+        return KAFKA_NAMES[key]
+    if key.startswith("kafka."):
+        return ("pulsartx has no Kafka client settings: `service.url` names the storage root, and "
+                f"object-store settings go in {STORAGE_PREFIX}<KEY>")
+    return None
+
+
 def _describe(uses: frozenset[str]) -> str:
     return _USE_WORDS.get(uses) or " and ".join(u for u in USES if u in uses)
 
@@ -166,6 +209,10 @@ def check_names(options: Mapping[str, str], use: str) -> None:
             continue
         if known is not None:
             raise InvalidConfiguration(f"option {known.name} is for {_describe(known.uses)}: {known.wrong_use}")
+        kafka = kafka_name(key)
+        if kafka is not None:
+            raise UnknownOption(f"unknown option {key!r} for {API[use]}.format('pulsartx'): {kafka} "
+                                "(every option: docs/options.md)")
         guess = nearest(key, valid + [STORAGE_PREFIX + "<KEY>"])
         if guess is not None:
             hint = f"did you mean {guess!r}?"

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets
+from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets, with_timestamps
 from datasource.option_table import (
     READ,
     READ_STREAM,
@@ -49,6 +49,9 @@ TOPICS_PATTERN = spec("topicsPattern").name
 PATH = spec("path").name
 STARTING_OFFSETS = spec("startingOffsets").name
 ENDING_OFFSETS = spec("endingOffsets").name
+STARTING_TIMESTAMP = spec("startingTimestamp").name
+STARTING_OFFSETS_BY_TIMESTAMP = spec("startingOffsetsByTimestamp").name
+ENDING_TIMESTAMP = spec("endingTimestamp").name
 ISOLATION_LEVEL = spec("isolationLevel").name
 MAX_ENTRIES_PER_PARTITION = spec("maxEntriesPerPartition").name
 PATHS = "paths"  # what Spark sets for load([a, b])
@@ -206,8 +209,12 @@ def parse_options(options: Mapping[str, str], *, require_topic: bool = True, use
     return PulsarTxOptions(
         root=resolve_root(opts),
         selection=parse_selection(opts, required=require_topic),
-        starting_offsets=parse_offsets(STARTING_OFFSETS, opts.get(STARTING_OFFSETS.lower()), EARLIEST),
-        ending_offsets=parse_offsets(ENDING_OFFSETS, opts.get(ENDING_OFFSETS.lower()), LATEST),
+        starting_offsets=with_timestamps(
+            parse_offsets(STARTING_OFFSETS, opts.get(STARTING_OFFSETS.lower()), EARLIEST),
+            STARTING_TIMESTAMP, opts.get(STARTING_TIMESTAMP.lower()),
+            STARTING_OFFSETS_BY_TIMESTAMP, opts.get(STARTING_OFFSETS_BY_TIMESTAMP.lower())),
+        ending_offsets=with_timestamps(parse_offsets(ENDING_OFFSETS, opts.get(ENDING_OFFSETS.lower()), LATEST),
+                                       ENDING_TIMESTAMP, opts.get(ENDING_TIMESTAMP.lower())),
         isolation_level=parse_isolation(opts),
         max_entries_per_partition=table_int(opts, MAX_ENTRIES_PER_PARTITION, use),
     )

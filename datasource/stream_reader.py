@@ -126,7 +126,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _starting(self, p: TopicName) -> int:
         """Where a partition without a checkpointed offset starts."""
         plog = self._log(p)
-        spec = self.opts.read.starting_offsets.for_partition(p)
+        spec = self.opts.read.starting_offsets.position(p, plog.offset_at_time)
         if spec == EARLIEST:
             start = plog.refresh().start_offset
         elif spec == LATEST:

@@ -9,7 +9,7 @@ import pytest
 import pulsartx
 from pulsartx import InitialPosition, MessageId
 from pulsartx.admin import SubscriptionNotFound
-from pulsartx.admin.subscriptions import cursor_backlog, offset_at_time
+from pulsartx.admin.subscriptions import cursor_backlog
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
@@ -221,9 +221,9 @@ def test_reset_by_time(client, root) -> None:
     time.sleep(0.01)
     send(client, 0, "new0")
     plog = PartitionLog(client.root, TopicName.parse("orders-partition-0"))
-    assert offset_at_time(plog, 0) == 0
-    assert offset_at_time(plog, cut) == 2
-    assert offset_at_time(plog, cut + 3_600_000) == 3  # nothing that late: the end
+    assert plog.offset_at_time(0) == 0
+    assert plog.offset_at_time(cut) == 2
+    assert plog.offset_at_time(cut + 3_600_000) == 3  # nothing that late: the end
     rows = client.admin.reset_subscription("orders", "billing", timestamp_ms=cut)
     assert [r["position"] for r in rows] == [2, 1]
     with subscribe(client) as consumer:

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from pulsartx.admin.host import AdminHost
 from pulsartx.buffer.reads import VisibilityReader
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException
@@ -168,7 +166,7 @@ class SubscriptionsAdmin:
             plog = self._plog(store.partition)
             index = plog.refresh()
             if timestamp_ms is not None:
-                pos = offset_at_time(plog, timestamp_ms)
+                pos = plog.offset_at_time(timestamp_ms)
             elif message_id.is_earliest:
                 pos = index.start_offset
             elif message_id.is_latest:
@@ -288,20 +286,3 @@ def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:
             if live_cursor(store := SubscriptionStore(root, p, name)) is not None]  # each cursor read once
     tombstone(store for _, store in live)
     return len({name for name, _ in live})
-
-
-def offset_at_time(plog: PartitionLog, timestamp_ms: int) -> int:
-    """The offset of the first record (in offset order) published at or after ``timestamp_ms``, or the
-    partition's end offset when there is none. Files whose publish-time statistics end before the
-    time are not read."""
-    index = plog.refresh()
-    target_us = timestamp_ms * 1000
-    for f in index.files:
-        if f.max_publish_us is not None and f.max_publish_us < target_us:
-            continue
-        t = plog.read(f.min_offset, f.max_offset + 1, columns=["publish_time"])
-        publish_us = t.column("publish_time").cast(pa.int64()).to_pylist()  # UTC microseconds
-        for o, us in zip(t.column("offset").to_pylist(), publish_us, strict=True):
-            if us >= target_us:
-                return o
-    return index.end_offset

@@ -367,6 +367,26 @@ class PartitionLog:
     def end_offset(self, refresh: bool = True) -> int:
         return (self.refresh() if refresh else self.index).end_offset
 
+    def offset_at_time(self, publish_ms: int) -> int:
+        """The first offset published at or after ``publish_ms`` (epoch milliseconds), or the end
+        offset when none is yet: where seeking by time, and Spark's ``startingTimestamp``, begin.
+
+        Publish times come from the writers' clocks, so they need not rise with offsets: this is
+        the first offset in offset order whose time qualifies. Files whose statistics show every
+        record earlier are skipped unread."""
+        index = self.refresh()
+        target_us = int(publish_ms) * 1000
+        for f in index.files:
+            if f.max_publish_us is not None and f.max_publish_us < target_us:
+                continue
+            rows = read_files(self.root, self.segments, [f], f.min_offset, f.max_offset + 1,
+                              ["offset", "publish_time"])
+            times = rows.column("publish_time").cast(pa.int64()).to_numpy()
+            hits = np.flatnonzero(times >= target_us)
+            if len(hits):
+                return int(rows.column("offset")[int(hits[0])].as_py())
+        return index.end_offset
+
     def read(self, start: int, end: int, columns: Sequence[str] | None = None, txn_only: bool = False) -> pa.Table:
         """All records with ``start <= offset < end`` in offset order (every type, no isolation).
         ``txn_only``: skip the files whose statistics prove they hold no transactional record (the
