@@ -87,8 +87,6 @@ def test_bad_options(client):
     client.admin.create_topic(TOPIC)
     with pytest.raises(InvalidConfiguration, match="consumer_type"):
         client.subscribe(TOPIC, "s", consumer_type="Shared")
-    with pytest.raises(InvalidConfiguration, match="KeyShared is not supported"):
-        client.subscribe(TOPIC, "s", consumer_type=ConsumerType.KeyShared)
     with pytest.raises(InvalidConfiguration, match="initial_position"):
         client.subscribe(TOPIC, "s", initial_position="earliest")
     with pytest.raises(InvalidConfiguration, match="receiver_queue_size"):

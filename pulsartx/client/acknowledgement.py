@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pulsartx.buffer.state import key_txn, txn_key
-from pulsartx.client.consumer_state import ConsumerCore, ConsumerType, PartitionState
+from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionState
 from pulsartx.client.message import Message
 from pulsartx.coordinator.state import Subscription
 from pulsartx.coordinator.txnid import TxnID
@@ -43,8 +43,8 @@ class Acknowledgement(ConsumerCore):
         self._check_open()
         if isinstance(message, list | tuple | set):
             raise NotAllowedError("acknowledge_cumulative takes one message or MessageId, not several")
-        if self._type is ConsumerType.Shared:
-            raise NotAllowedError(f"cumulative acknowledgement is not allowed on a Shared subscription "
+        if self._type in CLAIMING:
+            raise NotAllowedError(f"cumulative acknowledgement is not allowed on a {self._type.name} subscription "
                                   f"({self._subscription!r}): acknowledge messages individually")
         (part, offs), = self._group(message).items()
         pos = offs[0]

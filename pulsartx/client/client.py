@@ -244,7 +244,7 @@ class Client:
         Keywords:
             topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
             subscription_name: the durable subscription.
-            consumer_type=ConsumerType.Exclusive: or ``Failover`` or ``Shared`` (``KeyShared`` is refused).
+            consumer_type=ConsumerType.Exclusive: or ``Failover``, ``Shared`` or ``KeyShared``.
             initial_position=InitialPosition.Latest: where a new subscription starts (or ``Earliest``).
             isolation_level='READ_COMMITTED': or ``READ_UNCOMMITTED`` to see open and aborted messages too.
             receiver_queue_size=1000: how many messages are fetched ahead of ``receive()``.

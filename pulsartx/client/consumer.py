@@ -1,5 +1,5 @@
 """Consumer, with pulsar-client's names: durable subscriptions, acknowledgements (plain,
-cumulative, negative, transactional), redelivery, and Exclusive / Failover / Shared types.
+cumulative, negative, transactional), redelivery, and Exclusive / Failover / Shared / Key_Shared types.
 
 There is no broker to dispatch, so each consumer dispatches to itself from storage. Its concerns
 live in their own modules: :mod:`~pulsartx.client.receiving`, :mod:`~pulsartx.client.acknowledgement`
@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.acknowledgement import Acknowledgement
-from pulsartx.client.consumer_state import ConsumerType, InitialPosition, PartitionState
+from pulsartx.client.consumer_state import CLAIMING, ConsumerType, InitialPosition, PartitionState
 from pulsartx.client.idle import IdleWait
+from pulsartx.client.key_shared import KeySharedDispatch
 from pulsartx.client.receiving import Receiving
 from pulsartx.client.redelivery import Redelivery
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
@@ -58,9 +59,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
         self._local_change = threading.Event()
         if not isinstance(consumer_type, ConsumerType):
             raise InvalidConfiguration(f"consumer_type={consumer_type!r}: use pulsartx.ConsumerType.Exclusive, "
-                                       "Failover or Shared")
-        if consumer_type is ConsumerType.KeyShared:
-            raise InvalidConfiguration("consumer_type=KeyShared is not supported: use Exclusive, Failover or Shared")
+                                       "Failover, Shared or KeyShared")
         if not isinstance(initial_position, InitialPosition):
             raise InvalidConfiguration(f"initial_position={initial_position!r}: use pulsartx.InitialPosition.Latest "
                                        "or Earliest")
@@ -92,10 +91,15 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
         partitions = client.admin.partitions_of(topic)
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
-        self._active = consumer_type is ConsumerType.Shared
+        self._active = consumer_type in CLAIMING
+        self._key_shared = None
         try:
-            if consumer_type is ConsumerType.Shared:
-                self._leases.join_shared(self._id, lease_ms)
+            if consumer_type in CLAIMING:
+                self._leases.join_shared(self._id, lease_ms, consumer_type.name)
+            if consumer_type is ConsumerType.KeyShared:
+                self._key_shared = KeySharedDispatch(client.root, TopicName.parse(topic), subscription_name,
+                                                     self._id, self._leases)
+                self._key_shared.join()
             if consumer_type is ConsumerType.Exclusive:
                 self._leases.acquire_exclusive(self._id, lease_ms)
                 self._active = True
@@ -196,7 +200,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
 
     def _drop_leases(self) -> None:
         try:
-            if self._type is ConsumerType.Shared:
+            if self._key_shared is not None:
+                self._key_shared.leave()  # after the claims' release in close(): keys move with nothing held
+            if self._type in CLAIMING:
                 self._leases.leave_shared(self._id)
             else:
                 self._leases.release(self._id)
@@ -220,13 +226,15 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                 return
             try:
                 self._flush_acks()
-                if self._type is ConsumerType.Shared and time.monotonic() - last_renew >= renew_every:
+                if self._type in CLAIMING and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
-                    self._leases.join_shared(self._id, self._lease_ms)
-                if self._type is ConsumerType.Shared and time.monotonic() - last_claims >= claims_every:
+                    self._leases.join_shared(self._id, self._lease_ms, self._type.name)
+                    if self._key_shared is not None:
+                        self._key_shared.refresh()
+                if self._type in CLAIMING and time.monotonic() - last_claims >= claims_every:
                     last_claims = time.monotonic()
                     self._renew_claims()
-                if self._type is not ConsumerType.Shared and self._active and \
+                if self._type not in CLAIMING and self._active and \
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     if not self._leases.try_acquire(self._id, self._lease_ms):

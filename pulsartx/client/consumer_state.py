@@ -27,6 +27,7 @@ from pulsartx.subscription.store import SubscriptionStore
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
+    from pulsartx.client.key_shared import KeySharedDispatch
 
 
 class ConsumerType(Enum):
@@ -34,6 +35,10 @@ class ConsumerType(Enum):
     Shared = 1
     Failover = 2
     KeyShared = 3
+
+
+# Types whose consumers share the subscription, each claiming the messages it takes.
+CLAIMING = frozenset({ConsumerType.Shared, ConsumerType.KeyShared})
 
 
 class InitialPosition(Enum):
@@ -97,6 +102,7 @@ class ConsumerCore:
     _leases: LeaseStore
     _parts: list[PartitionState]
     _rr: int
+    _key_shared: KeySharedDispatch | None  # Key_Shared only
 
     def _check_open(self) -> None:
         if self._made != forks.generation:

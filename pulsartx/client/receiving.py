@@ -2,13 +2,15 @@
 
 What it may deliver on a partition is every visible offset above the cursor's mark-delete position
 that is not acked, not in PENDING_ACK, not held by itself and, for Shared, not claimed by another
-live consumer (the subscription store keeps claims with expiries). Offsets it can never deliver
+live consumer (the subscription store keeps claims with expiries); Key_Shared adds its keys' rule
+(:mod:`pulsartx.client.key_shared`). Offsets it can never deliver
 (markers, aborted or left-out transactional data) are acknowledged as it passes them, so the
 mark-delete position keeps moving, as Pulsar does."""
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from pulsartx.client.consumer_state import ConsumerCore, ConsumerType, PartitionState, now_ms
 from pulsartx.client.message import Message, Records
@@ -167,6 +169,13 @@ class Receiving(ConsumerCore):
             for cl in part.store.claims(refresh=False):
                 if cl.consumer != self._id and cl.expires_ms > t:
                     busy.add_range(cl.first, cl.last)
+        if self._key_shared is not None:
+            waiting = {o for o, t in part.nacked.items() if t > now}
+            msgs, skipped = self._key_shared.fetch(part, cursor, busy, limit, waiting,
+                                                   min(self._queue_size, FETCH_MAX),
+                                                   now_ms() + (self._unacked_timeout or self._lease_ms))
+            self._enqueue(part, cursor, msgs, skipped)
+            return
         candidates = list(busy.gaps(cursor.mark_delete + 1, limit, min(self._queue_size, FETCH_MAX)))
         if not candidates:
             return
@@ -185,6 +194,9 @@ class Receiving(ConsumerCore):
         if len(msgs) < len(candidates):
             delivered = {m._offset for m in msgs}
             skipped = [o for o in candidates if o not in delivered and o < limit]
+        self._enqueue(part, cursor, msgs, skipped)
+
+    def _enqueue(self, part: PartitionState, cursor: CursorState, msgs: list[Message], skipped: list[int]) -> None:
         if cursor.redelivery:
             for m in msgs:
                 m._redelivery_count = cursor.redelivery_count(m._offset)
@@ -234,7 +246,7 @@ class Receiving(ConsumerCore):
 
         def change(claims: list[Claim]) -> tuple[list[Claim], None]:
             t = now_ms()
-            return [Claim(c.consumer, c.first, c.last, expires) if c.consumer == self._id and c.expires_ms > t
+            return [replace(c, expires_ms=expires) if c.consumer == self._id and c.expires_ms > t
                     else c for c in claims], None
 
         for part in self._parts:

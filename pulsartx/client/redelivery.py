@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pulsartx.client.consumer_state import ConsumerCore, ConsumerType
+from pulsartx.client.consumer_state import CLAIMING, ConsumerCore
 from pulsartx.client.message import Message
 from pulsartx.exceptions import PulsarException, StorageError
 from pulsartx.log.message_id import MessageId
@@ -81,8 +81,9 @@ class Redelivery(ConsumerCore):
             self._release_claims()
 
     def _release_claims(self, all_held: bool = False) -> None:
-        """Shared: give up claims on what this consumer no longer holds (or everything, on close)."""
-        if self._type is not ConsumerType.Shared:
+        """Shared, Key_Shared: give up claims on what this consumer no longer holds (or everything,
+        on close)."""
+        if self._type not in CLAIMING:
             return
         for part in self._parts:
             with self._lock:
@@ -91,7 +92,7 @@ class Redelivery(ConsumerCore):
             def change(claims: list[Claim], keep=keep) -> tuple[list[Claim], None]:
                 out = [c for c in claims if c.consumer != self._id]
                 mine = RangeSet.of(keep)
-                out += [Claim(self._id, a, b, c.expires_ms) for c in claims if c.consumer == self._id
+                out += [c.narrowed(a, b) for c in claims if c.consumer == self._id
                         for a, b in mine.ranges() if c.first <= a and b <= c.last]
                 return out, None
 

@@ -3,7 +3,8 @@
 ``<root>/subscriptions/<tenant>/<namespace>/<topic>/<subscription>/consumers`` is a KeyedLog with
   * ``meta``: the subscription's consumer type (set by its first consumer);
   * ``active``: the Exclusive or Failover owner, with a lease expiry;
-  * ``shared:<consumer>``: each live Shared consumer, with a lease expiry (renewed like ``active``).
+  * ``shared:<consumer>``: each live Shared or Key_Shared consumer, with a lease expiry (renewed like
+    ``active``).
 Taking or renewing the lease is a compare-and-set on ``active``. An owner renews well before
 expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a new consumer
 (Exclusive) takes over after at most one lease period. Closing releases the lease at once.
@@ -22,7 +23,8 @@ from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import subscription_dir
 
-SHARED = "shared:"  # key prefix of Shared consumers' presence rows
+SHARED = "shared:"  # key prefix of Shared and Key_Shared consumers' presence rows
+MEMBER_TYPES = ("Shared", "KeyShared")  # the types whose consumers are present side by side
 LEASE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64(), False),
     pa.field("key", pa.string(), False),
@@ -71,7 +73,7 @@ class LeaseStore:
                 return ({"consumer_type": consumer_type} if row is None else None), None
             active = self.log.get("active")
             if (active is not None and active["consumer"] and active["expires_ms"] > now_ms()) or \
-                    (row["consumer_type"] == "Shared" and self._live_shared()):
+                    (row["consumer_type"] in MEMBER_TYPES and self._live_shared()):
                 raise InvalidConfiguration(
                     f"subscription {self.subscription!r} on {self.topic} is {row['consumer_type']} and has a live "
                     f"consumer; a {consumer_type} consumer cannot join it (use another subscription name)")
@@ -84,10 +86,16 @@ class LeaseStore:
         return [r["consumer"] for k, r in self.log.rows.items()
                 if k.startswith(SHARED) and r["consumer"] and r["expires_ms"] > t]
 
-    def join_shared(self, consumer: str, lease_ms: int) -> None:
-        """A Shared consumer's presence (taken and renewed like a lease): while one is live, a
-        consumer of another type is refused, as for the Exclusive/Failover ``active`` lease."""
-        self._cas(SHARED + consumer, lambda row: ({"consumer": consumer, "consumer_type": "Shared",
+    def live_members(self) -> list[str]:
+        """The Shared or Key_Shared consumers whose presence is live, as of now in storage."""
+        self._ensure()
+        return self._live_shared()
+
+    def join_shared(self, consumer: str, lease_ms: int, consumer_type: str = "Shared") -> None:
+        """A Shared (or Key_Shared) consumer's presence (taken and renewed like a lease): while one
+        is live, a consumer of another type is refused, as for the Exclusive/Failover ``active``
+        lease."""
+        self._cas(SHARED + consumer, lambda row: ({"consumer": consumer, "consumer_type": consumer_type,
                                                    "expires_ms": now_ms() + lease_ms}, None))
 
     def leave_shared(self, consumer: str) -> None:

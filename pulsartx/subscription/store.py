@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -108,6 +108,14 @@ class Claim:
     first: int
     last: int
     expires_ms: int
+    # Key_Shared: the sticky-key hash of each offset ``first..last`` (None for an offset without a
+    # message), so other consumers see which keys are in flight (pulsartx.subscription.key_shared).
+    hashes: tuple[int | None, ...] = ()
+
+    def narrowed(self, first: int, last: int) -> Claim:
+        """The part ``first..last`` of this claim, hashes included."""
+        hashes = self.hashes[first - self.first:last - self.first + 1] if self.hashes else ()
+        return replace(self, first=first, last=last, hashes=hashes)
 
 
 class SubscriptionStore:
@@ -205,7 +213,8 @@ class SubscriptionStore:
             new, out = fn(current)
             if new == current:
                 return None, out
-            return _row(0, CLAIMS, {"claims": [[c.consumer, c.first, c.last, c.expires_ms] for c in new]}), out
+            return _row(0, CLAIMS, {"claims": [[c.consumer, c.first, c.last, c.expires_ms,
+                                                 *([list(c.hashes)] if c.hashes else [])] for c in new]}), out
 
         with self._lock:
             self._opened = True
@@ -214,7 +223,8 @@ class SubscriptionStore:
 
 
 def _claims(r: dict[str, Any]) -> list[Claim]:
-    return [Claim(consumer, first, last, expires) for consumer, first, last, expires in _state(r).get("claims") or ()]
+    return [Claim(consumer, first, last, expires, tuple(rest[0]) if rest else ())
+            for consumer, first, last, expires, *rest in _state(r).get("claims") or ()]
 
 
 _SHARED: dict[tuple[str, str, str], SubscriptionStore] = {}
