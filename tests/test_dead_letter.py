@@ -147,3 +147,33 @@ def test_without_a_policy_redelivery_is_unlimited(client):
     c.close()
     with pytest.raises(TopicNotFound):  # and no dead-letter topic was made
         client.admin.get_partitions(DLQ)
+
+
+def test_a_move_leaves_the_open_transaction_of_a_keyed_client_alone(tmp_path):
+    """One active transaction per transaction key: the move's own transaction must not fence it."""
+    client = Client(str(tmp_path), num_coordinators=1, transaction_key="app")
+    try:
+        _seed(client, 2)
+        out = client.create_producer("out")
+        txn = client.new_transaction()
+        out.send(b"result", txn=txn)
+        c = client.subscribe("src", "sub", initial_position=InitialPosition.Earliest,
+                             negative_ack_redelivery_delay_ms=0,
+                             dead_letter_policy=ConsumerDeadLetterPolicy(max_redeliver_count=1))
+        while True:
+            try:
+                m = c.receive(timeout_millis=800)
+            except Timeout:
+                break
+            if m.data() == b"m1":
+                c.negative_acknowledge(m)
+            else:
+                c.acknowledge(m, txn=txn)
+        txn.commit()
+        assert [m.data() for m in _read_all(client, DLQ)] == [b"m1"]
+        assert [m.data() for m in _read_all(client, "out")] == [b"result"]
+        c.close()
+        client.flush()
+        assert _nothing_left(client)
+    finally:
+        client.close()

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pulsartx.client.transaction import Transaction
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.subscription.store import shared_store
@@ -96,6 +97,15 @@ class DeadLetters:
             self._producer = self.client.create_producer(self.topic)
         return self._producer
 
+    def _new_transaction(self) -> Transaction:
+        """A transaction of its own, outside the client's transaction key: one begun under the key
+        would fence the application's open transaction (one active transaction per key)."""
+        if self.client.transaction_key is None:
+            return self.client.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
+        tcs = self.client._coordinators()
+        meta = tcs.tc(tcs.pick()).new_transaction(TXN_TIMEOUT_MS, owner=self.client.owner, lazy=True)
+        return Transaction(self.client, meta, written=False)
+
     def move(self, consumer: Any, message: Message) -> bool:
         """Produce ``message`` to the dead-letter topic and acknowledge it on ``consumer``'s
         subscription in one transaction. False when that failed: the transaction is aborted (or
@@ -103,7 +113,7 @@ class DeadLetters:
         txn = None
         try:
             producer = self._open()
-            txn = self.client.new_transaction(timeout_ms=TXN_TIMEOUT_MS)
+            txn = self._new_transaction()
             props = message.properties()
             props.setdefault(REAL_TOPIC, message.topic_name())
             props.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
