@@ -4,6 +4,7 @@ The public API is flat and re-exported here; everything below may change freely.
 """
 from pulsartx.client import Client, Message, Producer, Reader, Result
 from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
+from pulsartx.client.dead_letter import ConsumerDeadLetterPolicy
 from pulsartx.client.transaction import Transaction, TransactionState
 from pulsartx.coordinator.state import TxnStatus
 from pulsartx.coordinator.txnid import TxnID
@@ -24,7 +25,7 @@ from pulsartx.version import installed_version
 
 __version__ = installed_version()
 __all__ = [
-    "Client", "CompressionType", "Consumer", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
+    "Client", "CompressionType", "Consumer", "ConsumerDeadLetterPolicy", "ConsumerType", "InitialPosition", "InvalidConfiguration", "Message", "MessageId", "MessageType", "NotAllowedError", "Producer",
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
     "TransactionState", "TxnID", "TxnStatus", "UnknownOption", "__version__",
 ]

@@ -109,6 +109,21 @@ class TopicName:
         return (self.tenant, self.namespace, self.local_name)
 
 
+def message_topic(partition: TopicName, partitioned: bool) -> str:
+    """What ``Message.topic_name()`` says, as pulsar-client: a partitioned topic's messages carry
+    their partition's name (``...-partition-2``), a non-partitioned topic's the topic's own. Every
+    topic here is stored as partitions, so a topic of one partition, addressed by its base name,
+    counts as non-partitioned."""
+    return str(partition) if partitioned else str(partition.base)
+
+
+def is_partitioned(requested: str | TopicName, partitions: int) -> bool:
+    """Whether ``requested`` (as given to subscribe or create_reader) names a partitioned topic or
+    one partition of it: the rule :func:`message_topic` is given."""
+    t = requested if isinstance(requested, TopicName) else TopicName.parse(requested)
+    return partitions > 1 or t.partition is not None
+
+
 def parse_namespace(namespace: str) -> tuple[str, str]:
     parts = namespace.split("/")
     if len(parts) != 2:

@@ -104,7 +104,9 @@ def test_receive_from_all_partitions_and_plain_acks_persist(client):
     assert sorted(vals(got)) == sorted(names("m", range(30)))
     assert {m.message_id().partition() for m in got} == {0, 1, 2}
     assert all(m.redelivery_count() == 0 for m in got)
-    assert {m.topic_name() for m in got} == {TOPIC}  # as the Reader: the topic, the partition in the id
+    # As pulsar-client on a partitioned topic: each message names its partition's topic.
+    assert {m.topic_name() for m in got} == {f"{TOPIC}-partition-{i}" for i in range(3)}
+    assert all(m.topic_name().endswith(f"-partition-{m.message_id().partition()}") for m in got)
     acked = got[::2]
     for m in acked:
         c.acknowledge(m)

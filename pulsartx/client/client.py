@@ -261,6 +261,10 @@ class Client:
                 first 1 ms after finding nothing, then at intervals doubling up to this many
                 milliseconds (1 to 10000): it bounds how late a new message is noticed. None: 10 on
                 a local disk, 100 on an object store. Raise it to spend less while idle.
+            dead_letter_policy=None: a ``pulsartx.ConsumerDeadLetterPolicy``: a message redelivered
+                more than its ``max_redeliver_count`` times is moved to its dead-letter topic
+                (default ``<topic>-<subscription>-DLQ``) and acknowledged here, in one
+                transaction; None: redeliver without limit.
         """
         self._auto_create(topic)
         return self._track(Consumer(self, topic, subscription_name, consumer_type=consumer_type,

@@ -22,6 +22,7 @@ from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.acknowledgement import Acknowledgement
 from pulsartx.client.consumer_state import CLAIMING, ConsumerType, InitialPosition, PartitionState
+from pulsartx.client.dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.key_shared import KeySharedDispatch
 from pulsartx.client.receiving import Receiving
@@ -29,7 +30,7 @@ from pulsartx.client.redelivery import Redelivery
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
-from pulsartx.naming import TopicName, check_subscription_name
+from pulsartx.naming import TopicName, check_subscription_name, is_partitioned, message_topic
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.store import shared_store
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
 
-__all__ = ["Consumer", "ConsumerType", "InitialPosition"]
+__all__ = ["Consumer", "ConsumerDeadLetterPolicy", "ConsumerType", "InitialPosition"]
 
 
 class Consumer(Receiving, Acknowledgement, Redelivery):
@@ -51,7 +52,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                  receiver_queue_size: int = 1000, unacked_messages_timeout_ms: int | None = None,
                  negative_ack_redelivery_delay_ms: int = 60000, consumer_name: str | None = None,
                  lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100,
-                 idle_poll_max_interval_ms: int | None = None):
+                 idle_poll_max_interval_ms: int | None = None,
+                 dead_letter_policy: ConsumerDeadLetterPolicy | None = None):
         """Made by :meth:`Client.subscribe`, whose docstring lists the keywords."""
         check_subscription_name(subscription_name)
         self._made = forks.stamp()
@@ -73,6 +75,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
                                        ">= 0, lease_ms > 0")
         self._client = client
         self._topic = str(TopicName.parse(topic))
+        self._dead_letters = None if dead_letter_policy is None else \
+            DeadLetters(client, dead_letter_policy, topic, subscription_name)
         self._subscription = subscription_name
         self._type = consumer_type
         self._isolation = check_isolation(isolation_level)
@@ -106,6 +110,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
             elif consumer_type is ConsumerType.Failover:
                 self._active = self._leases.try_acquire(self._id, lease_ms)
             self._parts = [self._open_partition(p, initial_position) for p in partitions]
+            named = is_partitioned(topic, len(partitions))
+            for part in self._parts:
+                part.message_topic = message_topic(part.topic, named)
         except BaseException:
             # A subscribe that failed half-way (a storage error after the lease was taken, or one
             # whose outcome is unknown) must not leave a lease that makes the retry ConsumerBusy.
@@ -138,13 +145,21 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
     def is_connected(self) -> bool:
         return not self._closed and not forks.forked(self._made)
 
-    def seek(self, message_id: MessageId) -> None:
-        """Reset the subscription: the next message delivered is ``message_id`` (or the
-        earliest/latest). Acknowledgement state above that position is dropped."""
+    def seek(self, message_id: MessageId | int) -> None:
+        """Reset the subscription, as pulsar-client: the next message delivered is ``message_id``
+        (or the earliest/latest), or, given an ``int`` (milliseconds since the epoch), on every
+        partition the first message published at or after that time (the partition's end when
+        there is none). Acknowledgement state above that position is dropped."""
         self._check_open()
+        by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
+        if not by_time and not isinstance(message_id, MessageId):
+            raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
+                                       "MessageId.latest or a message's id) or a publish time in epoch milliseconds")
         self._flush_acks()
         for part in self._parts:
-            if message_id.is_earliest:
+            if by_time:
+                pos = part.visible.log.offset_at_time(message_id)
+            elif message_id.is_earliest:
                 pos = part.visible.log.index.start_offset
             elif message_id.is_latest:
                 pos = part.visible.end_position()  # READ_COMMITTED end: an open transaction is not skipped
@@ -197,6 +212,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery):
             if worker is not None and worker.is_alive() and worker is not threading.current_thread():
                 worker.join(timeout=60)
             self._drop_leases()
+            if self._dead_letters is not None:
+                self._dead_letters.close()
 
     def _drop_leases(self) -> None:
         try:

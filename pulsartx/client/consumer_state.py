@@ -27,6 +27,7 @@ from pulsartx.subscription.store import SubscriptionStore
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
+    from pulsartx.client.dead_letter import DeadLetters
     from pulsartx.client.key_shared import KeySharedDispatch
 
 
@@ -71,6 +72,7 @@ class PartitionState:
     last_resolve: float = 0.0
     # The cursor log's next commit as of before the last cursor read: what an idle receive() awaits.
     cursor_commit: NextCommit | None = None
+    message_topic: str = ""  # what Message.topic_name() says (pulsartx.naming.message_topic)
 
     @property
     def index(self) -> int:
@@ -103,6 +105,7 @@ class ConsumerCore:
     _parts: list[PartitionState]
     _rr: int
     _key_shared: KeySharedDispatch | None  # Key_Shared only
+    _dead_letters: DeadLetters | None
 
     def _check_open(self) -> None:
         if self._made != forks.generation:

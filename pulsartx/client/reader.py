@@ -20,7 +20,7 @@ from pulsartx.client.message import Message, messages_from_table
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
-from pulsartx.naming import TopicName
+from pulsartx.naming import TopicName, is_partitioned, message_topic
 from pulsartx.suggest import checked_keywords
 
 if TYPE_CHECKING:
@@ -35,8 +35,9 @@ RECHECK_S = 0.05
 class PartitionFetcher:
     """Reads visible messages of one partition from a position onwards."""
 
-    def __init__(self, client: Client, topic: TopicName, isolation_level: str):
+    def __init__(self, client: Client, topic: TopicName, isolation_level: str, message_topic: str | None = None):
         self.topic = topic
+        self.message_topic = message_topic or str(topic.base)
         self.log = PartitionLog(client.root, topic)
         self.visible = VisibilityReader(client, self.log, isolation_level)
         self.position = 0
@@ -55,7 +56,7 @@ class PartitionFetcher:
             table, next_pos = self.visible.fetch(self.position, FETCH_MAX)
             self.position = next_pos
             if table.num_rows:
-                self.buffer.extend(messages_from_table(table, str(self.topic.base), self.topic.partition))
+                self.buffer.extend(messages_from_table(table, self.message_topic, self.topic.partition))
                 return True
             if not self.visible.more_readable(self.position):
                 self.caught_up_at = time.monotonic()
@@ -78,7 +79,9 @@ class Reader:
         self._topic = str(TopicName.parse(topic))
         self._name = reader_name
         self._isolation = check_isolation(isolation_level)
-        self._fetchers = [PartitionFetcher(client, p, self._isolation) for p in client.admin.partitions_of(topic)]
+        parts = client.admin.partitions_of(topic)
+        partitioned = is_partitioned(topic, len(parts))
+        self._fetchers = [PartitionFetcher(client, p, self._isolation, message_topic(p, partitioned)) for p in parts]
         self._closed = False
         self._inclusive = start_message_id_inclusive
         self.seek(start_message_id)

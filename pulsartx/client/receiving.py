@@ -184,7 +184,7 @@ class Receiving(ConsumerCore):
             if not candidates:
                 return
         table = part.visible.log.read(candidates[0], candidates[-1] + 1)
-        records = Records(part.visible.visible(table), str(part.topic.base), part.index)
+        records = Records(part.visible.visible(table), part.message_topic or str(part.topic.base), part.index)
         if candidates[-1] - candidates[0] + 1 == len(candidates):  # no gap: every record read is wanted
             msgs = [Message(records, i, o) for i, o in enumerate(records.offsets)]
         else:
@@ -200,6 +200,8 @@ class Receiving(ConsumerCore):
         if cursor.redelivery:
             for m in msgs:
                 m._redelivery_count = cursor.redelivery_count(m._offset)
+            if self._dead_letters is not None:
+                msgs = self._dead_letters.divert(self, msgs)
         with self._lock:
             if skipped:
                 part.acks.extend(skipped)  # markers and invisible data: acked as we pass them

@@ -1,4 +1,17 @@
-"""MessageId: a message's position, ``(partition, offset)``, totally ordered within a partition."""
+"""MessageId: a message's position, ``(partition, offset)``, totally ordered within a partition.
+
+pulsar-client's accessors map onto it as follows (docs/semantics.md, "MessageId"). A partition is
+one unbounded log with no ledger roll-over, and every message is its own record (no batches), so:
+
+* ``ledger_id()`` is 0 for every real message (-1 for ``earliest``, 2**63-1 for ``latest``, as
+  Pulsar's sentinels);
+* ``entry_id()`` is the offset within the partition (-1 / 2**63-1 for the sentinels);
+* ``batch_index()`` is always -1, Pulsar's value for a message not in a batch;
+* ``partition()`` is the partition index (-1 for the sentinels, as in Pulsar).
+
+``serialize()`` gives 13 bytes: a format byte (1), the partition as a signed 32-bit and the offset
+as a signed 64-bit integer, big-endian. ``deserialize()`` accepts exactly that and nothing else.
+"""
 from __future__ import annotations
 
 import struct
@@ -11,6 +24,7 @@ from pulsartx.exceptions import InvalidConfiguration
 _FORMAT = ">Biq"  # format version, partition, offset
 _VERSION = 1
 _LATEST_OFFSET = 2**63 - 1
+_SIZE = struct.calcsize(_FORMAT)
 
 
 @total_ordering
@@ -31,6 +45,23 @@ class MessageId:
     def offset(self) -> int:
         return self.offset_value
 
+    def ledger_id(self) -> int:
+        """Pulsar's ledger id: a partition here is one ledger that never rolls over, so 0; the
+        sentinels keep Pulsar's (-1 for earliest, 2**63-1 for latest) so comparisons by it agree."""
+        if self.is_earliest:
+            return -1
+        if self.is_latest:
+            return _LATEST_OFFSET
+        return 0
+
+    def entry_id(self) -> int:
+        """Pulsar's entry id: the offset within the partition."""
+        return self.offset_value
+
+    def batch_index(self) -> int:
+        """Always -1: each message is its own record, Pulsar's value for a message not in a batch."""
+        return -1
+
     def _sort_key(self) -> tuple[int, int, int]:
         # The sentinels use partition -1, so plain field order would put ``latest`` before every
         # real position: rank them explicitly instead.
@@ -50,15 +81,26 @@ class MessageId:
 
     @classmethod
     def deserialize(cls, data: bytes) -> MessageId:
-        if not isinstance(data, bytes | bytearray | memoryview) or len(data) != struct.calcsize(_FORMAT):
-            shown = bytes(data)[:32] if isinstance(data, bytes | bytearray | memoryview) else data
+        """The MessageId ``serialize()`` gave; anything else (another length or format version, a
+        position no message can have) raises InvalidConfiguration rather than seeking or
+        acknowledging somewhere unintended."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidConfiguration(f"cannot deserialize MessageId from a {type(data).__name__}: give the bytes "
+                                       "of MessageId.serialize()")
+        raw = bytes(data)
+        if len(raw) != _SIZE:
             raise InvalidConfiguration(
-                f"cannot deserialize MessageId from {shown!r}: expected the {struct.calcsize(_FORMAT)} "
+                f"cannot deserialize MessageId from {raw[:32]!r} ({len(raw)} bytes): expected the {_SIZE} "
                 "bytes of MessageId.serialize()")
-        version, partition, offset = struct.unpack(_FORMAT, bytes(data))
+        version, partition, offset = struct.unpack(_FORMAT, raw)
         if version != _VERSION:
-            raise InvalidConfiguration(f"cannot deserialize MessageId: unknown format version {version}")
-        return cls(partition, offset)
+            raise InvalidConfiguration(f"cannot deserialize MessageId: unknown format version {version} "
+                                       f"(this version reads {_VERSION})")
+        mid = cls(partition, offset)
+        if not (mid.is_earliest or mid.is_latest) and (partition < 0 or offset < 0):
+            raise InvalidConfiguration(f"cannot deserialize MessageId: ({partition},{offset}) is no message's "
+                                       "position (partition and offset must be >= 0)")
+        return mid
 
     @property
     def is_earliest(self) -> bool:
