@@ -108,6 +108,7 @@ def test_transactions_list(root: str) -> None:
         producer = client.create_producer("orders")
         with client.new_transaction() as done:
             producer.send(b"c", txn=done)
+        client.flush()  # its marker written: COMMITTED, not COMMITTING
         open1 = client.new_transaction(timeout_ms=600_000)
         producer.send(b"o", txn=open1)
         open2 = client.new_transaction(timeout_ms=600_000)

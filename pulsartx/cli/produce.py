@@ -24,6 +24,20 @@ def parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def send_all(producer: Any, bodies: list[str], properties: dict[str, str], key: str | None, txn: Any) -> list[Any]:
+    """Send asynchronously, in batches, and wait for all: one commit per batch rather than per
+    message, as pulsar-client batches. ``flush`` raises the first failure."""
+    ids: list[Any] = [None] * len(bodies)
+
+    def done(i: int) -> Any:
+        return lambda _result, message_id: ids.__setitem__(i, message_id)
+
+    for i, b in enumerate(bodies):
+        producer.send_async(b.encode(), done(i), properties=properties or None, partition_key=key, txn=txn)
+    producer.flush()
+    return ids
+
+
 @click.command("produce")
 @click.argument("topic")
 @click.option("--messages", "-m", multiple=True, required=True,
@@ -46,7 +60,7 @@ def produce(ctx: click.Context, topic: str, messages: tuple[str, ...], num_produ
     with get_client(ctx, creates=True) as client, transaction_scope(client, use_txn, txn_timeout_ms) as txn:
         producer = client.create_producer(topic)
         try:
-            ids = [producer.send(b.encode(), properties=props or None, partition_key=key, txn=txn) for b in bodies]
+            ids = send_all(producer, bodies, props, key, txn)
         finally:
             producer.close()
     if json_mode(ctx):
