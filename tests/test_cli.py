@@ -534,11 +534,12 @@ def test_command_tree() -> None:
     for group, commands in {
         "topics": {"create", "delete", "list", "stats", "peek", "timeline"},
         "subscriptions": {"list", "reset", "skip", "delete"},
-        "transactions": {"coordinator-stats", "coordinators-list", "transaction-metadata", "slow-transactions", "buffer-stats",
+        "transactions": {"list", "coordinator-stats", "coordinators-list", "transaction-metadata", "slow-transactions", "buffer-stats",
                          "pending-ack-stats", "list-transaction-keys", "get-transaction-key",
                          "delete-transaction-key", "abort", "transaction-in-buffer-stats",
                          "transaction-in-pending-ack-stats"},
     }.items():
         assert set(cli.commands[group].commands) == commands
     assert set(cli.commands["coordinator"].commands) == {"run"}
-    assert set(cli.commands) == {"topics", "subscriptions", "transactions", "coordinator", "compact", "retention"}
+    assert set(cli.commands) == {"topics", "subscriptions", "transactions", "coordinator", "compact", "retention",
+                                 "produce", "consume"}

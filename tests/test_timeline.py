@@ -28,7 +28,8 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 SIZE = (1300, 1000)
 MEASURE = """<script>
 var out = {};
-for (const id of ["blocking-txn", "blocking-label", "max-read-position", "end", "%s", "%s"]) {
+for (const id of ["blocking-txn", "blocking-label", "max-read-position", "end", "max-read-position-label",
+                  "end-label", "plot-area", "%s", "%s"]) {
   const el = document.getElementById(id);
   if (el) { const r = el.getBoundingClientRect();
             out[id] = {x: r.left, y: r.top, w: r.width, h: r.height, text: el.textContent}; }
@@ -144,14 +145,33 @@ def check_picture(rects: dict, image: Any, held: dict) -> None:
     assert share_of(image, committed, COLORS["committed"]) > 0.8
     assert share_of(image, committed, COLORS["open"]) == 0
     assert share_of(image, rects[gid(held["aborted"])], COLORS["aborted"]) > 0.8
-    # The open bar runs from maxReadPosition's line to the end's (its last entry is the last one).
-    line, end = rects["max-read-position"], rects["end"]
-    assert abs(bar["x"] - (line["x"] + line["w"] / 2)) <= 3
-    assert abs(bar["x"] + bar["w"] - (end["x"] + end["w"] / 2)) <= 3
+    # The open bar (offsets 7..9) starts at maxReadPosition's line, and the end's line stands on
+    # the slot of offset 10, where the next entry goes, half a slot after the bar.
+    check_lines(rects, bar, slots=3)
     # The label is laid out, names the transaction, and shows dark text on its light box.
     assert f"transaction {held['open']}" in label["text"] and "owner etl" in label["text"]
     assert label["w"] > 100 and label["h"] > 20
     assert share_of(image, label, "#000000", inset=0) > 0.01
+
+
+def centre(rect: dict) -> float:
+    return rect["x"] + rect["w"] / 2
+
+
+def check_lines(rects: dict, bar: dict, slots: int) -> None:
+    """maxReadPosition's line at the open bar's left edge and its label beside it, inside the plot;
+    the end's line on the slot after the bar's last entry and its label beside it."""
+    slot = bar["w"] / slots
+    line, end = rects["max-read-position"], rects["end"]
+    assert abs(bar["x"] - centre(line)) <= 3
+    assert abs(bar["x"] + bar["w"] + slot / 2 - centre(end)) <= 3, (bar, end, slot)
+    area = rects["plot-area"]
+    for name, at in (("max-read-position-label", centre(line)), ("end-label", centre(end))):
+        label = rects[name]
+        assert area["x"] <= label["x"] and label["x"] + label["w"] <= area["x"] + area["w"], (name, label, area)
+        nearer = min(abs(label["x"] - at), abs(label["x"] + label["w"] - at))
+        assert nearer <= 12, (name, label, at)
+    assert rects["end-label"]["text"].strip() == "end " + rects["end-label"]["text"].split()[-1]
 
 
 def test_svg_in_a_browser_shows_the_blocking_transaction(held, tmp_path, chromium) -> None:
@@ -201,4 +221,27 @@ def test_an_old_open_transaction_still_shows(tmp_path) -> None:
         texts = " ".join("".join(e.itertext()) for e in tree.iter(f"{SVG_NS}text"))
         assert "blocking-txn" in {e.get("id") for e in tree.iter()}
         assert f"\u2190 {t.id}" in texts and "maxReadPosition -1 (before these entries)" in texts
+        t.abort()
+
+
+def test_busy_partition_labels_stay_inside(tmp_path, chromium) -> None:
+    """Many entries and maxReadPosition just before the end: its label would run past the plot's
+    right edge, so it is drawn to the left of its line; the end's line stands on offset 32."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, num_coordinators=1) as c:
+        c.admin.create_topic("tl")
+        p = c.create_producer("tl")
+        for i in range(30):
+            p.send_async(f"m{i}".encode(), None)
+        p.flush()
+        t = c.new_transaction(timeout_ms=600_000)
+        p.send(b"o", txn=t)
+        p.send(b"after")
+        out = tmp_path / "busy.svg"
+        summary = draw(root, out)
+        assert (summary["maxReadPosition"], summary["end"]) == (29, 32)
+        rects, _ = measured(chromium, out, ["none-1", "none-2"])
+        assert rects["max-read-position-label"]["text"].strip() == "maxReadPosition 29"
+        assert rects["end-label"]["text"].strip() == "end 32"
+        check_lines(rects, rects["blocking-txn"], slots=2)
         t.abort()

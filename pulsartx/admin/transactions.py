@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pulsartx.admin.host import AdminHost
@@ -101,6 +102,21 @@ class TransactionsAdmin:
         now = int(time.time() * 1000)
         return [meta_dict(m, now) for tc in self._tcs().all() for m in tc.transactions()
                 if not m.status.is_final and now - m.start_ms >= timeout_ms]
+
+    def list_transactions(self, statuses: Iterable[TxnStatus | str] | None = None,
+                          older_than_ms: int = 0) -> list[dict[str, Any]]:
+        """Transactions the TC logs hold, oldest TxnID first: by default the unfinished ones (OPEN,
+        COMMITTING, ABORTING), the ones that can still hold a partition's maxReadPosition back or
+        keep acknowledgements pending. ``statuses`` picks others; COMMITTED and ABORTED ones are
+        listed only while their TC log still holds them. ``older_than_ms`` keeps those begun at
+        least that long ago (their age, not ``open_duration_ms``, so an ended one qualifies too)."""
+        wanted = _statuses(statuses)
+        if not isinstance(older_than_ms, int) or isinstance(older_than_ms, bool) or older_than_ms < 0:
+            raise InvalidConfiguration(f"older_than_ms={older_than_ms!r}: must be a non-negative integer")
+        now = int(time.time() * 1000)
+        metas = [m for tc in self._tcs().all() for m in tc.transactions()
+                 if m.status in wanted and now - m.start_ms >= older_than_ms]
+        return [meta_dict(m, now) for m in sorted(metas, key=lambda m: m.txn_id)]
 
     def abort_transaction(self, txn_id: TxnID | str) -> dict[str, Any]:
         """Admin override: abort whatever the owner, recorded in the TC log with reason 'admin abort'."""
@@ -213,6 +229,22 @@ class TransactionsAdmin:
             if m.status is TxnStatus.ABORTED:
                 aborted.append(str(t))
         return aborted
+
+
+UNFINISHED = frozenset(s for s in TxnStatus if not s.is_final)
+
+
+def _statuses(given: Iterable[TxnStatus | str] | None) -> frozenset[TxnStatus]:
+    """``given`` as TxnStatus values (names in any case); None: the unfinished ones."""
+    if given is None:
+        return UNFINISHED
+    out = set()
+    for s in given:
+        try:
+            out.add(s if isinstance(s, TxnStatus) else TxnStatus(str(s).upper()))
+        except ValueError:
+            raise InvalidConfiguration(f"status {s!r}: use one of {', '.join(t.value for t in TxnStatus)}") from None
+    return frozenset(out)
 
 
 def _low_water_mark(metas: list[Any]) -> int:

@@ -1,8 +1,9 @@
 """The ``pulsartx`` command (after ``pulsar-admin``). Every command takes ``--service-url`` and
 ``--storage-option KEY=VALUE``; output is a table, or JSON with ``--json``.
 
-Command groups live in their own modules (``topics``, ``subscriptions``, ``transactions``, and
-``ops`` for the operational ones); shared helpers in ``common``.
+Command groups live in their own modules (``topics``, ``subscriptions``, ``transactions``, ``ops``
+for the operational ones, ``produce`` and ``consume`` after ``pulsar-client``); shared helpers in
+``common``.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sys
 import click
 
 from pulsartx.cli.common import RootGroup, emit, parse_options
+from pulsartx.cli.consume import consume
 from pulsartx.cli.ops import compact, coordinator, retention
+from pulsartx.cli.produce import produce
 from pulsartx.cli.subscriptions import subscriptions
 from pulsartx.cli.topics import topics
 from pulsartx.cli.transactions import transactions
@@ -41,6 +44,8 @@ cli.add_command(transactions)
 cli.add_command(coordinator)
 cli.add_command(compact)
 cli.add_command(retention)
+cli.add_command(produce)
+cli.add_command(consume)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from pulsartx.cli.common import Duration, emit, get_client
+from pulsartx.coordinator.state import TxnStatus
 
 COORDINATOR_COLUMNS = ["coordinator_id", "state", "active_txns", "last_txn_id", "txn_ids_reserved", "lease_owner",
                        "lease_expires_ms", "log", "transaction_keys"]
@@ -40,6 +41,23 @@ def transaction_metadata(ctx: click.Context, txn_id: str) -> None:
     open_duration_ms runs while the transaction is unfinished (OPEN, COMMITTING or ABORTING) and is
     fixed once it has ended: from its begin to its COMMITTED/ABORTED entry."""
     emit(ctx, get_client(ctx).admin.transactions.get_transaction_metadata(txn_id))
+
+
+STATUSES = [s.value for s in TxnStatus]
+
+
+@transactions.command("list")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES, case_sensitive=False),
+              help="Only transactions in this status (repeatable). Default: OPEN, COMMITTING and ABORTING.")
+@click.option("--older-than", "older_than_ms", type=Duration(), default=0,
+              help="Only transactions begun at least this long ago: milliseconds, or 500ms, 1s, 2m, 1h.")
+@click.pass_context
+def transactions_list(ctx: click.Context, statuses: tuple[str, ...], older_than_ms: int) -> None:
+    """Every transaction not yet committed or aborted, on every TC: what is open now.
+
+    COMMITTED and ABORTED ones show only when asked for with --status, and only while their TC log
+    still holds them."""
+    emit(ctx, get_client(ctx).admin.transactions.list_transactions(statuses or None, older_than_ms), META_COLUMNS)
 
 
 @transactions.command("slow-transactions")

@@ -3,7 +3,8 @@
 matplotlib is an optional dependency (``pip install 'pulsartx[viz]'``): nothing else in pulsartx
 needs it, and it is imported only here. Text stays text in the SVG (``svg.fonttype: none``), so
 the TxnIDs can be searched for and copied; the bars and labels that matter carry ids
-(``blocking-txn``, ``blocking-label``, ``txn-<tc>-<n>``, ``max-read-position``, ``end``).
+(``blocking-txn``, ``blocking-label``, ``txn-<tc>-<n>``, ``max-read-position`` and its ``-label``,
+``end`` and ``end-label``, ``plot-area``).
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def figure(t: Timeline):
     rows = len(spans) + 1
     fig = Figure(figsize=(12, 3.2 + 0.42 * rows), dpi=100)
     ax = fig.add_subplot()
-    lo, hi = t.start - 0.5, max(t.end - 0.5, t.start + 0.5)
+    # Up to the slot of offset ``end`` (the next entry's), where the end line is drawn.
+    lo, hi = t.start - 0.5, max(t.end + 0.5, t.start + 1.5)
     outcome = {s.txn_id: s.outcome for s in t.spans}
     # Row 0: every entry. Plain messages grey, transactional ones in their transaction's colour;
     # commit markers as triangles, abort markers as crosses.
@@ -77,7 +79,7 @@ def figure(t: Timeline):
         labels.append(("\u2190 " if s.clipped else "") + str(s.txn_id))
     ax.set_yticks(range(rows), labels, fontsize=9)
     ax.set_ylim(rows - 0.4, -0.6)
-    ax.set_xlim(lo, hi + 0.5)
+    ax.set_xlim(lo, hi)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("offset")
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6, zorder=0)
@@ -86,10 +88,12 @@ def figure(t: Timeline):
     mrp_text = f" maxReadPosition {t.max_read_position}" + (" (before these entries)" if mrp_x == lo and
                                                             t.max_read_position + 0.5 < lo else "")
     ax.axvline(mrp_x, color=MAX_READ_COLOR, linestyle="--", linewidth=1.6, zorder=5, gid="max-read-position")
-    ax.axvline(t.end - 0.5, color=END_COLOR, linewidth=1.6, zorder=5, gid="end")
-    ax.text(mrp_x, -0.55, mrp_text, color=MAX_READ_COLOR,
-            fontsize=9, va="top", ha="left", gid="max-read-position-label")
-    ax.text(t.end - 0.5, rows - 0.45, f"end {t.end} ", color=END_COLOR, fontsize=9, va="bottom", ha="right",
+    # The end is the offset the next entry gets: its line stands on that offset's slot, so the
+    # number in its label is the one on the axis below it.
+    ax.axvline(t.end, color=END_COLOR, linewidth=1.6, zorder=5, gid="end")
+    mrp_label = ax.text(mrp_x, -0.55, mrp_text, color=MAX_READ_COLOR,
+                        fontsize=9, va="top", ha="left", gid="max-read-position-label")
+    ax.text(t.end, rows - 0.45, f"end {t.end} ", color=END_COLOR, fontsize=9, va="bottom", ha="right",
             gid="end-label")
     when = dt.datetime.fromtimestamp(t.now_ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     ax.set_title(f"{t.partition}: offsets {t.start}..{t.end - 1} (log {t.log_start}..{t.end - 1}), {when}",
@@ -117,7 +121,24 @@ def figure(t: Timeline):
     fig.legend(handles=legend, loc="lower center", ncols=8, fontsize=8, frameon=False)
     # Room above the axes for the title and the blocking transaction's box, below for the legend.
     fig.subplots_adjust(left=0.1, right=0.98, top=1 - 1.2 / fig.get_figheight(), bottom=0.9 / fig.get_figheight())
+    ax.patch.set_gid("plot-area")
+    _keep_inside(ax, mrp_label)
     return fig
+
+
+# Browsers lay SVG text out in their own fonts, a little wider or narrower than matplotlib's.
+FONT_SLACK_PX = 24
+
+
+def _keep_inside(ax, label) -> None:
+    """Turn a label that starts at its line and would run past the plot's right edge (on a busy
+    partition maxReadPosition is near the end) to the line's left, where it cannot be cut off."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()
+    if label.get_window_extent(renderer).x1 + FONT_SLACK_PX > ax.get_window_extent(renderer).x1:
+        label.set_horizontalalignment("right")
+        label.set_text(label.get_text().strip() + " ")
 
 
 def svg_text(t: Timeline) -> str:
