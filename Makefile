@@ -2,6 +2,7 @@
 #   make demo   install into .venv and run the quickstart job on the embedded local root
 #   make test   install into .venv and run the whole test suite
 #   make reliability   the reliability suites at full scale (docs/reliability.md), ~30-40 min
+#   make dist   build the wheel into dist/ (pulsartx is not on PyPI)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,20 +14,20 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SPARK_SUBMIT := $(BIN)/spark-submit --properties-file conf/spark-defaults.conf \
 	--driver-java-options "-Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)"
 
-.PHONY: install demo test reliability lint bench pipeline clean
+.PHONY: install demo test reliability lint bench pipeline dist clean
 
 # What the demo and the pipeline need: pulsartx and its runtime dependencies (pyspark alone is ~320 MB).
 $(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo ">> installing pulsartx into $(VENV) (pyspark, pyarrow, deltalake: 1-3 minutes on a fresh machine)"
 	$(BIN)/python -m pip install --upgrade --progress-bar on pip
-	$(BIN)/python -m pip install --progress-bar on -e . --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --progress-bar on -e .
 	rm -f $(VENV)/.installed-runtime-*; touch $@
 
 # The tests add pytest, hypothesis, chispa, ruff, s3fs and moto.
 $(DEV): $(RUNTIME)
 	@echo ">> installing the test tools into $(VENV)"
-	$(BIN)/python -m pip install --progress-bar on -e '.[dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	rm -f $(VENV)/.installed-dev-*; touch $@
 
 install: $(DEV)
@@ -64,5 +65,10 @@ bench: $(DEV)
 	$(BIN)/python bench/read.py
 	$(BIN)/python bench/scale.py
 
+# The wheel (dist/pulsartx-*.whl) to install elsewhere: pip install 'dist/pulsartx-0.1.0-py3-none-any.whl[s3]'.
+dist: $(DEV)
+	rm -rf dist
+	$(BIN)/python -m build --wheel --outdir dist
+
 clean:
-	rm -rf pulsartx-data spark-warehouse .pytest_cache
+	rm -rf pulsartx-data spark-warehouse .pytest_cache build dist

@@ -5,7 +5,7 @@ Spark imports this in every session's data-source lookup, and an import error he
 lookup for every source, so it must stay tiny: pyspark plus our class definition, never
 deltalake (whose runtime panics in processes forked after it started).
 """
-from datasource.source import PulsarTxDataSource
+from pulsartx.datasource.source import PulsarTxDataSource
 
 
 class DefaultSource(PulsarTxDataSource):

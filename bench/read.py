@@ -109,7 +109,7 @@ def register_arrow_reader(spark: Any) -> None:
                 for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536, columns=list(STORED)):
                     batch = batch.cast(schema)
                     if self.topic_schema:  # the three derived columns of the topic schema, as constants
-                        from datasource.schema import arrow_schema, message_ids
+                        from pulsartx.datasource.schema import arrow_schema, message_ids
 
                         n = batch.num_rows
                         cols = {"value": batch.column(0), "__key": batch.column(1), "__topic": pa.repeat(
@@ -128,7 +128,7 @@ def register_arrow_reader(spark: Any) -> None:
 
         def schema(self) -> Any:
             if self.options.get("topicschema") == "true":
-                from datasource.schema import SPARK_SCHEMA
+                from pulsartx.datasource.schema import SPARK_SCHEMA
 
                 return SPARK_SCHEMA
             return FILE_SCHEMA if self.options.get("allcolumns") == "true" else READER_SCHEMA
@@ -258,10 +258,11 @@ def read_breakdown(root: str, topic: str, repeat: int = 1) -> None:
 
 
 def _read_breakdown(root: str, topic: str) -> None:
-    from datasource.batch_reader import file_groups, plan_partitions
-    from datasource.options import parse_options
-    from datasource.schema import FULL, spark_batches, to_spark_table
-    from datasource.visibility import visible_records
+    from pulsartx.datasource.batch_reader import file_groups, plan_partitions
+    from pulsartx.datasource.options import parse_options
+    from pulsartx.datasource.schema import FULL, spark_batches, to_spark_table
+    from pulsartx.datasource.visibility import visible_records
+
     from pulsartx.log.partition import read_files
 
     opts = parse_options({"service.url": root, "topic": topic})

@@ -87,12 +87,12 @@ def register_arrow_sink(spark: Any) -> None:
 # ---- timers inside the workers (--breakdown) -------------------------------------------------------
 def register_timed_pulsartx(spark: Any, out: str) -> None:
     """``pulsartx_timed``: the real source with the workers' main steps timed into ``out``."""
-    from datasource.source import PulsarTxDataSource
-    from datasource.writer import PulsarTxBatchWriter
+    from pulsartx.datasource.source import PulsarTxDataSource
+    from pulsartx.datasource.writer import PulsarTxBatchWriter
 
     def current() -> dict[str, float]:
         """The running task's timers (a pyspark worker may be reused for several tasks)."""
-        import commit_protocol.task as task_mod
+        import pulsartx.commit_protocol.task as task_mod
 
         return task_mod.__dict__.setdefault("_bench_timers", {})
 
@@ -123,8 +123,9 @@ def register_timed_pulsartx(spark: Any, out: str) -> None:
 
     class TimedWriter(PulsarTxBatchWriter):
         def write(self, iterator: Any) -> Any:
-            import commit_protocol.job as job_mod
-            import commit_protocol.task as task_mod
+            import pulsartx.commit_protocol.job as job_mod
+            import pulsartx.commit_protocol.task as task_mod
+
             import pulsartx.log.partition as part_mod
 
             task_mod._bench_timers = acc = {}

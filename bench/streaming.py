@@ -95,9 +95,9 @@ def timed_source(log_path: str) -> Any:
     pyspark worker that runs it (pickled by value from this script) into ``log_path``."""
     import json
 
-    from datasource.source import PulsarTxDataSource
-    from datasource.stream_reader import PulsarTxStreamReader
-    from datasource.stream_writer import PulsarTxStreamWriter
+    from pulsartx.datasource.source import PulsarTxDataSource
+    from pulsartx.datasource.stream_reader import PulsarTxStreamReader
+    from pulsartx.datasource.stream_writer import PulsarTxStreamWriter
 
     def note(kind: str, t0: float, **extra: Any) -> None:
         with open(log_path, "a") as f:

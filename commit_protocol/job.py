@@ -23,9 +23,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from pulsartx.commit_protocol.driver import driver_coordinators
 from pyspark.sql.datasource import WriterCommitMessage
 
-from commit_protocol.driver import driver_coordinators
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID

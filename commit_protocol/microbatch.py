@@ -28,11 +28,11 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pulsartx.commit_protocol import handoff
+from pulsartx.commit_protocol.driver import driver_coordinators, driver_jvm
+from pulsartx.commit_protocol.job import JobTransaction
 from pyspark.sql.datasource import WriterCommitMessage
 
-from commit_protocol import handoff
-from commit_protocol.driver import driver_coordinators, driver_jvm
-from commit_protocol.job import JobTransaction
 from pulsartx.buffer.state import txn_key
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all

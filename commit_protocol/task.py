@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 
-from commit_protocol.job import JobTransaction, TaskReport
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.client.routing import partition_for_key
 from pulsartx.exceptions import InvalidConfiguration, TopicNotFound

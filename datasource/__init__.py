@@ -6,14 +6,14 @@ Discovery
     ``pyspark_*`` modules and registers their ``DefaultSource`` (our ``pyspark_pulsartx`` shim).
     With ``--py-files`` / ``addPyFile`` that scan does not see the code, so register explicitly::
 
-        from datasource import PulsarTxDataSource
+        from pulsartx.datasource import PulsarTxDataSource
         spark.dataSource.register(PulsarTxDataSource)
 
 Options (Kafka source / pulsar-spark connector names)
-    Declared once in :mod:`datasource.option_table`, from which ``docs/options.md`` is generated;
+    Declared once in :mod:`pulsartx.datasource.option_table`, from which ``docs/options.md`` is generated;
     an option not listed for the API it is given to is refused, naming the nearest valid one. The
     Spark conf ``spark.pulsartx.service.url`` cannot reach Python data sources, see
-    :mod:`datasource.options`.
+    :mod:`pulsartx.datasource.options`.
 
 Schema
     ``value binary, __key string, __topic string, __partition int, __offset bigint,
@@ -26,6 +26,6 @@ Filter pushdown
     ``DATA_SOURCE_PUSHDOWN_DISABLED``. When pushdown is added (offset and publish-time ranges map
     onto file statistics), it must keep reads working with the flag off.
 """
-from datasource.source import PulsarTxDataSource
+from pulsartx.datasource.source import PulsarTxDataSource
 
 __all__ = ["PulsarTxDataSource"]

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pulsartx.datasource.errors import spark_facing
+from pulsartx.datasource.offsets import EARLIEST, LATEST, OffsetSpec
+from pulsartx.datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
+from pulsartx.datasource.pushdown import Pushed, push
+from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
+from pulsartx.datasource.topics import partitions_to_read
+from pulsartx.datasource.visibility import Visibility, plan_visibility, visible_records
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from datasource.errors import spark_facing
-from datasource.offsets import EARLIEST, LATEST, OffsetSpec
-from datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
-from datasource.pushdown import Pushed, push
-from datasource.schema import FULL, Projection, spark_batches, to_spark_table
-from datasource.topics import partitions_to_read
-from datasource.visibility import Visibility, plan_visibility, visible_records
 from pulsartx.exceptions import InvalidConfiguration
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.partition import PartitionLog, partition_segments, read_files

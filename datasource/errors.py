@@ -12,7 +12,7 @@ traceback, with its cause chain, as a note after the message. The worker exits r
 reporting the error, so the variable dies with it; other errors (bugs) keep Spark's full
 traceback. Outside pyspark workers (tests calling the methods directly) nothing changes.
 
-This module stays import-light (no pulsartx import): ``datasource.source`` uses it, and Spark's
+This module stays import-light (no pulsartx import): ``pulsartx.datasource.source`` uses it, and Spark's
 data-source discovery imports that module in every session.
 """
 from __future__ import annotations

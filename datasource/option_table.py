@@ -1,6 +1,6 @@
 """Every ``format("pulsartx")`` option, declared once: the parser takes names and defaults from
 here, refuses names that are not here, and ``docs/options.md`` is generated from here
-(``python -m datasource.options_doc``), so the reference cannot drift from the code.
+(``python -m pulsartx.datasource.options_doc``), so the reference cannot drift from the code.
 
 A Spark option reaches us lowercased (``startingoffsets``), so names are matched without case and
 every message spells the option as users write it. Keys that Spark adds itself (``path`` for

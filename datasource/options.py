@@ -5,10 +5,10 @@ a case-insensitive mapping with lowercased keys and string values; every error n
 users write it (``topicsPattern``, not ``topicspattern``) and says what to write instead.
 
 Names, defaults and where each option applies come from the declarative table in
-:mod:`datasource.option_table`; every parse first refuses names that table does not list for its use
+:mod:`pulsartx.datasource.option_table`; every parse first refuses names that table does not list for its use
 (``read``, ``readStream``, ``write``, ``writeStream``), so a misspelt option fails instead of being
 ignored. Parsing is syntactic and never touches storage, so it can run anywhere; resolving topics
-against the storage root is :mod:`datasource.topics`.
+against the storage root is :mod:`pulsartx.datasource.topics`.
 
 The storage root is resolved here, in the driver-side planner worker, to an absolute path or URL,
 and executors only ever receive that resolved value. ``spark.pulsartx.service.url`` cannot be
@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets, with_timestamps
-from datasource.option_table import (
+from pulsartx.datasource.offsets import EARLIEST, LATEST, OffsetSpec, parse_offsets, with_timestamps
+from pulsartx.datasource.option_table import (
     READ,
     READ_STREAM,
     STORAGE_PREFIX,
@@ -36,6 +36,7 @@ from datasource.option_table import (
     check_names,
     spec,
 )
+
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
 from pulsartx.log.compression import CompressionType
 from pulsartx.naming import TopicName, check_subscription_name

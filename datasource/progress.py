@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pulsartx.commit_protocol.microbatch import BATCH_PROPERTY, COMMIT_REQUESTED_PROPERTY
 from pyspark.sql.streaming import StreamingQueryListener
 
-from commit_protocol.microbatch import BATCH_PROPERTY, COMMIT_REQUESTED_PROPERTY
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnMeta, TxnStatus
 from pulsartx.storage.root import StorageRoot

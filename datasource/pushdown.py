@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from datasource.schema import canonical_column
+from pulsartx.datasource.schema import canonical_column
 
 PUSHDOWN_WORKER = "pyspark.sql.worker.data_source_pushdown_filters"
 

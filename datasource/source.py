@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pulsartx.datasource.errors import spark_facing
+from pulsartx.datasource.schema import SPARK_SCHEMA, projection
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -17,11 +19,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from datasource.errors import spark_facing
-from datasource.schema import SPARK_SCHEMA, projection
-
 if TYPE_CHECKING:
-    from datasource.options import PulsarTxOptions
+    from pulsartx.datasource.options import PulsarTxOptions
 
 SOURCE_NAME = "pulsartx"
 
@@ -35,7 +34,7 @@ class PulsarTxDataSource(DataSource):
         return SOURCE_NAME
 
     def _read_options(self, use: str) -> PulsarTxOptions:
-        from datasource.options import parse_options
+        from pulsartx.datasource.options import parse_options
 
         return parse_options(self.options, use=use)
 
@@ -44,8 +43,8 @@ class PulsarTxDataSource(DataSource):
         # away as an AnalysisException instead of at the first action. It runs for read and
         # readStream alike, so option names are checked against both; reader() and
         # streamReader() check their own.
-        from datasource.option_table import ANY_READ
-        from datasource.topics import selected_topics
+        from pulsartx.datasource.option_table import ANY_READ
+        from pulsartx.datasource.topics import selected_topics
 
         opts = self._read_options(ANY_READ)
         assert opts.selection is not None
@@ -53,9 +52,9 @@ class PulsarTxDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from datasource.batch_reader import PulsarTxBatchReader, PulsarTxPushdownReader
-        from datasource.option_table import READ
-        from datasource.pushdown import pushdown_worker
+        from pulsartx.datasource.batch_reader import PulsarTxBatchReader, PulsarTxPushdownReader
+        from pulsartx.datasource.option_table import READ
+        from pulsartx.datasource.pushdown import pushdown_worker
 
         columns = projection(schema)
 
@@ -66,14 +65,15 @@ class PulsarTxDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Runs on the driver: validates the options and columns, then begins the job's transaction."""
-        from datasource.options import parse_write_options
-        from datasource.writer import prepare_write
+        from pulsartx.datasource.options import parse_write_options
+        from pulsartx.datasource.writer import prepare_write
 
         return prepare_write(parse_write_options(self.options), schema, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from datasource.options import parse_stream_options
-        from datasource.stream_reader import PulsarTxStreamReader, RefusedStreamReader
+        from pulsartx.datasource.options import parse_stream_options
+        from pulsartx.datasource.stream_reader import PulsarTxStreamReader, RefusedStreamReader
+
         from pulsartx.exceptions import PulsarException
 
         try:
@@ -83,6 +83,6 @@ class PulsarTxDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """Called for every micro-batch: begins that batch's transaction."""
-        from datasource.stream_writer import prepare_stream_write
+        from pulsartx.datasource.stream_writer import prepare_stream_write
 
         return prepare_stream_write(self.options, schema, overwrite)

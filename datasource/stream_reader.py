@@ -14,7 +14,7 @@ long-lived process per query run (its transaction buffers fold incrementally acr
 * ``topicsPattern`` is re-evaluated every batch; new partitions start at their earliest offset.
 * ``subscription``: the query's position lives in a durable subscription. The first batch starts
   from it (so a query without a checkpoint resumes after the last committed output); each batch's
-  range is handed to the sink (``commit_protocol.handoff``), whose transaction acknowledges it when
+  range is handed to the sink (``pulsartx.commit_protocol.handoff``), whose transaction acknowledges it when
   the sink is pulsartx; ``commit(end)`` acknowledges it otherwise (idempotent with the former).
 """
 from __future__ import annotations
@@ -24,6 +24,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+from pulsartx.commit_protocol import handoff
+from pulsartx.datasource.batch_reader import (
+    OffsetRangePartition,
+    PackedPartition,
+    pack_ranges,
+    range_partitions,
+    read_partition,
+)
+from pulsartx.datasource.errors import spark_facing
+from pulsartx.datasource.offsets import EARLIEST, LATEST
+from pulsartx.datasource.options import StreamOptions
+from pulsartx.datasource.schema import FULL, Projection
+from pulsartx.datasource.topics import partitions_to_read
+from pulsartx.datasource.visibility import Visibility
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -32,20 +46,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from commit_protocol import handoff
-from datasource.batch_reader import (
-    OffsetRangePartition,
-    PackedPartition,
-    pack_ranges,
-    range_partitions,
-    read_partition,
-)
-from datasource.errors import spark_facing
-from datasource.offsets import EARLIEST, LATEST
-from datasource.options import StreamOptions
-from datasource.schema import FULL, Projection
-from datasource.topics import partitions_to_read
-from datasource.visibility import Visibility
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import resolved_filter
 from pulsartx.coordinator.registry import Coordinators
@@ -272,7 +272,7 @@ class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     pyspark 4.3's stream runner builds the reader inside ``try: ... finally: reader.stop()``, so an
     error raised by ``streamReader()`` itself reaches Spark as ``UnboundLocalError: cannot access
     local variable 'reader'``, with our message only in its context (and hidden entirely once
-    :mod:`datasource.errors` leads with the message). Raised from the reader's first call, it is
+    :mod:`pulsartx.datasource.errors` leads with the message). Raised from the reader's first call, it is
     the error Spark reports."""
 
     def __init__(self, error: Exception):

@@ -1,4 +1,4 @@
-"""``writeStream.format("pulsartx")``: each micro-batch is one transaction (commit_protocol.microbatch).
+"""``writeStream.format("pulsartx")``: each micro-batch is one transaction (pulsartx.commit_protocol.microbatch).
 
 pyspark calls ``streamWriter()`` for every micro-batch, twice: in a planner worker (that writer is
 pickled to the tasks, so it begins the batch's transaction) and in the sink runner that commits or
@@ -11,14 +11,11 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
-
-from commit_protocol.job import JobTransaction
-from commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
-from datasource.errors import spark_facing
-from datasource.option_table import WRITE_STREAM
-from datasource.options import (
+from pulsartx.commit_protocol.job import JobTransaction
+from pulsartx.commit_protocol.microbatch import MicroBatchTransaction, query_transaction_key
+from pulsartx.datasource.errors import spark_facing
+from pulsartx.datasource.option_table import WRITE_STREAM
+from pulsartx.datasource.options import (
     CHECKPOINT_LOCATION,
     TRANSACTION_KEY,
     TRANSACTION_TIMEOUT_MS,
@@ -26,12 +23,16 @@ from datasource.options import (
     parse_write_options,
     table_int,
 )
-from datasource.writer import TaskWriting, resolve_targets
+from pulsartx.datasource.writer import TaskWriting, resolve_targets
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
 from pulsartx.coordinator.keys import full_key
 from pulsartx.exceptions import InvalidConfiguration
 
 if TYPE_CHECKING:
-    from commit_protocol.microbatch import MicroBatchTransaction
+    from pulsartx.commit_protocol.microbatch import MicroBatchTransaction
+
     from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger("pulsartx.datasource")

@@ -1,4 +1,4 @@
-"""Turn a :class:`~datasource.options.TopicSelection` into the partitions to read.
+"""Turn a :class:`~pulsartx.datasource.options.TopicSelection` into the partitions to read.
 
 Runs on the driver (planner workers) only: it reads topic metadata from the storage root.
 """
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from datasource.options import TopicSelection
+from pulsartx.datasource.options import TopicSelection
+
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import DEFAULT_NAMESPACE, DEFAULT_TENANT, TopicName

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from datasource.held_back import warn_held_back
+from pulsartx.datasource.held_back import warn_held_back
+
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import consistent_cut
 from pulsartx.buffer.state import VisibilityFilter, keep_rows

@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+from pulsartx.commit_protocol.job import JobTransaction, TaskReport
+from pulsartx.commit_protocol.task import TaskAppender
+from pulsartx.datasource.errors import spark_facing
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BinaryType,
@@ -31,16 +34,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from commit_protocol.job import JobTransaction, TaskReport
-from commit_protocol.task import TaskAppender
-from datasource.errors import spark_facing
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.storage.cli_command import cli_command
 
 if TYPE_CHECKING:
-    from commit_protocol.job import JobTransaction
-    from datasource.options import WriteOptions
+    from pulsartx.commit_protocol.job import JobTransaction
+    from pulsartx.datasource.options import WriteOptions
 
 _STRING_MAP = MapType(StringType(), StringType())
 WRITE_COLUMNS: dict[str, tuple[tuple[type[DataType], ...], str]] = {

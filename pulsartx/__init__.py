@@ -2,6 +2,8 @@
 
 The public API is flat and re-exported here; everything below may change freely.
 """
+from pathlib import Path as _Path
+
 from pulsartx.client import Client, Message, Producer, Reader, Result
 from pulsartx.client.consumer import Consumer, ConsumerType, InitialPosition
 from pulsartx.client.dead_letter import ConsumerDeadLetterPolicy
@@ -29,3 +31,11 @@ __all__ = [
     "PulsarException", "Reader", "Result", "Timeout", "TopicName", "TopicNotFound", "Transaction",
     "TransactionState", "TxnID", "TxnStatus", "UnknownOption", "__version__",
 ]
+
+# Installed, ``pulsartx.datasource`` and ``pulsartx.commit_protocol`` sit inside this package; in a
+# checkout they are the top-level folders beside it, so the checkout's root joins this package's path
+# (docs/design/installed-namespace.md).
+_CHECKOUT = _Path(__file__).resolve().parent.parent
+if not _Path(__file__).with_name("datasource").is_dir() and (_CHECKOUT / "datasource" / "__init__.py").is_file() \
+        and (_CHECKOUT / "pyproject.toml").is_file():
+    __path__.append(str(_CHECKOUT))

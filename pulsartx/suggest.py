@@ -1,6 +1,6 @@
 """A misspelt option or keyword fails, naming the nearest valid one.
 
-Used by the Spark options (:mod:`datasource.option_table`) and by the client's keyword arguments:
+Used by the Spark options (:mod:`pulsartx.datasource.option_table`) and by the client's keyword arguments:
 Python's own ``TypeError: got an unexpected keyword argument`` names the keyword but not what was
 meant, and ``Client``, ``create_producer``, ``subscribe`` and ``create_reader`` used to swallow
 unknown keywords (pulsar-client's style) so a typo silently kept a default.

@@ -36,8 +36,9 @@ def pulsartx_zip(directory: Path) -> Path:
     path = directory / "pulsartx-py-files.zip"
     with zipfile.ZipFile(path, "w") as z:
         for package in ("pulsartx", "datasource", "commit_protocol"):
+            inside = PROJECT if package == "pulsartx" else PROJECT / "pulsartx"  # the installed layout
             for f in sorted((PROJECT / package).rglob("*.py")):
-                z.write(f, f.relative_to(PROJECT))
+                z.write(f, (inside / f.relative_to(PROJECT)).relative_to(PROJECT))
         z.write(PROJECT / "pyspark_pulsartx.py", "pyspark_pulsartx.py")
     return path
 

@@ -121,7 +121,7 @@ def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(tab
 
 
 def test_a_writer_kept_across_tasks_notices_its_topic_was_recreated(tmp_path):
-    """Spark's Python workers keep one PartitionLog per partition across tasks (commit_protocol.task):
+    """Spark's Python workers keep one PartitionLog per partition across tasks (pulsartx.commit_protocol.task):
     when the topic is deleted and re-created meanwhile (by another process, whose forget_shared does
     not reach this one), the next task's sync_writer starts over on the new table instead of
     continuing the old table's log (which would leave a version gap and reuse offsets)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("pulsartx", "datasource", "commit_protocol", "tests", "bench", "examples", "conf", "docs", "scripts",
-           "Makefile", "README.md", "pyproject.toml", "pyspark_pulsartx.py")
+           "Makefile", "README.md", "pyproject.toml", "setup.py", "pyspark_pulsartx.py")
 # How the code was built is not the reader's business: issue and session numbers, the diary files,
 # notes kept outside the repository.
 DIARY = re.compile(r"\bissue \d|\bsession \d|\bnotes/|NOTES-|subscriptions issue|later issues", re.IGNORECASE)

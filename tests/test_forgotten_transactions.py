@@ -148,7 +148,7 @@ def test_a_spark_batch_read_neither_shows_nor_stops_at_a_straggler_of_a_forgotte
     the fix: with `old` still COMMITTED in its TC, the cut showed the straggler as part of the
     commit; with `old` trimmed from its TC, the cut took the straggler for an undecided
     transaction and stopped every read at it, for good."""
-    from datasource.visibility import plan_visibility
+    from pulsartx.datasource.visibility import plan_visibility
 
     cfg = CoordinatorConfig(compact_every=2, finished_retention_ms=0) if tc_entry == "trimmed" else None
     with pulsartx.Client(str(tmp_path / "root"), coordinator_config=cfg) as c:

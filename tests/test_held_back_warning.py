@@ -12,9 +12,9 @@ import textwrap
 from pathlib import Path
 
 from _fresh import user_env
+from pulsartx.datasource.visibility import plan_visibility
 
 import pulsartx
-from datasource.visibility import plan_visibility
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot

@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pulsartx.commit_protocol.job import JobTransaction
+from pulsartx.commit_protocol.task import TaskAppender
 from spark_jobs.checks import write
 
-from commit_protocol.job import JobTransaction
-from commit_protocol.task import TaskAppender
 from pulsartx import MessageId
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import build_records, shared_log

@@ -19,6 +19,8 @@ def _modules() -> dict[str, Path]:
     for pkg in PACKAGES:
         for p in (ROOT / pkg).rglob("*.py"):
             name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+            if pkg != "pulsartx":  # installed inside pulsartx's namespace (setup.py)
+                name = f"pulsartx.{name}"
             out[name.removesuffix(".__init__")] = p
     return out
 
@@ -119,7 +121,8 @@ def test_lower_layers_never_import_upper_ones() -> None:
     graph, _ = _graph()
     below = ("pulsartx.storage", "pulsartx.log", "pulsartx.coordinator", "pulsartx.buffer", "pulsartx.subscription",
              "pulsartx.observe")
-    above = ("pulsartx.client", "pulsartx.admin", "pulsartx.cli", "datasource", "commit_protocol")
+    above = ("pulsartx.client", "pulsartx.admin", "pulsartx.cli", "pulsartx.datasource",
+             "pulsartx.commit_protocol")
     wrong = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
                    if m.startswith(below) and t.startswith(above))
     wrong += sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts

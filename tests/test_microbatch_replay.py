@@ -6,8 +6,8 @@ import json
 import zlib
 
 import pytest
+from pulsartx.commit_protocol.microbatch import MicroBatchTransaction
 
-from commit_protocol.microbatch import MicroBatchTransaction
 from pulsartx.coordinator.keys import MAX_TXNS_PER_KEY
 from pulsartx.storage.root import StorageRoot
 
@@ -34,8 +34,9 @@ def test_a_zombie_batchs_late_cumulative_ack_does_not_block_the_next_batch(tmp_p
     abort's pass over the subscription came first) is orphaned. Fails before the fix: every later
     batch's acknowledgement conflicted with it (TransactionConflict) and the stream could not
     commit until something else resolved it; now the batch returns it, as a consumer would."""
+    from pulsartx.commit_protocol import handoff
+
     import pulsartx
-    from commit_protocol import handoff
     from pulsartx.buffer.state import txn_key
     from pulsartx.coordinator.registry import Coordinators
     from pulsartx.coordinator.state import Subscription, TxnAction
@@ -75,7 +76,8 @@ def test_a_batch_committed_on_another_tc_before_a_crash_loop_is_still_known_comm
     several TC logs while the key's epoch stays on the TC the key hashes to. A run that committed
     batch 7 on one TC, then more than 32 restarts under other drivers (other leases), and the replay
     still finds the commit: the key row keeps naming every TC the key used."""
-    from commit_protocol import driver
+    from pulsartx.commit_protocol import driver
+
     from pulsartx.coordinator.keys import full_key
     from pulsartx.coordinator.registry import Coordinators
 
@@ -108,7 +110,8 @@ def test_a_batch_committed_on_another_tc_before_a_crash_loop_is_still_known_comm
 def test_a_batch_on_the_drivers_tc_commits_only_while_its_run_holds_the_key(tmp_path, monkeypatch):
     """The TC a batch began on checks the key's epoch on the key's own TC: a newer run whose claim
     died before it could fence the batch still stops the batch from committing."""
-    from commit_protocol import driver
+    from pulsartx.commit_protocol import driver
+
     from pulsartx.coordinator.keys import full_key
     from pulsartx.coordinator.registry import Coordinators
     from pulsartx.exceptions import TransactionFenced

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from pulsartx.datasource.offsets import EARLIEST, parse_offsets
 
-from datasource.offsets import EARLIEST, parse_offsets
 from pulsartx.exceptions import InvalidConfiguration
 
 

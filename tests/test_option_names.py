@@ -3,8 +3,7 @@ where it belongs; what Spark adds itself is accepted."""
 from __future__ import annotations
 
 import pytest
-
-from datasource.option_table import (
+from pulsartx.datasource.option_table import (
     ANY_READ,
     OPTIONS,
     READ,
@@ -14,7 +13,8 @@ from datasource.option_table import (
     WRITE_STREAM,
     check_names,
 )
-from datasource.options import parse_options, parse_stream_options, parse_write_options
+from pulsartx.datasource.options import parse_options, parse_stream_options, parse_write_options
+
 from pulsartx.exceptions import InvalidConfiguration, UnknownOption
 
 BASE = {"service.url": "/tmp/pulsartx-option-names-never-created", "topic": "t"}

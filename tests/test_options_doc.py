@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from datasource.option_table import OPTIONS, SPARK_KEYS
-from datasource.options_doc import render
+from pulsartx.datasource.option_table import OPTIONS, SPARK_KEYS
+from pulsartx.datasource.options_doc import render
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "options.md"
@@ -14,7 +14,7 @@ DOC = REPO / "docs" / "options.md"
 
 def test_the_doc_is_the_table():
     """Fails when the table changed and docs/options.md was not regenerated."""
-    assert DOC.read_text() == render(), "regenerate: python -m datasource.options_doc > docs/options.md"
+    assert DOC.read_text() == render(), "regenerate: python -m pulsartx.datasource.options_doc > docs/options.md"
 
 
 def test_the_doc_names_every_option_and_the_issue_list():

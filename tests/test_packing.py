@@ -1,8 +1,8 @@
-"""Packing a micro-batch's small topic-partition ranges into fewer tasks (datasource.batch_reader)."""
+"""Packing a micro-batch's small topic-partition ranges into fewer tasks (pulsartx.datasource.batch_reader)."""
 from __future__ import annotations
 
-from datasource.batch_reader import OffsetRangePartition, PackedPartition, pack_ranges
-from datasource.visibility import Visibility
+from pulsartx.datasource.batch_reader import OffsetRangePartition, PackedPartition, pack_ranges
+from pulsartx.datasource.visibility import Visibility
 
 
 def rng(partition: int, start: int, end: int) -> OffsetRangePartition:

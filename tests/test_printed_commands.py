@@ -12,12 +12,12 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from pulsartx.datasource.options import parse_selection, parse_write_options
+from pulsartx.datasource.topics import selected_topics
+from pulsartx.datasource.writer import resolve_targets
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 import pulsartx
-from datasource.options import parse_selection, parse_write_options
-from datasource.topics import selected_topics
-from datasource.writer import resolve_targets
 from pulsartx import MessageId
 from pulsartx.admin import SubscriptionNotFound
 from pulsartx.cli.main import cli

@@ -15,11 +15,11 @@ import sys
 
 from _procs import count_markers
 from _reads import committed_values
+from pulsartx.datasource.visibility import plan_visibility
 from test_interop import recipe_reads
 
 import pulsartx
 import pulsartx.buffer.state as state_mod
-from datasource.visibility import plan_visibility
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.markers import marker_app_id
 from pulsartx.buffer.reads import VisibilityReader

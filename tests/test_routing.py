@@ -95,11 +95,11 @@ def test_round_robin():
 
 
 def _task_routes(batches, n: int, task_id: int = 0):
-    """What a Spark write task (commit_protocol.task.TaskAppender) routes where, batch by batch."""
+    """What a Spark write task (pulsartx.commit_protocol.task.TaskAppender) routes where, batch by batch."""
     import pyarrow as pa
+    from pulsartx.commit_protocol.job import JobTransaction
+    from pulsartx.commit_protocol.task import TaskAppender
 
-    from commit_protocol.job import JobTransaction
-    from commit_protocol.task import TaskAppender
     from pulsartx.naming import TopicName
     from pulsartx.storage.root import StorageRoot
 

@@ -167,8 +167,9 @@ def test_committed_transaction_behind_an_open_one_is_read_whole(spark: Any, clie
 def test_transaction_committing_during_planning_is_read_whole(client: Any, root: str, monkeypatch: Any) -> None:
     """The Spark planner's path (plan_partitions + read_partition, no Spark needed), with a transaction
     that commits while the driver is between folding partition 0 and asking the TC."""
-    from datasource.batch_reader import plan_partitions, read_partition
-    from datasource.options import parse_options
+    from pulsartx.datasource.batch_reader import plan_partitions, read_partition
+    from pulsartx.datasource.options import parse_options
+
     from pulsartx.buffer.buffer import TransactionBuffer
 
     client.admin.create_topic("cut", 2)

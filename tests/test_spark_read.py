@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from pulsartx.datasource.options import parse_options
+from pulsartx.datasource.schema import SPARK_SCHEMA, arrow_schema, message_ids
 
-from datasource.options import parse_options
-from datasource.schema import SPARK_SCHEMA, arrow_schema, message_ids
 from pulsartx import MessageId, MessageType, TopicName
 from pulsartx.log.partition import PartitionLog, build_records
 
@@ -226,7 +226,7 @@ def test_empty_topic(spark: Any, client: Any, root: str) -> None:
 
 
 def test_found_without_register_in_a_fresh_session(spark: Any, client: Any, root: str) -> None:
-    from datasource import PulsarTxDataSource
+    from pulsartx.datasource import PulsarTxDataSource
 
     client.admin.create_topic("disc")
     sent = produce(client, "disc", 3, keyed=False)
@@ -338,9 +338,9 @@ def test_declared_subset_schema_returns_only_those_columns(spark: Any, client: A
 
 
 def test_projection_reads_only_the_stored_columns_it_needs() -> None:
+    from pulsartx.datasource.schema import FULL, projection
     from pyspark.sql.types import StructType
 
-    from datasource.schema import FULL, projection
     from pulsartx.exceptions import InvalidConfiguration
 
     assert projection(SPARK_SCHEMA) == FULL

@@ -230,8 +230,8 @@ def test_no_fractured_reads_while_jobs_commit(spark: Any, client: Any, root: str
     reads and the same planning + executor code called directly (many more reads per second).
     Every read returns each job whole or not at all, and the jobs it returns are a prefix of the
     commit order."""
-    from datasource.batch_reader import plan_partitions, read_partition
-    from datasource.options import parse_options
+    from pulsartx.datasource.batch_reader import plan_partitions, read_partition
+    from pulsartx.datasource.options import parse_options
 
     client.admin.create_topic("frac", 8)
     jobs, rows = 6, 4000

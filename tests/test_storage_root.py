@@ -48,8 +48,8 @@ def test_local_root_never_imports_fsspec(tmp_path):
 import sys
 import pulsartx
 from pyspark.sql.types import BinaryType, StructField, StructType
-from datasource.options import parse_write_options
-from datasource.writer import prepare_write
+from pulsartx.datasource.options import parse_write_options
+from pulsartx.datasource.writer import prepare_write
 c = pulsartx.Client({str(tmp_path / "r")!r}); c.admin.create_topic("t", 2); c.close()
 assert "fsspec" not in sys.modules, "Client/admin imported fsspec"
 w = prepare_write(parse_write_options({{"service.url": {str(tmp_path / "r")!r}, "topic": "t"}}),

@@ -350,7 +350,8 @@ def test_bad_options_give_clear_errors(spark: Any, client: Any, root: str, tmp_p
 @pytest.mark.parametrize("bad", ["0", "-5", "ten", "1.5"])
 def test_bad_max_entries_per_trigger_names_the_option(bad: str) -> None:
     """Checked by the option parser the stream reader calls first, so no query has to start."""
-    from datasource.options import parse_stream_options
+    from pulsartx.datasource.options import parse_stream_options
+
     from pulsartx.exceptions import InvalidConfiguration
 
     with pytest.raises(InvalidConfiguration, match="maxEntriesPerTrigger"):
@@ -382,7 +383,7 @@ def _pipeline(spark: Any, root: str, checkpoint: str, max_entries: int = 60, sub
 
 def test_pipeline_exactly_once_in_key_order_then_checkpoint_deleted(spark: Any, client: Any, root: str,
                                                                     tmp_path: Path) -> None:
-    from commit_protocol.microbatch import OWNER, query_transaction_key
+    from pulsartx.commit_protocol.microbatch import OWNER, query_transaction_key
 
     client.admin.create_topic("orders", 3)
     client.admin.create_topic("enriched", 2)
@@ -408,7 +409,7 @@ def test_pipeline_exactly_once_in_key_order_then_checkpoint_deleted(spark: Any, 
         assert sorted(m[3].split("@")[1] for m in out) == sorted(f"{p}:{o}" for p, o, _, _ in inputs)
         return out
 
-    from datasource.progress import PulsarTxProgressListener
+    from pulsartx.datasource.progress import PulsarTxProgressListener
 
     checkpoint = str(tmp_path / "checkpoint")
     produce(240)

@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from pulsartx.datasource.option_table import READ, READ_STREAM, check_names
+from pulsartx.datasource.options import parse_options, parse_stream_options
 
 import pulsartx
-from datasource.option_table import READ, READ_STREAM, check_names
-from datasource.options import parse_options, parse_stream_options
 from pulsartx.exceptions import InvalidConfiguration, UnknownOption
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
@@ -96,7 +96,7 @@ def test_a_time_for_a_topic_the_read_does_not_cover_is_refused(tmp_path):
     root = str(tmp_path / "root")
     _two_waves(root)
     opts = parse_options({"service.url": root, "topic": "tt", "startingOffsetsByTimestamp": '{"other":{"0":1}}'})
-    from datasource.batch_reader import plan_partitions
+    from pulsartx.datasource.batch_reader import plan_partitions
 
     with pytest.raises(InvalidConfiguration, match="option startingOffsetsByTimestamp: topic 'persistent://public/"
                                                    "default/other' is not one of the topics this read covers"):

@@ -1,6 +1,6 @@
 """Draw a :class:`~pulsartx.observe.timeline.Timeline` with matplotlib, as SVG or as an HTML page.
 
-matplotlib is an optional dependency (``pip install 'pulsartx[viz]'``): nothing else in pulsartx
+matplotlib is an optional dependency (the viz extra: ``pip install '.[viz]'`` in a checkout): nothing else in pulsartx
 needs it, and it is imported only here. Text stays text in the SVG (``svg.fonttype: none``), so
 the TxnIDs can be searched for and copied; the bars and labels that matter carry ids
 (``blocking-txn``, ``blocking-label``, ``txn-<tc>-<n>``, ``max-read-position`` and its ``-label``,
@@ -39,7 +39,7 @@ def _matplotlib():
     except ImportError as e:
         raise VisualisationUnavailable(
             f"drawing a timeline needs matplotlib, which is not installed ({e}): install the viz extra, "
-            "pip install 'pulsartx[viz]'") from None
+            "pip install '.[viz]' in a pulsartx checkout, or pip install matplotlib") from None
     return matplotlib, Figure, Line2D, Patch, MaxNLocator
 
 

@@ -18,10 +18,10 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pulsartx.datasource import options as O
+from pulsartx.datasource.offsets import EARLIEST, LATEST, parse_offsets
 
 import pulsartx
-from datasource import options as O
-from datasource.offsets import EARLIEST, LATEST, parse_offsets
 from pulsartx import MessageId
 from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, InvalidTopicName, PulsarException
 from pulsartx.log.partition import forget_shared

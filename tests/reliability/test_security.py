@@ -29,9 +29,9 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pulsartx.datasource import options as O
 
 import pulsartx
-from datasource import options as O
 from pulsartx import MessageId
 from pulsartx.cli.main import cli
 from pulsartx.client.transaction import Transaction

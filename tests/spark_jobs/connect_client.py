@@ -27,12 +27,11 @@ REGISTERED = "pulsartx_registered"
 
 
 def run() -> dict[str, Any]:
+    from pulsartx.datasource.progress import PulsarTxProgressListener
+    from pulsartx.datasource.source import PulsarTxDataSource
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.datasource import DataSource, DataSourceReader
-
-    from datasource.progress import PulsarTxProgressListener
-    from datasource.source import PulsarTxDataSource
 
     spark = SparkSession.builder.remote(CFG["remote"]).getOrCreate()
     root, out = CFG["root"], {"session": type(spark).__module__}
@@ -74,9 +73,9 @@ def run() -> dict[str, Any]:
             self.planner = planner
 
         def read(self, partition: Any) -> Any:
-            import datasource
+            import pulsartx.datasource
 
-            yield self.planner, datasource.__file__
+            yield self.planner, pulsartx.datasource.__file__
 
     class WhereImported(DataSource):
         @classmethod
@@ -87,9 +86,9 @@ def run() -> dict[str, Any]:
             return "planner string, executor string"
 
         def reader(self, schema: Any) -> Any:
-            import datasource
+            import pulsartx.datasource
 
-            return ImportedFrom(datasource.__file__)
+            return ImportedFrom(pulsartx.datasource.__file__)
 
     spark.dataSource.register(WhereImported)
     out["imported_from"] = list(spark.read.format("where_imported").load().collect()[0])

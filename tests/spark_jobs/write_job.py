@@ -61,7 +61,7 @@ def events_seen(name: str) -> list[dict[str, Any]]:
 
 def install_task_hooks(task_id: int, attempt: int) -> None:
     """Executor side: flush small batches, and report (or hang after) the task's appends."""
-    import commit_protocol.task as task_mod
+    import pulsartx.commit_protocol.task as task_mod
 
     task_mod.FLUSH_ROWS = int(CFG.get("flush_rows", task_mod.FLUSH_ROWS))
     orig = task_mod.TaskAppender._flush
@@ -122,12 +122,11 @@ def install_commit_hooks() -> None:
 
 def main() -> None:
     event("script_started")
+    from pulsartx.datasource.source import PulsarTxDataSource
+    from pulsartx.datasource.writer import PulsarTxBatchWriter
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    from datasource.source import PulsarTxDataSource
-    from datasource.writer import PulsarTxBatchWriter
 
     class HookedWriter(PulsarTxBatchWriter):
         def write(self, iterator):  # type: ignore[override]

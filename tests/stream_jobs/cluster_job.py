@@ -56,12 +56,12 @@ def write(spark: Any) -> dict[str, Any]:
 
 
 def where_imported(spark: Any) -> list[str]:
-    """``datasource.__file__`` as the executors' Python workers see it, one per task."""
+    """``pulsartx.datasource.__file__`` as the executors' Python workers see it, one per task."""
 
     def origin(_: Any) -> Any:
-        import datasource
+        import pulsartx.datasource
 
-        yield datasource.__file__
+        yield pulsartx.datasource.__file__
 
     n = int(spark.sparkContext.defaultParallelism)
     return sorted(set(spark.sparkContext.parallelize(range(n), n).mapPartitions(origin).collect()))
@@ -72,7 +72,7 @@ def pipeline(spark: Any) -> dict[str, Any]:
 
     report: dict[str, Any] = {}
     if CFG.get("register"):
-        from datasource.source import PulsarTxDataSource
+        from pulsartx.datasource.source import PulsarTxDataSource
 
         spark.dataSource.register(PulsarTxDataSource)
         report["imported_from"] = where_imported(spark)

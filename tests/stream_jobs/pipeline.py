@@ -66,7 +66,7 @@ def armed() -> bool:
 
 def install_task_hook() -> None:
     """Executor side (mid_write): hang right after an append of the batch's open transaction."""
-    import commit_protocol.task as task_mod
+    import pulsartx.commit_protocol.task as task_mod
 
     orig = task_mod.TaskAppender._flush
     if getattr(orig, "_hooked", False):  # a reused worker already has it
@@ -114,13 +114,12 @@ def txn_status(root: Any, txn: Any) -> str:
 
 
 def main() -> None:
+    from pulsartx.commit_protocol.job import JobTransaction
+    from pulsartx.datasource.source import PulsarTxDataSource
+    from pulsartx.datasource.stream_reader import PulsarTxStreamReader
+    from pulsartx.datasource.stream_writer import PulsarTxStreamWriter
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    from commit_protocol.job import JobTransaction
-    from datasource.source import PulsarTxDataSource
-    from datasource.stream_reader import PulsarTxStreamReader
-    from datasource.stream_writer import PulsarTxStreamWriter
 
     scenario = CFG.get("scenario", "none")
 
