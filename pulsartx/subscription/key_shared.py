@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+import mmh3
 import pyarrow as pa
 
 from pulsartx.naming import TopicName
@@ -44,32 +45,9 @@ SCHEMA = pa.schema([
 
 
 def murmur3_32(data: bytes, seed: int = 0) -> int:
-    """MurmurHash3 x86_32, unsigned (the hash Pulsar's ``Murmur3_32Hash`` computes)."""
-    c1, c2, mask = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
-    h = seed & mask
-    n = len(data) & ~3
-    for i in range(0, n, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * c1) & mask
-        k = ((k << 15) | (k >> 17)) & mask
-        k = (k * c2) & mask
-        h ^= k
-        h = ((h << 13) | (h >> 19)) & mask
-        h = (h * 5 + 0xE6546B64) & mask
-    tail = data[n:]
-    if tail:
-        k = int.from_bytes(tail, "little")
-        k = (k * c1) & mask
-        k = ((k << 15) | (k >> 17)) & mask
-        k = (k * c2) & mask
-        h ^= k
-    h ^= len(data)
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & mask
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & mask
-    h ^= h >> 16
-    return h
+    """MurmurHash3 x86_32, unsigned (the hash Pulsar's ``Murmur3_32Hash`` computes), from mmh3's C
+    implementation."""
+    return mmh3.hash(data, seed, signed=False)
 
 
 def sticky_key_hash(key: str | bytes | None) -> int:
