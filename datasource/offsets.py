@@ -112,13 +112,13 @@ def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
                       "or -2 (earliest) / -1 (latest)")
         return off
 
-    return OffsetSpec(option, default, _per_partition(text, bad, offset))
+    return OffsetSpec(option, default, _per_partition(text, bad, offset, "offset"))
 
 
 def _per_partition(text: str, bad: Callable[[str], InvalidConfiguration],
-                   value: Callable[[str, str, object], int]) -> dict[str, dict[int, int]]:
+                   value: Callable[[str, str, object], int], noun: str) -> dict[str, dict[int, int]]:
     """``{"<topic>": {"<partition>": <value>}}``, topics normalised; ``value(topic key, partition
-    key, value)`` checks each value."""
+    key, value)`` checks each value, which messages call ``noun``."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -138,7 +138,7 @@ def _per_partition(text: str, bad: Callable[[str], InvalidConfiguration],
         if name in out:
             raise bad(f"topic {name} appears twice (under different spellings)")
         if not isinstance(parts, dict):
-            raise bad(f"the value for topic {key!r} must be an object of partition -> value")
+            raise bad(f"the value for topic {key!r} must be an object of partition -> {noun}")
         values: dict[int, int] = {}
         for pkey, v in parts.items():
             if not (isinstance(pkey, str) and pkey.isascii() and pkey.isdigit()):
@@ -182,6 +182,6 @@ def with_timestamps(spec: OffsetSpec, all_option: str, all_raw: str | None, per_
         text = per_raw.strip()
         if not text.startswith("{"):
             raise bad("not a JSON object")
-        timestamps = _per_partition(text, bad, time)
+        timestamps = _per_partition(text, bad, time, "time")
     return OffsetSpec(spec.option, spec.default, spec.per_partition, parse_timestamp(all_option, all_raw),
                       timestamps, per_option)
