@@ -117,6 +117,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
     commit_ok: set[Txn] = set()
     commit_returned: dict[Txn, float] = {}  # when commit() returned (the earliest, if retried)
     aborted_hist: set[Txn] = set()  # abort ok, or commit failed (definitely not committed)
+    admin_aborted: set[Txn] = set()  # an admin abort answered ABORTED/ABORTING
     begun: set[Txn] = set()
     begun_by: dict[Txn, list[str]] = defaultdict(list)  # the processes whose begin returned each TxnID
     decided_at: dict[Txn, float] = {}  # when commit() or abort() first returned (its decision durable)
@@ -148,6 +149,7 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
         elif f == "admin_abort" and kind == "ok":
             # An operator was told ABORTED: the transaction must never show as committed.
             aborted_hist.add(_txn(e["txn"]))
+            admin_aborted.add(_txn(e["txn"]))
             stats["admin_aborted"] += 1
         if f in ("commit", "abort") and kind == "ok":
             decided_at[_txn(e["txn"])] = min(decided_at.get(_txn(e["txn"]), e["t"]), e["t"])
@@ -182,6 +184,9 @@ def check(events: Iterable[dict[str, Any]], final: FinalState, stuck_limit_s: fl
             a.add("lost_write", ("acknowledged commit logged ABORTED", t))
         if t in aborted_hist and final.txn_status.get(t) == COMMITTED:
             a.add("aborted_read", ("aborted/failed transaction logged COMMITTED", t))
+        if t in admin_aborted and t in commit_ok:
+            # Whatever the TC log holds by now (its entry may be trimmed): both cannot be true.
+            a.add("lost_write", ("an admin abort answered ABORTED for a transaction whose commit returned", t))
 
     # ---- every observation of a value at a position ---------------------------------------------
     positions: dict[Pos, set[str]] = defaultdict(set)

@@ -359,14 +359,14 @@ def operator(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -
         if not kinds[kind]:
             continue
         target = rng.choice(kinds[kind])
-        h.invoke("admin_abort", txn=txn_list(target), kind=kind)
+        h.invoke("admin_abort", txn=txn_list(target), target=kind)
         try:
             meta = c.admin.transactions.abort_transaction(str(target))
         except Exception as e:
-            h.info("admin_abort", e, txn=txn_list(target), kind=kind)
+            h.info("admin_abort", e, txn=txn_list(target), target=kind)
             told[f"{kind}:refused"] = told.get(f"{kind}:refused", 0) + 1
             continue
-        h.ok("admin_abort", txn=txn_list(target), kind=kind, status=meta["status"])
+        h.ok("admin_abort", txn=txn_list(target), target=kind, status=meta["status"])
         told[f"{kind}:{meta['status']}"] = told.get(f"{kind}:{meta['status']}", 0) + 1
     return {"admin_aborts": told, "trimmed_seen": len(trimmed)}
 

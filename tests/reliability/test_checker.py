@@ -291,3 +291,20 @@ def test_history_file_survives_a_torn_last_line(tmp_path, kill_after):
     events = read_events([path])
     assert [e["value"] for e in events] == [str(i) for i in range(kill_after)]
     assert copy.deepcopy(events) == events
+
+
+def test_an_admin_abort_answered_aborted_for_a_committed_transaction_is_a_lost_write():
+    """The operator's word holds whatever the TC log says by the end (the entry may be trimmed)."""
+    events, final = base()
+    op = H("operator")
+    op.ev("invoke", "admin_abort", txn=list(T1), target="trimmed")
+    op.ev("ok", "admin_abort", txn=list(T1), target="trimmed", status="ABORTED")
+    del final.txn_status[T1]  # trimmed from its TC log
+    got = counts(events + op.events, final)
+    assert got["lost_write"] == 1 and set(got) <= {"lost_write", "aborted_read"}, got
+    # A refused abort, or one of a transaction that did abort, is no anomaly.
+    events, final = base()
+    op = H("operator")
+    op.ev("invoke", "admin_abort", txn=list(T1)).ev("info", "admin_abort", txn=list(T1), error="TransactionNotFound")
+    op.ev("invoke", "admin_abort", txn=list(T2)).ev("ok", "admin_abort", txn=list(T2), status="ABORTED")
+    assert counts(events + op.events, final) == {}
