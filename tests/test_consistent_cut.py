@@ -148,3 +148,40 @@ def test_a_transaction_finished_and_trimmed_during_the_cut_is_shown_by_its_marke
     assert visible(plogs, filters) == {names[0]: [b"a"], names[1]: [b"b"]}
     reader.close()
     writer.close()
+
+
+def test_a_marker_written_after_t0_does_not_show_a_transaction_open_at_t0(tmp_path):
+    """A transaction OPEN at T0, with data in partition 1 before the cut, writes more data to
+    partition 0 and commits between the second folds of partition 0 and partition 1: partition 1's
+    fold then holds its commit marker, partition 0's fold lacks its data there. The marker was
+    written after T0, so it must not decide the transaction for this cut (only markers folded
+    before T0 do): shown in partition 1 alone, it would be a fractured read. Fails before the fix
+    (a soak's batch read returned one of such a transaction's two messages)."""
+    root = str(tmp_path / "root")
+    writer = pulsartx.Client(root, num_coordinators=1)
+    writer.admin.create_topic("t", 2)
+    producer = writer.create_producer("t")
+    txn = writer.new_transaction()
+    producer.send(b"open-b", txn=txn, partition_key=P1)  # in the first fold; OPEN at T0
+
+    reader = pulsartx.Client(root, num_coordinators=1)
+    names = [str(TopicName.parse(f"t-partition-{i}")) for i in range(2)]
+    plogs = {n: PartitionLog(reader.root, TopicName.parse(n)) for n in names}
+    buffers = {n: TransactionBuffer(plogs[n]) for n in names}
+    fold_b = buffers[names[1]].state
+    calls = [0]
+
+    def state_after_the_commit(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 2:  # the cut's second fold: partition 0 is folded, partition 1 is next
+            producer.send(b"open-a", txn=txn, partition_key=P0)
+            txn.commit()
+            assert writer.flush()  # markers in both partitions
+        return fold_b(*a, **kw)
+
+    buffers[names[1]].state = state_after_the_commit
+    filters = consistent_cut(Coordinators(reader.root, recover_on_open=False), buffers)
+    assert calls[0] >= 2 and sum(count_markers(root, "t", 2).values()) == 2
+    assert visible(plogs, filters) == {names[0]: [], names[1]: []}  # whole or not at all: not at all
+    reader.close()
+    writer.close()

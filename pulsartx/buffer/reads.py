@@ -178,6 +178,11 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
     first_end = {name: s.end_offset for name, s in first.items()}
     # Transactions with data before this instant (copied: a buffer's state may advance in place).
     began_before = set().union(*(s.ongoing.keys() for s in first.values())) if first else set()
+    # A marker is the last word: it is written only after its TC decided, so no TC entry can reverse
+    # it (docs/semantics.md, "Which record decides"). Only markers folded before T0 decide for this
+    # cut: one written after T0 is a decision after T0, and a partition folded before it may lack
+    # some of that transaction's data (showing it would fracture the read).
+    marked = marker_outcomes(first.values())
     tc_ids = {key_txn(k)[0] for s in first.values() for k in (*s.ongoing, *s.ended)}
     if coordinators is not None:
         _lookup(coordinators, began_before)  # aborts expired ones before T0
@@ -200,9 +205,6 @@ def consistent_cut(coordinators: Any, buffers: Mapping[str, TransactionBuffer]) 
             known[txn_key(m.txn_id.most_bits, m.txn_id.least_bits)] = m
     committed = {TxnStatus.COMMITTING, TxnStatus.COMMITTED}
     states = {name: b.state() for name, b in buffers.items()}
-    # A marker is the last word: it is written only after its TC decided, so no TC entry read now
-    # can reverse it (docs/semantics.md, "Which record decides").
-    marked = marker_outcomes(states.values())
 
     def commits(k: int) -> bool:
         """Whether ``k``, known to its TC at T0, is decided COMMIT: its markers say so first."""

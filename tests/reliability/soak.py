@@ -327,6 +327,8 @@ def operator(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -
     from pulsartx.coordinator.state import TxnStatus
     from pulsartx.coordinator.tclog import TransactionLog
 
+    from .final import client
+
     rng = random.Random(seed)
     c, h = _setup(role, url, options, hist_dir, go_path)
     told: dict[str, int] = {}
@@ -361,7 +363,11 @@ def operator(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -
         target = rng.choice(kinds[kind])
         h.invoke("admin_abort", txn=txn_list(target), target=kind)
         try:
-            meta = c.admin.transactions.abort_transaction(str(target))
+            if kind == "trimmed":  # as `pulsartx transactions abort` does: a fresh process's view
+                with client(url, options) as fresh:
+                    meta = fresh.admin.transactions.abort_transaction(str(target))
+            else:
+                meta = c.admin.transactions.abort_transaction(str(target))
         except Exception as e:
             h.info("admin_abort", e, txn=txn_list(target), target=kind)
             told[f"{kind}:refused"] = told.get(f"{kind}:refused", 0) + 1
