@@ -122,6 +122,28 @@ class MicroBatchTransaction:
             return None
         return cls(JobTransaction(root, txn, f"stream-{key}", timeout_ms), key, -1, checkpoint)
 
+    @classmethod
+    def abort_open_of_run(cls, root: StorageRoot, key: str, checkpoint: str | None, batch_id: int) -> list[TxnID]:
+        """Abort this run's OPEN transactions of the key: Spark aborts a batch that was stopped or
+        failed before any task reported, and the sink learns the transaction from reports only.
+        Left open, it would hold READ_COMMITTED readers until it timed out. Only transactions of
+        the run holding the key (this driver) are touched: another run's are its own business."""
+        tcs = driver_coordinators(root)
+        keys = tcs.key_store_of(full_key(OWNER, key))
+        holder = keys.connection(OWNER, key)
+        if holder is None or holder[1] != connection_id(checkpoint):
+            return []
+        epoch, aborted = holder[0], []
+        for t in keys.txn_ids(OWNER, key)[-4:]:
+            try:
+                meta = tcs.for_txn(t).get(t, refresh=True)
+                if meta.status is TxnStatus.OPEN and meta.epoch == epoch and meta.owner == OWNER:
+                    tcs.for_txn(t).end_transaction(t, TxnAction.ABORT, reason=f"batch {batch_id} aborted")
+                    aborted.append(t)
+            except (TransactionNotFound, InvalidTxnStatusError):
+                continue  # trimmed, or ended meanwhile: nothing to do
+        return aborted
+
     def _tcs(self):
         return driver_coordinators(self.job.root)
 

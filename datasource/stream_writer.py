@@ -99,5 +99,6 @@ class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
         if mbt is not None:
             mbt.abort(messages, batchId)
         else:
-            log.info("batch %d aborted before any task reported; its transaction is superseded by the next batch "
-                     "or times out", batchId)
+            aborted = MicroBatchTransaction.abort_open_of_run(self.root, self.key, self.checkpoint, batchId)
+            log.info("batch %d aborted before any task reported; aborted its open transaction(s) %s", batchId,
+                     [str(t) for t in aborted])

@@ -184,6 +184,12 @@ class TransactionKeyStore:
         old, _ = self._update(k, change)
         return [TxnID(t["most_bits"], t["least_bits"]) for t in old["txn_ids"] or []]
 
+    def connection(self, owner: str | None, key: str) -> tuple[int, str] | None:
+        """(epoch, connection) of the run that holds the key now, None when none does."""
+        self._ensure()
+        row = self.log.get(full_key(owner, key))
+        return None if row is None or row["deleted"] else (row["epoch"], row.get("connection") or "")
+
     def current_epoch(self, owner: str | None, key: str) -> int | None:
         self._ensure()
         row = self.log.get(full_key(owner, key))
