@@ -40,11 +40,13 @@ COMMANDS = {
     "transactions get-transaction-key": ["transactions", "get-transaction-key", "k"],
     "transactions delete-transaction-key": ["transactions", "delete-transaction-key", "k"],
     "transactions abort": ["transactions", "abort", "0:1"],
+    "transactions list": ["transactions", "list"],
+    "consume": ["consume", "orders", "-s", "sub", "--idle-timeout", "1s"],
     "coordinator run": ["coordinator", "run"],
     "compact": ["compact"],
     "retention": ["retention", "--max-age-ms", "1"],
 }
-CREATING = {"topics create"}
+CREATING = {"topics create", "produce"}  # produce creates a missing topic, as a Pulsar client does
 
 
 def leaf_commands(group: click.Group, prefix: str = "") -> set[str]:
