@@ -43,6 +43,11 @@ def pulsartx_zip(directory: Path) -> Path:
     return path
 
 
+def zip_of(path: str) -> str | None:
+    """The zip a module was imported from (the ``.zip`` part of its path), or None."""
+    return next((part for part in Path(path).parts if part.endswith(".zip")), None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOCALHOST, 0))

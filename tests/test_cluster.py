@@ -30,6 +30,7 @@ from _spark_cluster import (
     job_env,
     pulsartx_zip,
     tasks_per_executor,
+    zip_of,
 )
 from reliability import rgw
 from spark_jobs.checks import txns
@@ -129,7 +130,7 @@ def test_available_now_pipeline_on_two_executors_with_py_files(cluster: Standalo
     done, events = submit(cluster, tmp_path, config, options, "--py-files", str(zipped))
 
     # --py-files: the executors' Python workers imported pulsartx from the shipped zip.
-    assert [Path(p).parent.parent.name for p in done["imported_from"]] == [zipped.name], done["imported_from"]
+    assert [zip_of(p) for p in done["imported_from"]] == [zipped.name], done["imported_from"]
     assert [b["rows"] for b in done["batches"]] == [800, 800, 400]
     batches = tasks_per_executor(events, batches_only=True)
     assert sorted(batches) == ["batch 0", "batch 1", "batch 2"]

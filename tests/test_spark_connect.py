@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from _reads import committed_values
-from _spark_cluster import ConnectServer, event_log_confs, files_containing, job_env, pulsartx_zip
+from _spark_cluster import ConnectServer, event_log_confs, files_containing, job_env, pulsartx_zip, zip_of
 from reliability import rgw
 from stream_jobs.harness import PROJECT, committed_messages, cursor_positions, last_offsets, per_key_sequences
 
@@ -86,7 +86,7 @@ def test_read_write_and_available_now_stream_through_spark_connect(connect: Conn
     assert got["listener"] == [[0, "COMMITTED", 60], [1, "COMMITTED", 40]]
 
     # addArtifacts(pyfile=True): planner and executor workers both import the session's copy.
-    assert [Path(p).parent.parent.name for p in got["imported_from"]] == ["pulsartx-py-files.zip"] * 2, got
+    assert [zip_of(p) for p in got["imported_from"]] == ["pulsartx-py-files.zip"] * 2, got
     assert got["registered_rows"] == INPUT
     client.close()
     assert rgw.SECRET_KEY not in got["_output"]
