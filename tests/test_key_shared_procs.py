@@ -108,7 +108,7 @@ def transform(root: str, go_file: str, stop_file: str, die_after: int | None = N
 
     client = pulsartx.Client(root)
     c = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest,
-                         lease_ms=1500, receiver_queue_size=5)
+                         lease_ms=4000, receiver_queue_size=5)
     p = client.create_producer(OUT)
     emit("EVENT", "subscribed", {})
     while not os.path.exists(go_file):
