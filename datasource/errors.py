@@ -88,7 +88,7 @@ def spark_facing(cls: C) -> C:
     pulsartx errors with their message."""
     for name in SPARK_METHODS:
         owner = next((k for k in cls.__mro__ if name in vars(k)), None)
-        if owner is None or not owner.__module__.startswith(("datasource.", "commit_protocol.")):
+        if owner is None or not owner.__module__.startswith(("pulsartx.datasource.", "pulsartx.commit_protocol.")):
             continue  # pyspark's own default (or not defined at all)
         fn = vars(owner)[name]
         if isinstance(fn, classmethod | staticmethod) or getattr(fn, "__wrapped__", None) is not None:
