@@ -43,14 +43,19 @@ class RootGroup(click.Group):
             raise PulsarTxError(str(e)) from e
 
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` arguments of a repeatable ``option`` as a dict."""
     out = {}
     for p in pairs:
         if "=" not in p:
-            raise click.BadParameter(f"{p!r}: use KEY=VALUE", param_hint="--storage-option")
+            raise click.BadParameter(f"{p!r}: use KEY=VALUE", param_hint=option)
         k, v = p.split("=", 1)
         out[k] = v
     return out
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    return parse_pairs(pairs, "--storage-option")
 
 
 # pulsar-admin's relative times (``1s``, ``2m``); a bare number stays milliseconds, as it always was here.

@@ -5,7 +5,7 @@ from typing import Any
 
 import click
 
-from pulsartx.cli.common import emit, get_client, json_mode
+from pulsartx.cli.common import emit, get_client, json_mode, parse_pairs
 from pulsartx.cli.txn_scope import transaction_scope, txn_options, txn_suffix
 
 
@@ -14,14 +14,6 @@ def split_messages(messages: tuple[str, ...], separator: str) -> list[str]:
     return [part for m in messages for part in (m.split(separator) if separator else [m])]
 
 
-def parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise click.BadParameter(f"{p!r}: use KEY=VALUE", param_hint="--properties")
-        k, v = p.split("=", 1)
-        out[k] = v
-    return out
 
 
 def send_all(producer: Any, bodies: list[str], properties: dict[str, str], key: str | None, txn: Any) -> list[Any]:
@@ -53,7 +45,7 @@ def send_all(producer: Any, bodies: list[str], properties: dict[str, str], key: 
 def produce(ctx: click.Context, topic: str, messages: tuple[str, ...], num_produce: int, key: str | None,
             properties: tuple[str, ...], separator: str, use_txn: bool, txn_timeout_ms: int) -> None:
     """Send messages to TOPIC (created if it does not exist, as a producer does)."""
-    props = parse_properties(properties)
+    props = parse_pairs(properties, "--properties")
     bodies = split_messages(messages, separator) * num_produce
     ids: list[Any] = []
     # Closing the client waits for the commit's markers: the run ends with its messages readable.
