@@ -7,6 +7,7 @@ import struct
 import time
 
 import pytest
+from test_consumer import drain
 
 from pulsartx import Client, InitialPosition, InvalidConfiguration, MessageId, Timeout
 
@@ -18,18 +19,6 @@ def client(tmp_path):
     c = Client(str(tmp_path), num_coordinators=1)
     yield c
     c.close()
-
-
-def _drain(consumer, idle_ms: int = 300, ack: bool = True) -> list:
-    out = []
-    while True:
-        try:
-            m = consumer.receive(timeout_millis=idle_ms)
-        except Timeout:
-            return out
-        out.append(m)
-        if ack:
-            consumer.acknowledge(m)
 
 
 # ---- MessageId -----------------------------------------------------------------------------------
@@ -59,7 +48,7 @@ def test_serialized_ids_of_received_messages_round_trip_and_seek(client):
         p.send(f"v{i}".encode(), partition_key=f"k{i}")
     p.close()
     c = client.subscribe("rt", "s", initial_position=InitialPosition.Earliest)
-    got = _drain(c, ack=False)
+    got = drain(c, idle_ms=300)
     assert len(got) == 9
     for m in got:
         data = m.message_id().serialize()
@@ -99,7 +88,7 @@ def test_topic_name_is_the_partition_on_a_partitioned_topic(client):
         p.send(b"x", partition_key=f"k{i}")
     p.close()
     c = client.subscribe("orders", "s", initial_position=InitialPosition.Earliest)
-    got = _drain(c)
+    got = drain(c, idle_ms=300, ack=True)
     assert {m.topic_name() for m in got} == {f"persistent://public/default/orders-partition-{i}" for i in range(3)}
     for m in got:
         assert m.topic_name() == f"persistent://public/default/orders-partition-{m.message_id().partition()}"
@@ -109,7 +98,7 @@ def test_topic_name_is_the_partition_on_a_partitioned_topic(client):
     r.close()
     # One partition named explicitly: still the partition's name.
     one = client.subscribe("orders-partition-2", "s2", initial_position=InitialPosition.Earliest)
-    assert {m.topic_name() for m in _drain(one)} <= {"persistent://public/default/orders-partition-2"}
+    assert {m.topic_name() for m in drain(one, idle_ms=300, ack=True)} <= {"persistent://public/default/orders-partition-2"}
 
 
 def test_topic_name_is_the_topic_on_a_non_partitioned_topic(client):
@@ -138,19 +127,19 @@ def test_seek_by_time_moves_every_partition(client):
         p.send(f"new{i}".encode(), partition_key=f"k{i}")
     p.close()
     c = client.subscribe("timed", "s", initial_position=InitialPosition.Earliest)
-    assert len(_drain(c)) == 12  # everything acknowledged
+    assert len(drain(c, idle_ms=300, ack=True)) == 12  # everything acknowledged
     c.seek(cut)
-    again = _drain(c)
+    again = drain(c, idle_ms=300, ack=True)
     assert sorted(m.data().decode() for m in again) == sorted(f"new{i}" for i in range(6))
     assert all(m.publish_timestamp() >= cut for m in again)
     assert len({m.message_id().partition() for m in again}) > 1
     c.seek(0)  # before everything: the whole topic again
-    assert len(_drain(c)) == 12
+    assert len(drain(c, idle_ms=300, ack=True)) == 12
     c.seek(int(time.time() * 1000) + 60_000)  # after everything: nothing until a new message
     with pytest.raises(Timeout):
         c.receive(timeout_millis=300)
     c.seek(MessageId.earliest)  # a MessageId seeks as before
-    assert len(_drain(c, ack=False)) == 12
+    assert len(drain(c, idle_ms=300)) == 12
 
 
 @pytest.mark.parametrize("bad", [1.5, "0", True, None])
