@@ -3,6 +3,7 @@ Prints ratios beside their targets; asserts nothing.
 
     .venv/bin/python bench/scale.py [--procs 1,2,4,8] [--seconds 10] [--storage local|rgw|both]
                                     [--tcs 16] [--dir DIR] [--append-gap-ms 20]
+                                    [--inflight 1,8,32] [--store-latency MS[:P99_MS]]
 
 For each storage and each process count P, on a fresh root (local: a directory under ``--dir``;
 RGW: a fresh bucket), with ``--tcs`` TCs and two topics of one partition each:
@@ -71,6 +72,19 @@ what a figure measured against an uncontended append compares with.
 bench/coordinator.py (section 3) measures the remaining row of that table, empty transactions'
 txn/s with 4 processes / 1 process on 16 TCs (target >= 1.5).
 
+Transactions in flight (``--inflight``): after the process counts, one process runs N loops of
+back-to-back transactions in threads sharing its Client, so N transactions are in flight together.
+Without injected latency the CPU is the limit, and the rows compare CPU per transaction and txn/s
+with one in flight (targets for 32: CPU per txn <= 1/4, txn/s >= 3).
+
+Object-store latency (``--store-latency 20:100``): the transaction processes (not this one) get a
+storage fail-point plan (pulsartx.storage.faults.store_latency) under which every read, listing,
+put, conditional put, delete and delta-rs call waits a log-normal request latency with that median
+and p99, in its own thread, as S3 requests do. Latency, not CPU, is then the limit, which a 2-core
+machine can show. Each step also times ``PUT_SAMPLES`` single conditional puts at that latency and
+counts the storage requests per transaction by kind. Targets: 8 processes / 1 >= 6, 32 in flight /
+1 >= 16, p99 ``commit()`` / p99 conditional put <= 2 (1 process). docs/storage.md holds the model.
+
 RGW is the throw-away Ceph cluster of the test suite (tests/reliability/rgw.py: installed with apt
 when missing, which needs root; started on loopback). When it cannot be started the bench says why
 and measures local disk only.
@@ -98,6 +112,8 @@ WARMUP_TXNS = 3
 QUIET_APPENDS = 20
 SUBSCRIPTION = "scale-e2e"
 BACKGROUND_THREADS = ("pulsartx-txn-complete", "pulsartx-tc-end")  # the completer: off the commit path
+SEQ_STRIDE = 1_000_000  # the sequence numbers of in-flight loop i start at i * SEQ_STRIDE
+PUT_SAMPLES = 200  # conditional puts timed at the injected latency, the commit's yardstick
 
 
 # ---- worker processes -------------------------------------------------------------------------------------
@@ -155,6 +171,14 @@ def pids_cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def storage_calls() -> dict[str, int]:
+    """Storage calls this process made so far, by kind, as counted by the --store-latency plan
+    (empty without it): each one is a request to an object store."""
+    from pulsartx.storage import faults
+
+    return {f.op.value: f.fired for f in faults.plan() if f.mode is faults.Mode.LATENCY}
+
+
 def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     import pulsartx
 
@@ -180,24 +204,36 @@ def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     signal_ready(args)
     go = wait_go(args)
     time.sleep(max(0.0, go["start"] - time.time()))
-    cpu0 = cpu_seconds()
+    cpu0, requests0 = cpu_seconds(), storage_calls()
     txns: list[list[float]] = []  # [seq, new_transaction() wall time, commit() seconds, commit() return wall time]
     failed: list[list[Any]] = []
-    seq = 0
-    while time.time() < go["deadline"]:
-        began = time.time()
-        try:
-            latency, done = one(seq)
-            txns.append([seq, began, latency, done])
-        except Exception as e:  # reported and checked (all or nothing), never fatal
-            failed.append([seq, repr(e)[:300]])
-        seq += 1
+
+    def loop(first_seq: int) -> None:
+        """Transactions back to back; with ``inflight`` > 1, that many loops run in threads of
+        this process, sharing its Client and producers, so that many transactions are in flight."""
+        seq = first_seq
+        while time.time() < go["deadline"]:
+            began = time.time()
+            try:
+                latency, done = one(seq)
+                txns.append([seq, began, latency, done])
+            except Exception as e:  # reported and checked (all or nothing), never fatal
+                failed.append([seq, repr(e)[:300]])
+            seq += 1
+
+    loops = [threading.Thread(target=loop, args=(i * SEQ_STRIDE,), name=f"bench-inflight-{i}")
+             for i in range(args.get("inflight", 1))]
+    for t in loops:
+        t.start()
+    for t in loops:
+        t.join()
     cpu = cpu_seconds() - cpu0
     puts = spy.take()
+    requests = {op: n - requests0.get(op, 0) for op, n in storage_calls().items()}
     t0 = time.perf_counter()
     flushed = client.flush(120)  # the background completion of the last transactions: after the window
     return {"wid": wid, "txns": txns, "failed": failed, "warmup": WARMUP_TXNS, "cpu_s": cpu, "puts": puts,
-            "flush_s": time.perf_counter() - t0, "flushed": flushed}
+            "flush_s": time.perf_counter() - t0, "flushed": flushed, "requests": requests}
 
 
 def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
@@ -389,10 +425,29 @@ def check_step(producers: list[dict], seen: Counter, consumed: list[str]) -> tup
     return ok, text
 
 
-def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, Any]:
+def put_latencies(root_url: str, options: dict[str, str], latency: tuple[float, float]) -> list[float]:
+    """Seconds of ``PUT_SAMPLES`` conditional puts (the Delta commit primitive), one at a time, at
+    the injected store latency: what one sequential request costs, the yardstick of ``commit()``."""
+    from pulsartx.storage import faults
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve(root_url, storage_options=options or None)
+    faults.install(faults.store_latency(*latency))
+    try:
+        out = []
+        for i in range(PUT_SAMPLES):
+            t0 = time.perf_counter()
+            root.put_if_absent(b"{}", "bench-conditional-put", f"{i:06d}.json")
+            out.append(time.perf_counter() - t0)
+        return out
+    finally:
+        faults.clear()
+
+
+def run_step(store: Storage, procs: int, args: argparse.Namespace, inflight: int = 1) -> dict[str, Any]:
     import pulsartx
 
-    root, plain_uri = store.new_step(f"p{procs}")
+    root, plain_uri = store.new_step(f"p{procs}x{inflight}")
     options = store.options
     setup = pulsartx.Client(root, storage_options=options or None, num_coordinators=args.tcs)
     for t in TOPICS:
@@ -403,12 +458,14 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     plain = PlainAppender(plain_uri, options, int(args.seconds * 1000 / args.append_gap_ms) + 2 * QUIET_APPENDS)
     quiet = [plain.once() for _ in range(QUIET_APPENDS)]
 
-    tag = f"{store.name}-{procs}"
+    puts_s = put_latencies(root, options, args.store_latency) if args.store_latency else []
+    tag = f"{store.name}-{procs}x{inflight}"
     stop = os.path.join(store.work, f"stop-{tag}")
     common_args = {"root": root, "options": options}
     consumers, consumer_go = start_workers(__file__, [{**common_args, "role": "consumer", "stop": stop}],
                                            store.work, tag + "-c")
-    workers, go = start_workers(__file__, [{**common_args, "role": "producer", "wid": i} for i in range(procs)],
+    workers, go = start_workers(__file__, [{**common_args, "role": "producer", "wid": i, "inflight": inflight}
+                                          for i in range(procs)],
                                 store.work, tag)
     start = time.time() + 0.2
     deadline = start + args.seconds
@@ -428,7 +485,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
     [consumer] = collect(consumers, 180)
     quiet += [plain.once() for _ in range(QUIET_APPENDS)]
     if errors or "error" in consumer:
-        return {"procs": procs, "error": "; ".join(errors + [consumer.get("error", "")]).strip("; ")}
+        return {"procs": procs, "inflight": inflight, "error": "; ".join(errors + [consumer.get("error", "")]).strip("; ")}
 
     ok, check_text = check_step(results, read_committed(root, options), [g[0] for g in consumer["got"]])
     txns = [t for r in results for t in r["txns"]]
@@ -453,7 +510,8 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
             acc[0], acc[1] = acc[0] + count, acc[1] + secs
     n = max(1, len(txns))
     return {
-        "procs": procs, "ok": ok, "check": check_text,
+        "procs": procs, "inflight": inflight, "ok": ok, "check": check_text,
+        "put_p50": percentile(puts_s, 0.5), "put_p99": percentile(puts_s, 0.99),
         "txns": len(txns), "tps": sum(1 for t in txns if t[3] <= deadline) / args.seconds,
         "tenths": tenths, "first": first, "last": last, "growth": last / first if first else float("nan"),
         "commit_p50": percentile([t[2] for t in txns], 0.5), "commit_p99": percentile([t[2] for t in txns], 0.99),
@@ -472,6 +530,8 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace) -> dict[str, 
         "cpu_workers": sum(r["cpu_s"] for r in results), "cpu_consumer": consumer["cpu_s"],
         "cpu_main": cpu_main, "cpu_daemons": cpu_daemons if daemons else None,
         "puts_per_txn": {k: (c / n, secs / n) for k, (c, secs) in sorted(puts.items())},
+        "requests_per_txn": {op: sum(r["requests"].get(op, 0) for r in results) / n
+                             for op in sorted({op for r in results for op in r["requests"]})},
         "flush_s": max(r["flush_s"] for r in results),
     }
 
@@ -484,10 +544,11 @@ def ms(x: float) -> str:
 
 
 def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> None:
+    shape = f"{s['procs']} process(es)" + (f", {s['inflight']} transactions in flight" if s["inflight"] > 1 else "")
     if "error" in s:
-        print(f"[{store}] {s['procs']} processes: FAILED: {s['error']}", flush=True)
+        print(f"[{store}] {shape}: FAILED: {s['error']}", flush=True)
         return
-    print(f"[{store}] {s['procs']} process(es), {seconds:g} s: {s['tps']:.1f} txn/s ({s['txns']} txns, "
+    print(f"[{store}] {shape}, {seconds:g} s: {s['tps']:.1f} txn/s ({s['txns']} txns, "
           f"{s['failed']} failed; first tenth {s['first']}, last tenth {s['last']}; 1-minute load average "
           f"{os.getloadavg()[0]:.1f} after the step)")
     print(f"    transactions per tenth of the window: {s['tenths']}")
@@ -502,6 +563,9 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"{ms(s['found_p50'])} p99 {ms(s['found_p99'])} ms a look, of which CPU p50 {ms(s['found_cpu_p50'])} ms), "
           f"{s['empty']} found none (p50 {ms(s['empty_p50'])} ms; {s['empty_held']} of them with records in the log "
           "held back by an undecided transaction)")
+    if s["put_p50"] == s["put_p50"]:  # measured (not NaN): --store-latency
+        print(f"    one conditional put at the injected latency p50 {ms(s['put_p50'])} p99 {ms(s['put_p99'])} ms; "
+              f"commit() p99 / put p99 {s['commit_p99'] / s['put_p99']:.2f}")
     print(f"    plain append during the run p50 {ms(s['append_p50'])} p99 {ms(s['append_p99'])} ms "
           f"({s['append_n']} appends); quiet, before and after p50 {ms(s['quiet_p50'])} p99 {ms(s['quiet_p99'])} ms")
     budget = cores * seconds
@@ -512,25 +576,72 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"{s['flush_s']:.1f} s")
     per = ", ".join(f"{k} {c:.2f} ({ms(secs)} ms)" for k, (c, secs) in s["puts_per_txn"].items())
     print(f"    Delta commit puts per txn (table/side/race, time in those puts): {per}")
+    if s["requests_per_txn"]:
+        per = ", ".join(f"{op} {n:.1f}" for op, n in s["requests_per_txn"].items())
+        print(f"    storage requests per txn (with the background completion): {per}; "
+              f"{sum(s['requests_per_txn'].values()):.1f} in all")
     print(f"    check: {'ok' if s['ok'] else 'WRONG'}: {s['check']}", flush=True)
 
 
 Row = tuple[str, float, float | None, str, str, str]  # measure, ratio, ratio to the quiet append, now, target, result
 
 
+class Rows(list):
+    """The summary's rows, each judged against its target (INVALID when its step's check failed)."""
+
+    def add(self, name: str, value: float, now: str, op: str | None, target: float, valid: bool,
+            quiet: float | None = None) -> None:
+        if op is None:
+            self.append((name, value, quiet, now, "(report)", "-"))
+        else:
+            self.append((name, value, quiet, now, f"{op} {target:g}", verdict(value, op, target) if valid else "INVALID"))
+
+
+def inflight_rows(store: str, steps: list[dict[str, Any]], latency: str) -> list[Row]:
+    """Transactions in flight in one process against one at a time. Without injected latency the
+    CPU is the limit: a transaction must cost less CPU when many share the process's commits. With
+    it, requests wait: throughput must grow with what is in flight."""
+    good = {s["inflight"]: s for s in steps if "error" not in s and s["procs"] == 1}
+    rows, base = Rows(), good.get(1)
+    if base is None:
+        return rows
+    for n, s in sorted(good.items()):
+        if n == 1:
+            continue
+        valid = s["ok"] and base["ok"]
+        tps = s["tps"] / base["tps"] if base["tps"] else float("nan")
+        cpu = (s["cpu_workers"] / max(1, s["txns"])) / (base["cpu_workers"] / max(1, base["txns"]))
+        if latency:
+            rows.add(f"{store}{latency}, {n} in flight: txn/s / 1 in flight", tps, "", ">=" if n == 32 else None, 16,
+                     valid)
+        else:
+            rows.add(f"{store}, {n} in flight: txn/s / 1 in flight", tps, "", ">=" if n == 32 else None, 3, valid)
+        rows.add(f"{store}{latency}, {n} in flight: CPU per txn / 1 in flight", cpu, "",
+                 "<=" if n == 32 and not latency else None, 0.25, valid)
+    return rows
+
+
+def latency_rows(store: str, steps: list[dict[str, Any]], latency: str) -> list[Row]:
+    """Processes against one process, and commit() against one conditional put, at the injected latency."""
+    good = {s["procs"]: s for s in steps if "error" not in s and s["inflight"] == 1}
+    rows, base = Rows(), good.get(1)
+    for p, s in sorted(good.items()):
+        if base is not None and p > 1:
+            ratio = s["tps"] / base["tps"] if base["tps"] else float("nan")
+            rows.add(f"{store}{latency}, {p} procs: txn/s / 1 proc", ratio, "", ">=" if p == 8 else None, 6,
+                     s["ok"] and base["ok"])
+    for p, s in sorted(good.items()):
+        rows.add(f"{store}{latency}, {p} procs: p99 commit / p99 conditional put", s["commit_p99"] / s["put_p99"],
+                 "", "<=" if p == 1 else None, 2, s["ok"])
+    return rows
+
+
 def summary_rows(store: str, steps: list[dict[str, Any]], cores: int) -> list[Row]:
     """The rows of the targets this bench measures. Ratios to the plain append use the appends made
     during the window (same load); the same ratio to the quiet appends is printed beside it."""
-    good = {s["procs"]: s for s in steps if "error" not in s}
-    rows: list[Row] = []
-
-    def add(name: str, value: float, now: str, op: str | None, target: float, valid: bool,
-            quiet: float | None = None) -> None:
-        if op is None:
-            rows.append((name, value, quiet, now, "(report)", "-"))
-        else:
-            rows.append((name, value, quiet, now, f"{op} {target:g}",
-                         verdict(value, op, target) if valid else "INVALID"))
+    good = {s["procs"]: s for s in steps if "error" not in s and s["inflight"] == 1}
+    rows = Rows()
+    add = rows.add
 
     base = good.get(1)
     for p, s in sorted(good.items()):
@@ -555,6 +666,19 @@ def summary_rows(store: str, steps: list[dict[str, Any]], cores: int) -> list[Ro
     return rows
 
 
+def store_latency_arg(text: str) -> tuple[float, float]:
+    """``MS`` or ``MS:P99_MS`` -> (median, p99) in milliseconds."""
+    median, _, p99 = text.partition(":")
+    try:
+        shape = (float(median), float(p99 or median))
+        from pulsartx.storage import faults
+
+        faults.store_latency(*shape)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MS[:P99_MS] (e.g. 20:100): {e}") from None
+    return shape
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--procs", default="1,2,4,8", help="comma-separated process counts (1 is added: the baseline)")
@@ -563,18 +687,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tcs", type=int, default=16, help="TCs of every root")
     ap.add_argument("--append-gap-ms", type=float, default=20.0, help="pause between the baseline's plain appends")
     ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
+    ap.add_argument("--inflight", default="1",
+                    help="comma-separated counts of transactions in flight in one process (threads sharing its "
+                         "Client), measured after the process counts; e.g. 1,8,32")
+    ap.add_argument("--store-latency", type=store_latency_arg, default=None, metavar="MS[:P99_MS]",
+                    help="inject this request latency into every storage call of the transaction processes "
+                         "(log-normal: median MS, 99th percentile P99_MS), e.g. 20:100 for S3 Standard")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker_main(json.loads(args.worker))
     procs = sorted({1, *(int(p) for p in args.procs.split(","))})
+    inflight = sorted({1, *(int(n) for n in args.inflight.split(","))})
+    latency = ""
+    if args.store_latency:
+        from pulsartx.storage import faults
+
+        # The workers inherit the plan; this process (set-up, plain appends, checks) runs without it.
+        os.environ[faults.ENV] = faults.env_value(faults.store_latency(*args.store_latency))
+        faults.clear()
+        latency = f" at {args.store_latency[0]:g}:{args.store_latency[1]:g} ms"
     cores = os.cpu_count() or 1
     work = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-scale-")
     os.makedirs(work, exist_ok=True)
     t_start = time.perf_counter()
     print(f"scale bench in {work}: {cores} CPUs, load {os.getloadavg()[0]:.1f}; processes {procs}, "
           f"{args.seconds:g} s each, {args.tcs} TCs, {MESSAGES_PER_TXN}-message transactions over {len(TOPICS)} "
-          "one-partition topics", flush=True)
+          f"one-partition topics; in flight in one process {inflight}; injected store latency "
+          f"{latency.removeprefix(' at ') or 'none'}", flush=True)
     rows: list[Row] = []
     try:
         for name in (["local", "rgw"] if args.storage == "both" else [args.storage]):
@@ -588,11 +728,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n[rgw] Ceph RGW at {server.endpoint} (started in {server.started_in:.0f} s)", flush=True)
             try:
                 steps = []
-                for p in procs:
+                for p, n in [(p, 1) for p in procs] + [(1, n) for n in inflight if n > 1]:
                     print()
-                    steps.append(run_step(store, p, args))
+                    steps.append(run_step(store, p, args, n))
                     print_step(name, steps[-1], args.seconds, cores)
-                rows += summary_rows(name, steps, cores)
+                rows += latency_rows(name, steps, latency) if latency else summary_rows(name, steps, cores)
+                rows += inflight_rows(name, steps, latency)
             finally:
                 if store.server is not None:
                     store.server.stop()
@@ -600,10 +741,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nsummary ({time.perf_counter() - t_start:.0f} s; {cores} CPUs; nothing asserted)")
-    print(f"  {'measure':52s} {'ratio':>7s} {'quiet':>7s}  {'now':<13s} {'target':<9s} result")
+    print(f"  {'measure':66s} {'ratio':>7s} {'quiet':>7s}  {'now':<13s} {'target':<9s} result")
     for name, value, quiet, now, target, result in rows:
         q = "" if quiet is None else f"{quiet:.2f}"
-        print(f"  {name:52s} {value:7.2f} {q:>7s}  {now:<13s} {target:<9s} {result}")
+        print(f"  {name:66s} {value:7.2f} {q:>7s}  {now:<13s} {target:<9s} {result}")
     print("  quiet: the same ratio to the plain appends made right before and after the step, with none of the "
           "bench's processes running")
     return 0

@@ -373,3 +373,34 @@ def test_redelivery_retries_returning_an_aborted_transactions_acks_through_read_
         faults.clear()
         got = [cons.receive(timeout_millis=3000).data() for _ in range(5)]
         assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_store_latency_delays_every_call_with_the_median_and_tail_it_was_given(tmp_path):
+    """The plan bench/scale.py --store-latency installs: every storage call waits, in its own
+    thread (calls in flight overlap, as requests to an object store do)."""
+    import random
+
+    plan = faults.store_latency(20, 100)
+    assert {f.op for f in plan} == set(faults.STORE_OPS) and all(f.mode is Mode.LATENCY for f in plan)
+    random.seed(7)
+    draws = sorted(plan[0].latency() for _ in range(20_000))
+    assert 0.018 < draws[10_000] < 0.022 and 0.085 < draws[19_800] < 0.115
+
+    root = StorageRoot.resolve(str(tmp_path))
+    faults.install(faults.store_latency(50))  # no tail: every call waits exactly 50 ms
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=root.put_if_absent, args=(b"x", "d", f"{i}.json")) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    assert 0.05 <= elapsed < 0.3, elapsed  # 8 puts in flight together, not 8 x 50 ms
+    assert sorted(os.listdir(tmp_path / "d")) == sorted(f"{i}.json" for i in range(8))
+    assert all(f.fired >= 1 for f in faults.plan() if f.op is Op.CREATE)
+
+
+@pytest.mark.parametrize("median, p99", [(0, 10), (20, 10), (-5, None)])
+def test_store_latency_refuses_a_shape_that_is_not_a_latency(median, p99):
+    with pytest.raises(ValueError, match="median must be > 0 and the p99 >= the median"):
+        faults.store_latency(median, p99)

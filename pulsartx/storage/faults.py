@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import threading
@@ -50,6 +51,7 @@ class Mode(StrEnum):
     HIDE = "hide"        # a listing misses the entries matching ``hide`` (a racing creator)
     EXISTS = "exists"    # a put-if-absent answers "already exists" (412) though nothing was written
     OVERWRITE = "overwrite"  # a put-if-absent ignores its condition: a blind write (a store without it)
+    LATENCY = "latency"  # every matching call waits a request latency drawn around ``delay_s`` (a remote store)
 
 
 @dataclass
@@ -57,7 +59,8 @@ class Fault:
     """Fire on the ``nth`` call (1-based) of kind ``op`` whose path contains ``match``, and on the
     ``times - 1`` matching calls after it; with ``every``, on one matching call in ``every`` instead,
     at random (a steady fault rate for soak runs). ``transient``: the error looks like a network
-    fault (retried by our retry policy) rather than a permanent I/O error."""
+    fault (retried by our retry policy) rather than a permanent I/O error. ``LATENCY`` fires on
+    every matching call: a log-normal wait with median ``delay_s`` and 99th percentile ``p99_s``."""
 
     op: Op
     mode: Mode = Mode.ERROR
@@ -69,6 +72,7 @@ class Fault:
     delay_s: float = 0.0
     hide: str = ""
     every: int = 0
+    p99_s: float = 0.0
     seen: int = field(default=0, compare=False)
     fired: int = field(default=0, compare=False)
 
@@ -83,6 +87,9 @@ class Fault:
     def due(self) -> bool:
         """Count this matching call; whether the fault fires on it."""
         self.seen += 1
+        if self.mode is Mode.LATENCY:
+            self.fired += 1
+            return True
         if self.every > 0:
             # Random at that rate, seeded per process: a fixed period would resonate with calls
             # that come in groups (a read of 25 files retried, with every=25, failed every time).
@@ -97,6 +104,26 @@ class Fault:
             self.fired += 1
             return True
         return False
+
+
+    def latency(self) -> float:
+        """One request's latency: log-normal, as object-store request latencies are (a long right
+        tail), with the given median and 99th percentile."""
+        sigma = math.log(self.p99_s / self.delay_s) / 2.326 if self.p99_s > self.delay_s > 0 else 0.0
+        return self.delay_s * math.exp(random.gauss(0.0, sigma)) if sigma else self.delay_s
+
+
+STORE_OPS = (Op.READ, Op.LIST, Op.WRITE, Op.CREATE, Op.DELETE, Op.DELTA)
+
+
+def store_latency(median_ms: float, p99_ms: float | None = None) -> list[Fault]:
+    """A plan that makes every storage call wait like a request to a remote object store: S3
+    Standard's small requests take tens of milliseconds with a p99 several times the median. A call
+    into delta-rs waits once, though it may make more than one request."""
+    p99 = median_ms if p99_ms is None else p99_ms
+    if median_ms <= 0 or p99 < median_ms:
+        raise ValueError(f"store latency {median_ms}:{p99_ms} ms: the median must be > 0 and the p99 >= the median")
+    return [Fault(op, Mode.LATENCY, delay_s=median_ms / 1000, p99_s=p99 / 1000) for op in STORE_OPS]
 
 
 class InjectedFault(OSError):
@@ -180,6 +207,9 @@ def _raise(f: Fault, op: Op, path: str) -> None:
         return  # applied by the call itself (see blind)
     if f.mode is Mode.DELAY:
         time.sleep(f.delay_s)
+        return
+    if f.mode is Mode.LATENCY:
+        time.sleep(f.latency())
         return
     when = "after the call took effect" if f.after else "before the call"
     if f.mode is Mode.EXISTS:
