@@ -163,6 +163,7 @@ class Receiving(ConsumerCore):
             # failed (a storage fault), later offsets went first and the redelivered ones came back
             # after them, once a later flush stored their counts. (Shared and Key_Shared give
             # redelivered messages to any consumer, out of order, as Pulsar does.)
+            # docs/design/redelivery-waits-for-its-count.md
             back = [o for o in recounting if not cursor.is_acked(o) and not cursor.is_pending(o)
                     and not any(o <= c for c in cums)]
             if back:
