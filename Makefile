@@ -44,7 +44,7 @@ test: $(DEV)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The reliability suites at full scale: crash matrix 10 points x 20 seeds on local disk and on Ceph RGW,
-# the 8-process soak for 5 minutes on both, the storage-fault matrix (every fault class, 45 s each, on
+# the 9-process soak for 5 minutes on both, the storage-fault matrix (every fault class, 45 s each, on
 # both), storage faults after every marker, 10x fuzzing and model checking, the core modules on RGW
 # including the slow ones. `make test` runs the same suites at a smaller scale.
 RELIABILITY_ENV := PULSARTX_CRASH_SEEDS=20 PULSARTX_CRASH_SEEDS_RGW=20 PULSARTX_SOAK_SECONDS=300 \

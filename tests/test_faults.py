@@ -332,6 +332,37 @@ def test_redelivery_after_an_abort_whose_subscription_step_failed_keeps_the_orde
         assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
 
 
+def test_redelivery_whose_count_cannot_be_stored_yet_keeps_the_order(tmp_path):
+    """redeliver_unacknowledged_messages() stores the redelivered messages' counts, and a message
+    waits for its count to land before it goes out again. Fails before the fix: when that write
+    failed (a storage fault), the later offsets went out meanwhile and the redelivered ones came
+    back after them, once a later flush stored their counts (non_monotonic in the fault matrix)."""
+    import pulsartx
+    from pulsartx import ConsumerType, InitialPosition
+    from pulsartx.exceptions import Timeout
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        for i in range(5):
+            p.send(f"m{i}".encode())
+        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        first = [cons.receive(timeout_millis=2000) for _ in range(2)]
+        assert [m.data() for m in first] == [b"m0", b"m1"]
+        faults.install([Fault(Op.CREATE, match="subscriptions/public/default/t/s/partition-0/_delta_log",
+                              times=10_000)])
+        try:
+            cons.redeliver_unacknowledged_messages()  # the counts cannot be stored while the fault lasts
+            with pytest.raises(Timeout):
+                cons.receive(timeout_millis=500)  # nothing past m0 and m1 meanwhile
+            assert faults.plan()[0].fired >= 1
+        finally:
+            faults.clear()
+        got = [cons.receive(timeout_millis=3000) for _ in range(5)]
+        assert [(m.data(), m.redelivery_count()) for m in got] == [
+            (b"m0", 1), (b"m1", 1), (b"m2", 0), (b"m3", 0), (b"m4", 0)]
+
+
 @pytest.mark.parametrize("call", ["exists", "listdir", "read_text"])
 def test_a_local_listing_or_read_error_is_a_storage_error_naming_the_path(tmp_path, call):
     """Fails before the fix: on local disk the raw OSError escaped, past every caller that handles

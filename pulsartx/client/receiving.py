@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import replace
 
-from pulsartx.client.consumer_state import ConsumerCore, ConsumerType, PartitionState, now_ms
+from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, ConsumerType, PartitionState, now_ms
 from pulsartx.client.message import Message, Records
 from pulsartx.client.reader import FETCH_MAX
 from pulsartx.exceptions import PulsarException, Timeout
@@ -149,6 +149,7 @@ class Receiving(ConsumerCore):
                 else:
                     del part.nacked[o]
             cums = [c for c in (part.cumulative, part.inflight_cumulative) if c is not None]
+            recounting = _recounting(part, now)
         part.cursor_commit = part.store.log.next_commit()  # before the read: later changes are awaited
         cursor = part.store.cursor()
         if cursor is None or cursor.deleted:
@@ -156,6 +157,17 @@ class Receiving(ConsumerCore):
         part.cursor = cursor
         self._resolve_pending(part, cursor)
         limit = part.visible.end_position()
+        if self._type not in CLAIMING:
+            # One consumer has the partition, in offset order: a redelivered message waits for its
+            # count to land (above), and nothing after it goes out meanwhile. Else, when that write
+            # failed (a storage fault), later offsets went first and the redelivered ones came back
+            # after them, once a later flush stored their counts. (Shared and Key_Shared give
+            # redelivered messages to any consumer, out of order, as Pulsar does.)
+            # docs/design/redelivery-waits-for-its-count.md
+            back = [o for o in recounting if not cursor.is_acked(o) and not cursor.is_pending(o)
+                    and not any(o <= c for c in cums)]
+            if back:
+                limit = min(limit, min(back))
         busy = cursor.unavailable()
         for a, b in local.ranges():
             busy.add_range(a, b)
@@ -253,3 +265,12 @@ class Receiving(ConsumerCore):
 
         for part in self._parts:
             part.store.update_claims(change)
+
+
+def _recounting(part: PartitionState, now: float) -> list[int]:
+    """Offsets given back for redelivery (``redeliver_unacknowledged_messages``, the unacked
+    timeout, a negative ack whose delay is over) whose redelivery count is not stored yet: they are
+    deliverable as soon as it is, so they bound what may go out before them. Called under the lock."""
+    acked = {*part.acks, *part.inflight}
+    return [o for o in {*part.redeliver, *part.inflight_redeliver}
+            if o not in acked and part.nacked.get(o, now) <= now]

@@ -398,10 +398,9 @@ class SoakResult:
 
 
 def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, fault_env: str | None = None,
-             skew: dict[str, float] | None = None, retention: bool = False, operator: bool = True) -> SoakResult:
+             skew: dict[str, float] | None = None, retention: bool = False) -> SoakResult:
     """``fault_env``: a storage fault plan every worker runs under; ``skew``: role -> seconds its
-    clock is off; ``operator``: run the operator role. The recovery and the final read run without
-    faults, as a repaired system would."""
+    clock is off. The recovery and the final read run without faults, as a repaired system would."""
     from .checker import check
     from .crash import context
     from .final import client, collect_final
@@ -416,8 +415,7 @@ def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, faul
     ctx = context()
     procs = []
     deadline = time.time() + seconds + 60  # a hard bound; the stop file normally ends them
-    roles = [r for r in ROLES if operator or r != "operator"]
-    for i, role in enumerate(roles):
+    for i, role in enumerate(ROLES):
         pr = ctx.Process(target=worker, args=(role, url, options, hist_dir, stop, go, deadline, 1000 + i, fault_env,
                                               (skew or {}).get(role, 0.0), retention), daemon=True)
         pr.start()
@@ -434,7 +432,7 @@ def run_soak(url: str, options: dict | None, seconds: float, hist_dir: str, faul
         if pr.is_alive():
             pr.kill()
             pr.join(10)
-    for role in roles:
+    for role in ROLES:
         path = os.path.join(hist_dir, f"{role}.result.json")
         if not os.path.exists(path):
             raise AssertionError(f"soak process {role} wrote no result")

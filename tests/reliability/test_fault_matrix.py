@@ -1,6 +1,7 @@
-"""The fault matrix: the concurrency soak (tests/reliability/soak.py: 8 processes, transactional and
+"""The fault matrix: the concurrency soak (tests/reliability/soak.py: 9 processes, transactional and
 plain producers, consume-transform-produce, readers, the coordinator service, compaction and
-snapshots) with storage faults injected under every process, then the Jepsen-style checker.
+snapshots, an operator's admin aborts and TC-log trims) with storage faults injected under every
+process, then the Jepsen-style checker.
 
 Faults come from the storage fail points (pulsartx/storage/faults.py), installed in each process
 through ``PULSARTX_FAULTS``, at a steady rate (one call of a kind in N, at random), so they land
@@ -55,10 +56,6 @@ SELECTED = list(CLASSES) if MATRIX == "all" else [c.strip() for c in MATRIX.spli
 STORAGES = {"local": ["local"], "rgw": ["rgw"], "all": ["local", "rgw"]}[
     os.environ.get("PULSARTX_FAULT_STORAGE", "all" if MATRIX == "all" else "local")]
 SECONDS = float(os.environ.get("PULSARTX_FAULT_SECONDS", "45" if MATRIX == "all" else "20"))
-# The operator role (admin aborts, TC-log trims) runs in the full matrix; in the short `make test`
-# run it stays out until a non_monotonic delivery seen once with it (one consumer epoch delivered a
-# partition's offsets 1-2 after 25-41, under mixed faults) is explained. The soak runs it always.
-OPERATOR = MATRIX == "all" or os.environ.get("PULSARTX_FAULT_OPERATOR") == "1"
 
 
 def fired(hist_dir: str) -> Counter:
@@ -85,7 +82,7 @@ def test_fault_class(fault_class, storage, tmp_path, request):
         url, options = rgw_root(request, f"faults-{fault_class}")
     hist = str(tmp_path / "histories")
     res = soak.run_soak(url, options, SECONDS, hist, fault_env=env_value(plan) if plan else None, skew=skew,
-                        retention=fault_class == "retention", operator=OPERATOR)
+                        retention=fault_class == "retention")
     rep = res.report
     faults = fired(hist)
     print(f"\nfault class {fault_class} on {storage}: {res.seconds:.0f} s, {res.committed_txns} committed "
