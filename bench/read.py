@@ -180,10 +180,31 @@ def data_files(root: str, topic: str, partitions: int) -> list[list[str]]:
 
 
 # ---- timing ------------------------------------------------------------------------------------
+# Processes of the tree whose parent ignores SIGCHLD: (pid, start time) -> CPU ticks last seen.
+_REAPED_UNCOUNTED: dict[tuple[int, int], int] = {}
+_GONE_TICKS = 0
+
+
+def _ignores_sigchld(pid: int) -> bool:
+    """The pyspark daemon ignores SIGCHLD, so the kernel reaps its workers without adding their CPU
+    time to its ``cutime``: a worker that exits takes its CPU out of the tree's total."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> 16 & 1)  # SIGCHLD is signal 17
+    except OSError:
+        pass
+    return False
+
+
 def tree_cpu() -> float:
     """CPU seconds used so far by this process and every process below it (the driver JVM, the
-    pyspark daemons and workers; exited workers count through their parent's cutime/cstime).
-    On a shared machine this is far steadier than wall time, which other processes' load skews."""
+    pyspark daemons and workers; exited workers count through their parent's cutime/cstime, or,
+    for the children of a parent that ignores SIGCHLD, at what an earlier call last saw of them).
+    On a shared machine this is far steadier than wall time, which other processes' load skews.
+    A worker that starts and exits between two calls is missed: sample often to bound that."""
+    global _GONE_TICKS
     tick = os.sysconf("SC_CLK_TCK")
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -197,19 +218,43 @@ def tree_cpu() -> float:
     for pid, st in stats.items():
         children.setdefault(int(st[1]), []).append(pid)
     total, todo = 0, [os.getpid()]
+    uncounted: dict[tuple[int, int], int] = {}
+    ignoring: dict[int, bool] = {}
     while todo:
         pid = todo.pop()
         st = stats.get(pid)
         if st is not None:
-            total += sum(int(x) for x in st[11:15])  # utime, stime, cutime, cstime
+            ticks = sum(int(x) for x in st[11:15])  # utime, stime, cutime, cstime
+            total += ticks
+            ppid = int(st[1])
+            if ignoring.setdefault(ppid, _ignores_sigchld(ppid)):
+                uncounted[(pid, int(st[19]))] = ticks
         todo.extend(children.get(pid, []))
-    return total / tick
+    _GONE_TICKS += sum(t for k, t in _REAPED_UNCOUNTED.items() if k not in uncounted)
+    _REAPED_UNCOUNTED.clear()
+    _REAPED_UNCOUNTED.update(uncounted)
+    return (total + _GONE_TICKS) / tick
 
 
 def measure(action: Callable[[], Any]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the whole process tree) of ``action()``."""
+    """(wall seconds, CPU seconds of the whole process tree) of ``action()``; the tree is sampled
+    every half second meanwhile, so a pyspark worker that exits during the action still counts."""
+    import threading
+
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            tree_cpu()
+
     c, t = tree_cpu(), time.perf_counter()
-    action()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        action()
+    finally:
+        done.set()
+        sampler.join()
     return time.perf_counter() - t, tree_cpu() - c
 
 
