@@ -23,8 +23,9 @@ column). Empty-batch overhead is the median ``triggerExecution`` (and ``addBatch
 warm-up batches. Every pair of sides runs ``--repeat`` times (5 by default), its two runs back to
 back in alternating order, so load from other processes hits both alike; each ratio is taken per
 repetition and printed as its median, spread (min-max) and target: sink pulsartx/parquet >= 0.9,
-ctp pulsartx/parquet >= 0.9, empty-batch time pulsartx/parquet <= 1.1. The table shows each side's
-median run. Nothing is asserted; outputs are counted so a fast but wrong side cannot pass. A phase
+ctp pulsartx/parquet >= 0.9, empty-batch time pulsartx/parquet <= 1.1. Beside them, the CPU
+seconds of the whole process tree over each run (start-up included), as parquet / pulsartx. The
+table shows each side's median run. Nothing is asserted; outputs are counted so a fast but wrong side cannot pass. A phase
 breakdown (Spark's durationMs per batch, median runs) follows the table; ``--breakdown`` also times
 the pulsartx source/sink calls inside the pyspark workers (first repetition).
 """
@@ -41,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Rounds, print_rounds  # noqa: E402 (the sibling module)
+from common import Rounds, print_rounds  # noqa: E402 (sibling bench modules)
+from read import measure, tree_cpu  # noqa: E402
 
 TARGET_SINK, TARGET_CTP, TARGET_EMPTY = 0.9, 0.9, 1.1
 PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
@@ -54,6 +56,7 @@ class Result:
     wall: float = 0.0
     progress: list[dict[str, Any]] = field(default_factory=list)
     output_rows: int = 0
+    cpu: float = 0.0  # CPU seconds of the process tree over the whole run (start-up included)
 
     def steady(self) -> list[dict[str, Any]]:
         with_rows = [p for p in self.progress if p["numInputRows"] > 0]
@@ -197,18 +200,19 @@ def breakdown(log_path: str) -> dict[str, tuple[int, float, float]]:
 
 
 def run(name: str, start, rows: int) -> Result:
-    """Start a Trigger.AvailableNow query (``start()``), wait for its end, keep its progress."""
+    """Start a Trigger.AvailableNow query (``start()``), wait for its end, keep its progress and the
+    CPU seconds of the whole process tree (driver JVM, pyspark workers) over the run."""
     for attempt in range(3):
-        t0 = time.perf_counter()
+        c0, t0 = tree_cpu(), time.perf_counter()
         q = start(attempt)
         try:
-            q.awaitTermination()
+            measure(q.awaitTermination)  # samples the tree meanwhile: exited workers stay counted
         except Exception as e:  # Spark gives a new source runner 10 s to connect back: retry that
             q.stop()
             if "failed to connect back" not in str(e) or attempt == 2:
                 raise
             continue
-        return Result(name, rows, time.perf_counter() - t0, list(q.recentProgress))
+        return Result(name, rows, time.perf_counter() - t0, list(q.recentProgress), cpu=tree_cpu() - c0)
     raise AssertionError("unreachable")
 
 
@@ -363,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     # ---- report -----------------------------------------------------------------------------------
     print()
     print(f"{'side (median of ' + str(args.repeat) + ' runs)':28s} {'batches':>7s} {'rows out':>9s} {'wall s':>7s} "
-          f"{'rows/s':>10s} {'med batch ms':>12s} {'med addBatch':>12s}")
+          f"{'cpu s':>6s} {'rows/s':>10s} {'med batch ms':>12s} {'med addBatch':>12s}")
     for r in results.values():
-        print(f"{r.name:28s} {len(r.progress):7d} {r.output_rows:9,d} {r.wall:7.1f} {r.rate():10,.0f} "
+        print(f"{r.name:28s} {len(r.progress):7d} {r.output_rows:9,d} {r.wall:7.1f} {r.cpu:6.1f} {r.rate():10,.0f} "
               f"{r.median('triggerExecution'):12.0f} {r.median('addBatch'):12.0f}")
 
     def ratio(a: float, b: float) -> float:
@@ -381,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
                per_rep("empty_px", "empty_pq", lambda r: r.median("triggerExecution")), "<=", TARGET_EMPTY),
         Rounds("  empty batch, addBatch only",
                per_rep("empty_px", "empty_pq", lambda r: r.median("addBatch"))),
+        # Background work (markers, acknowledgements) is charged where it runs: CPU over the whole
+        # run, as parquet cpu / pulsartx cpu so that higher is better like the throughput ratios.
+        Rounds("sink cpu-s parquet / pulsartx (whole run)", per_rep("sink_pq", "sink_px", lambda r: r.cpu)),
+        Rounds("ctp cpu-s parquet / pulsartx (whole run)", per_rep("ctp_pq", "ctp_px", lambda r: r.cpu)),
     ])
 
     print("\nmean durationMs per batch (steady-state batches; empty sides after 2 warm-up batches):")

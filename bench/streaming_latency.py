@@ -33,7 +33,8 @@ Each side, in every round:
 
 Measurement starts --warmup seconds after the first output arrived (query start-up, Python
 workers) and lasts --seconds; latencies count the messages sent in that window. Then the producer
-stops, the reader drains, the query stops. Rounds (--rounds, 5 by default) alternate which side
+stops, the reader drains (for as long as output keeps arriving: a side that fell behind is waited
+for, not cut short), the query stops. Rounds (--rounds, 5 by default) alternate which side
 goes first; one SparkSession (local[2]) serves the whole run. Printed: per round each side's p50
 and p99 with the CPU seconds of the whole process tree (this process, the driver JVM, the Python
 workers: children that still run count, which ``os.times`` would miss) beside the wall seconds of
@@ -312,11 +313,20 @@ class Bench:
         finally:
             stop.producer.set()
             threads[1].join()
-            # Drain: everything sent, received, or a generous bound for a side that lost messages.
-            deadline = time.monotonic() + max(30.0, 20 * a.trigger_ms / 1000.0)
-            while len(run.received) < len(run.sent) and time.monotonic() < deadline and query.exception() is None:
+            # Drain: until everything sent is received, or nothing more arrives for a generous while
+            # (a side that lost messages; a side far behind keeps making progress and is waited for).
+            stall = max(30.0, 20 * a.trigger_ms / 1000.0)
+            seen, last = len(run.received), time.monotonic()
+            while len(run.received) < len(run.sent) and query.exception() is None:
+                if len(run.received) != seen:
+                    seen, last = len(run.received), time.monotonic()
+                elif time.monotonic() - last > stall:
+                    run.problems.append(f"nothing more arrived for {stall:.0f} s while draining")
+                    break
                 time.sleep(0.05)
             time.sleep(2 * a.trigger_ms / 1000.0)  # a duplicate would show up now
+            if query.exception() is not None:
+                run.problems.append(f"the query failed: {str(query.exception()).splitlines()[0]}")
             query.stop()
             stop.reader.set()
             threads[0].join()
