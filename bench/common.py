@@ -14,10 +14,13 @@ covers the same window and the seconds of interpreter start-up stay out of it.
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -32,6 +35,55 @@ def percentile(xs: list[float], q: float) -> float:
 def verdict(value: float, op: str, target: float) -> str:
     ok = value >= target if op == ">=" else value <= target
     return "met" if ok else "MISSED"
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """One ratio measured once per interleaved round, judged on its median.
+
+    Two rounds on a shared 2-core machine swing by 0.3 to 0.5, so one figure says little: every
+    bench prints the per-round values, their median, their spread (min-max) and the target beside
+    them, in one line built here (docs/design/benchmark-baselines.md)."""
+
+    label: str
+    values: list[float]
+    op: str | None = None  # ">=" or "<=", None: informative, no target
+    target: float | None = None
+
+    @property
+    def median(self) -> float:
+        vals = [v for v in self.values if not math.isnan(v)]
+        return statistics.median(vals) if vals else float("nan")
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        vals = [v for v in self.values if not math.isnan(v)]
+        return (min(vals), max(vals)) if vals else (float("nan"), float("nan"))
+
+    def verdict(self) -> str:
+        if self.op is None or self.target is None:
+            return ""
+        return verdict(self.median, self.op, self.target)
+
+    def beats_by_more_than_spread(self) -> bool:
+        """A ratio ``cheaper side / costlier side`` whose median exceeds 1 by more than its own
+        spread: the side that does strictly more work won, which means work escaped its timing."""
+        lo, hi = self.spread
+        return self.median - 1.0 > hi - lo
+
+    def line(self, width: int = 46) -> str:
+        lo, hi = self.spread
+        target = "report" if self.op is None else f"{self.op} {self.target:g}"
+        each = " ".join(f"{v:.2f}" for v in self.values)
+        return (f"{self.label:<{width}} median {self.median:5.2f}  spread {lo:.2f}-{hi:.2f}  target {target:<7}"
+                f" {self.verdict() or '':<6}  rounds: {each}")
+
+
+def print_rounds(title: str, rows: list[Rounds]) -> None:
+    """The closing table of a bench: one :meth:`Rounds.line` per ratio."""
+    print(f"\n{title}")
+    for r in rows:
+        print("  " + r.line())
 
 
 # ---- parent side ----------------------------------------------------------------------------------
