@@ -15,7 +15,15 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from pulsartx import Client, ConsumerType, InitialPosition, MessageId, Timeout, TransactionState
+from pulsartx import (
+    Client,
+    ConsumerDeadLetterPolicy,
+    ConsumerType,
+    InitialPosition,
+    MessageId,
+    Timeout,
+    TransactionState,
+)
 from pulsartx.client.routing import partition_for_key
 from pulsartx.client.table_sending import MessageIds
 from pulsartx.exceptions import InvalidConfiguration, TransactionConflict
@@ -142,6 +150,36 @@ def test_receive_table_is_read_committed(client):
     assert c.receive_table(timeout_millis=300).num_rows == 0  # the aborted one never shows
     u = client.subscribe(IN, "u", initial_position=InitialPosition.Earliest, isolation_level="READ_UNCOMMITTED")
     assert sorted(values(receive_rows(u, 5))) == ["aborted", "m0", "m1", "m2", "open"]
+
+
+def test_key_shared_consumers_split_tables_by_key(client):
+    seed(client, IN, 40, partitions=2, keyed=True)
+    a = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest)
+    b = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest)
+    got: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}
+    deadline = time.monotonic() + 20
+    while len(got["a"]) + len(got["b"]) < 40:
+        assert time.monotonic() < deadline, got
+        for name, c in (("a", a), ("b", b)):
+            t = c.receive_table(timeout_millis=100)
+            got[name] += list(zip(values(t), t.column("__key").to_pylist(), strict=True))
+            c.acknowledge_table(t)
+    assert sorted(v for v, _ in got["a"] + got["b"]) == sorted(f"m{i}" for i in range(40))
+    assert not {k for _, k in got["a"]} & {k for _, k in got["b"]}  # a key goes to one consumer
+
+
+def test_dead_letters_take_what_tables_redelivered_too_often(client):
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest,
+                         dead_letter_policy=ConsumerDeadLetterPolicy(max_redeliver_count=1))
+    assert values(receive_rows(c, 3)) == ["m0", "m1", "m2"]
+    c.redeliver_unacknowledged_messages()
+    assert values(receive_rows(c, 3)) == ["m0", "m1", "m2"]  # the last delivery (count 1)
+    c.redeliver_unacknowledged_messages()
+    assert c.receive_table(timeout_millis=500).num_rows == 0  # moved instead (count 2)
+    assert sorted(read_all(client, f"{IN}-s-DLQ")) == ["m0", "m1", "m2"]
+    [st] = stats(client, IN, "s")
+    assert st["markDeletePosition"] == 2
 
 
 # ---- acknowledge_table ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionState
-from pulsartx.client.message import Message
+from pulsartx.client.message import Message, Records
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.log.rows import ROW_SCHEMA, parse_message_ids, rows_from_records
 from pulsartx.subscription.cursor import CursorState
@@ -63,27 +63,35 @@ class TableConsumer(ConsumerCore):
             raise InvalidConfiguration(f"timeout_millis={timeout_millis!r}: must be an integer >= 0, or None to "
                                        "wait for the first message")
         deadline = float("inf") if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        out: list[Message] = []
-        while len(out) < max_messages:
-            taken = self._take_queued(max_messages - len(out))
+        queued: list[Message] = []  # taken off the queues (fetched by an earlier call or receive())
+        fetched: list[tuple[Records, list[int]]] = []  # rows taken straight from this call's fetches
+        count = 0
+        while count < max_messages:
+            taken = self._take_queued(max_messages - count)
             if taken:
-                out += taken
+                queued += taken
+                count += len(taken)
                 continue
             try:
-                fetched = self._fetch_all()
+                got = self._fetch_rows(max_messages - count)
             except PulsarException as e:
-                if not out:
+                if not count:
                     raise
                 # What was taken is held for this caller: returned, not dropped (as batch_receive).
                 log.info("receive_table on %s returns %d message(s); fetching more failed: %s", self._topic,
-                         len(out), e)
+                         count, e)
                 break
-            if fetched:
+            if got:
+                fetched += got
+                count += sum(len(rows) for _, rows in got)
                 continue
-            if out or time.monotonic() >= deadline:
+            with self._lock:
+                if any(p.queue for p in self._parts):  # a fetch queued messages (Key_Shared, dead letters)
+                    continue
+            if count or time.monotonic() >= deadline:
                 break
             self._wait_idle(deadline)
-        return self._rows_of(out)
+        return self._rows_of(queued, fetched)
 
     def acknowledge_table(self, table: Any, txn: Any = None) -> None:
         """Acknowledge every message of ``table``: rows of ``receive_table``, found by their
@@ -155,25 +163,50 @@ class TableConsumer(ConsumerCore):
                     break
         return out
 
-    def _fetch_all(self) -> bool:
-        """Fetch for every partition whose queue is empty; whether any queue now holds messages."""
+    def _fetch_rows(self, limit: int) -> list[tuple[Records, list[int]]]:
+        """Fetch for every partition (their queues are empty) and take up to ``limit`` of the rows
+        fetched, held from now, without a Message each; the rest is queued as messages. A fetch
+        whose messages need looking at one by one (Key_Shared's; redelivered ones, when dead
+        letters may take them) is queued whole."""
         if not self._ensure_active():
-            return False
+            return []
+        out: list[tuple[Records, list[int]]] = []
         for part in self._parts:
-            self._fill(part)
-        with self._lock:
-            return any(p.queue for p in self._parts)
+            got = None if part.queue else self._fetch(part)
+            if got is None:
+                continue
+            if got.records is None or (self._dead_letters is not None and got.cursor.redelivery):
+                self._enqueue(part, got.cursor, got.messages(), got.skipped)
+                continue
+            room = max(0, limit - sum(len(rows) for _, rows in out))
+            take, rest = got.rows[:room], got.rows[room:]
+            if rest:
+                self._enqueue(part, got.cursor, got.messages(rest), [])
+            offsets = got.records.offsets
+            now = time.monotonic()
+            with self._lock:
+                if got.skipped:
+                    part.acks.extend(got.skipped)  # markers and invisible data: acked as we pass them
+                part.held.update(dict.fromkeys([offsets[i] for i in take], now))
+            if take:
+                out.append((got.records, take))
+        return out
 
-    def _rows_of(self, msgs: list[Message]) -> pa.Table:
-        """The messages as rows, sliced (or taken) from their fetch's columns."""
-        tables = []
-        base = str(self._parts[0].topic.base)
-        for records, run in itertools.groupby(msgs, key=attrgetter("_rows")):
-            picked = records.select(np.fromiter((m._i for m in run), dtype=np.int64))
-            tables.append(rows_from_records(picked, base, records.partition))
-        if not tables:
+    def _rows_of(self, queued: list[Message], fetched: list[tuple[Records, list[int]]]) -> pa.Table:
+        """The messages as rows, sliced (or taken) from their fetches' columns, grouped by partition
+        in offset order."""
+        runs = [(records, np.fromiter((m._i for m in run), dtype=np.int64))
+                for records, run in itertools.groupby(queued, key=attrgetter("_rows"))]
+        runs += [(records, np.asarray(rows, dtype=np.int64)) for records, rows in fetched]
+        if not runs:
             return ROW_SCHEMA.empty_table()
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        base = str(self._parts[0].topic.base)
+        tables = [rows_from_records(records.select(rows), base, records.partition) for records, rows in runs]
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        spans = [(records.partition, records.offsets[rows[0]], records.offsets[rows[-1]]) for records, rows in runs]
+        if any((b[0], b[1]) <= (a[0], a[2]) for a, b in itertools.pairwise(spans)):  # redelivered, several fetches
+            table = table.sort_by([("__partition", "ascending"), ("__offset", "ascending")])
+        return table
 
     def _positions(self, table: pa.Table) -> dict[PartitionState, list[int]]:
         """Each partition's offsets in ``table``, sorted and distinct."""
