@@ -276,6 +276,21 @@ def test_unacknowledged_rows_come_back_after_the_unacked_timeout(client):
     assert values(receive_rows(c, 3)) == ["m2", "m3", "m4"]
 
 
+def test_a_row_negatively_acknowledged_by_its_message_id_comes_back_after_the_delay(client):
+    seed(client, IN, 4)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, negative_ack_redelivery_delay_ms=300)
+    t = receive_rows(c, 4)
+    c.negative_acknowledge(MessageId.deserialize(t.column("__messageId")[1].as_py()))  # m1
+    c.acknowledge_table(t.filter(pa.array([v != "m1" for v in values(t)])))
+    t0 = time.monotonic()
+    again = receive_rows(c, 1)
+    assert values(again) == ["m1"] and time.monotonic() - t0 >= 0.25
+    c.acknowledge_table(again)
+    c.close()
+    [st] = stats(client, IN, "s")
+    assert st["markDeletePosition"] == 3 and st["individuallyAckedRanges"] == 0
+
+
 @pytest.mark.parametrize("consumer_type", [ConsumerType.Exclusive, ConsumerType.Shared])
 def test_acking_rows_another_transaction_holds_raises_as_message_by_message(client, consumer_type):
     seed(client, IN, 6)
@@ -498,11 +513,15 @@ def test_range_acks_and_covers_match_acks_one_by_one():
 # ---- the example ----------------------------------------------------------------------------------------------
 
 
-def test_the_table_pipeline_example_runs(tmp_path):
+@pytest.mark.parametrize("transform, flags", [("Polars", []), ("pyarrow.compute", ["--pyarrow"])])
+def test_the_table_pipeline_example_runs(tmp_path, transform, flags):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(REPO / "examples" / "table_pipeline.py"), "--root",
-                           str(tmp_path / "root"), "--messages", "2500"], capture_output=True, text=True,
+                           str(tmp_path / "root"), "--messages", "2500", *flags], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[-1] == "2500 orders in, 2500 enriched out, 0 left on the subscription", done.stdout
+    assert done.stdout.splitlines() == [f"transform: {transform}", "3 transactions of up to 1000 rows",
+                                        "2500 orders in, 2500 enriched out, 0 left on the subscription"]
+    with Client(str(tmp_path / "root")) as client:
+        out = read_all(client, "table-orders-enriched")
+    assert len(out) == 2500 and out.count('{"order":7,"customer":"customer-7","amount":7,"total":8.4}') == 1
