@@ -525,3 +525,16 @@ def test_the_table_pipeline_example_runs(tmp_path, transform, flags):
     with Client(str(tmp_path / "root")) as client:
         out = read_all(client, "table-orders-enriched")
     assert len(out) == 2500 and out.count('{"order":7,"customer":"customer-7","amount":7,"total":8.4}') == 1
+
+
+def test_the_consume_bench_tables_side_runs_and_prints_its_ratio(tmp_path):
+    """bench/consume.py's tables side still runs end to end at a tiny scale, checks its end state
+    (all consumed and acknowledged, every output committed) and prints the ratio of the medians of
+    its rounds. Its figures are not judged here."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "consume.py"), "--tables-only", "--chunks", "50",
+                           "--chunk-size", "20", "--message-size", "64", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [line] = [ln for ln in done.stdout.splitlines() if ln.startswith("tables c-t-p / consume-transform-produce")]
+    assert ">= 3.0" in line and "(median of 5 rounds, spread " in line, done.stdout
