@@ -2,7 +2,7 @@
 against transactional produce.
 
     .venv/bin/python bench/consume.py [--chunks 60] [--chunk-size 1000] [--message-size 1024] [--profile]
-                                      [--tables-only]
+                                      [--tables-only] [--table-size N]
 
 Every side works on its own one-partition topic, pre-seeded (untimed) with ``chunks x chunk-size``
 messages of ``message-size`` incompressible bytes, through an Exclusive subscription. One chunk is
@@ -19,8 +19,9 @@ one transaction where there are transactions:
                             acknowledge_cumulative(last, txn), commit
   plain c-t-p               the same without a transaction: send_async(transform(value)) per message,
                             acknowledge_cumulative(last) (grouped), flush() per chunk
-  tables c-t-p              receive_table(chunk), the transform in pyarrow.compute, send_table(txn),
-                            acknowledge_table(txn), commit: one transaction per table
+  tables c-t-p              receive_table, the transform in pyarrow.compute, send_table(txn),
+                            acknowledge_table(txn), commit: one transaction per table of --table-size
+                            rows (default the chunk size, the per-message side's transaction size)
 
 The sides take turns of 10 chunks (back to back, as an application runs them), in a rotating order,
 so that load from other processes on a shared machine hits all of them alike; each turn ends with
@@ -271,13 +272,21 @@ def add_header(values):
 
 
 class TablesCtpSide(CtpSide):
-    """Consume-transform-produce over Arrow tables: one table of a chunk's messages, one transaction."""
+    """Consume-transform-produce over Arrow tables, one transaction per table. A table holds
+    ``per_table`` chunks' messages: it is taken on every ``per_table``-th chunk, so the side still
+    works through the same messages in the same turns as the others."""
+
+    def __init__(self, name: str, workdir: str, payloads, profile: bool, per_table: int = 1):
+        super().__init__(name, workdir, payloads, profile)
+        self.per_table = per_table
 
     def chunk(self, i: int) -> None:
         import pyarrow as pa
 
+        if (i + 1) % self.per_table:
+            return
         c = self.consumer
-        table = c.receive_table(max_messages=self.n, timeout_millis=RECEIVE_TIMEOUT_MS)
+        table = c.receive_table(max_messages=self.n * self.per_table, timeout_millis=RECEIVE_TIMEOUT_MS)
         txn = self.client.new_transaction()
         self.producer.send_table(pa.table({"value": add_header(table.column("value"))}), txn=txn)
         c.acknowledge_table(table, txn=txn)
@@ -341,7 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile every side (cumulative, top functions)")
     ap.add_argument("--tables-only", action="store_true",
                     help="run only the two consume-transform-produce sides the tables ratio compares")
+    ap.add_argument("--table-size", type=int, default=None,
+                    help="rows per table (one transaction each) on the tables side: the chunk size (default, "
+                         "the same transaction size as the per-message side) times 1, 2, 5 or 10")
     args = ap.parse_args(argv)
+    table_size = args.table_size or args.chunk_size
+    per_table = table_size // args.chunk_size
+    if table_size % args.chunk_size or TURN % per_table or args.chunks % per_table:
+        ap.error(f"--table-size {table_size}: must be the chunk size ({args.chunk_size}) times 1, 2, 5 or 10, "
+                 f"dividing --chunks ({args.chunks})")
 
     n = args.chunks * args.chunk_size
     try:
@@ -357,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         d = lambda name: os.path.join(base, name)  # noqa: E731
         prof = args.profile
         ctp = CtpSide("consume-transform-produce", d("ctp"), payloads, prof)
-        tables = TablesCtpSide("tables c-t-p (one txn per table)", d("tables"), payloads, prof)
+        tables = TablesCtpSide(f"tables c-t-p ({table_size}/table)", d("tables"), payloads, prof, per_table)
         sides: list[Side] = [ctp, tables]
         if not args.tables_only:
             plain = ConsumeSide("consume, plain acks", d("plain"), payloads, "plain", prof)
@@ -402,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu_ceiling = produce.cpu / (produce.cpu + plain.cpu)
         print(f"{'c-t-p ceiling (free transactional ack)':42s} {ceiling:6.2f} {cpu_ceiling:6.2f} {'report':>7s}")
     print_round_ratio("tables c-t-p / consume-transform-produce", tables, ctp, TARGET_TABLES)
+    print(f"  (a transaction per table of {table_size} rows, against one per {args.chunk_size} messages"
+          f"{': the same transaction size' if per_table == 1 else ''})")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     if args.profile:
         for s in sides:

@@ -125,7 +125,8 @@ class Acknowledgement(ConsumerCore):
                 with self._lock:
                     pos = cumulative.get(part)
                     gone = [o for o in part.held if o <= pos] if pos is not None else offs
-                    released[part] = {o: part.held.pop(o) for o in gone if o in part.held}
+                    held = part.held
+                    released[part] = {o: t for o in gone if (t := held.pop(o, None)) is not None}
                     part.cursor = None
             failed = False
         finally:

@@ -160,9 +160,11 @@ class Receiving(ConsumerCore):
         if got is not None:
             self._enqueue(part, got.cursor, got.messages(), got.skipped)
 
-    def _fetch(self, part: PartitionState) -> Fetched | None:
+    def _fetch(self, part: PartitionState, max_messages: int | None = None) -> Fetched | None:
         """What this consumer may deliver next on ``part`` (claimed, for Shared and Key_Shared),
-        read from storage; None when nothing is."""
+        read from storage, at most ``max_messages`` (default: what the receiver queue takes, up to
+        FETCH_MAX); None when nothing is."""
+        most = min(self._queue_size, FETCH_MAX) if max_messages is None else max_messages
         # Local state first, the cursor after: an ack or redelivery-count bump that leaves the local
         # lists before this snapshot has landed in storage, so the cursor read below includes it.
         # (Read the other way round, a flush landing in between made an acked message deliverable
@@ -202,7 +204,7 @@ class Receiving(ConsumerCore):
                                                    min(self._queue_size, FETCH_MAX),
                                                    now_ms() + (self._unacked_timeout or self._lease_ms))
             return Fetched(cursor, skipped, msgs=msgs)
-        candidates = list(busy.gaps(cursor.mark_delete + 1, limit, min(self._queue_size, FETCH_MAX)))
+        candidates = busy.gap_list(cursor.mark_delete + 1, limit, most)
         if not candidates:
             return None
         if self._type is ConsumerType.Shared:
