@@ -206,6 +206,24 @@ def test_plain_acknowledge_table_acks_every_row_and_nothing_else(client):
     assert all(s["individuallyAckedRanges"] == 0 for s in st)
 
 
+@pytest.mark.parametrize("consumer_type", [ConsumerType.Exclusive, ConsumerType.Shared])
+def test_plain_acks_of_runs_from_the_cursor_are_cumulative_where_the_type_allows(client, consumer_type):
+    seed(client, IN, 10)
+    c = client.subscribe(IN, "s", consumer_type=consumer_type, initial_position=InitialPosition.Earliest,
+                         acknowledgment_group_time_ms=60_000)  # grouped until close
+    t = receive_rows(c, 10)
+    c.acknowledge_table(t.slice(0, 4))
+    c.acknowledge_table(t.slice(4, 6))  # continues the run the first one left
+    [part] = c._parts
+    if consumer_type is ConsumerType.Exclusive:
+        assert (part.cumulative, part.acks) == (9, [])
+    else:
+        assert (part.cumulative, part.acks) == (None, list(range(10)))
+    c.close()
+    [st] = stats(client, IN, "s")
+    assert st["markDeletePosition"] == 9 and st["individuallyAckedRanges"] == 0
+
+
 def test_txn_acknowledge_table_is_one_cumulative_pending_ack_on_exclusive(client):
     seed(client, IN, 50)
     c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)

@@ -103,8 +103,9 @@ class TableConsumer(ConsumerCore):
         ``__partition`` and ``__offset`` columns (or by ``__messageId``); other columns are not
         looked at, so a transformed table will do as long as it keeps those.
 
-        Without ``txn``, as ``acknowledge`` on each message: grouped, then persisted as ranges,
-        which fold into the mark-delete position as a cumulative ack's would. With ``txn``, the
+        Without ``txn``, as ``acknowledge`` on each message, grouped: a cumulative ack where the
+        last cursor read shows the rows run unbroken from the mark-delete position (Exclusive,
+        Failover), else acks persisted as ranges, which fold into it as they fill. With ``txn``, the
         acks are PENDING_ACK until the transaction ends, durable before this returns: on an
         Exclusive or Failover subscription, a partition's rows that with what is acknowledged
         already make a run from the mark-delete position are one pending cumulative ack
@@ -116,18 +117,21 @@ class TableConsumer(ConsumerCore):
         by_part = self._positions(as_table(table, "acknowledge_table"))
         if not by_part:
             return
+        may_cumulate = self._type not in CLAIMING
         if txn is None:
             with self._lock:
                 for part, offs in by_part.items():
                     held = part.held
                     for o in offs:
                         held.pop(o, None)
-                    part.acks.extend(offs)
+                    if may_cumulate and self._plain_covers(part, offs):
+                        part.cumulative = max(offs[-1], -1 if part.cumulative is None else part.cumulative)
+                    else:
+                        part.acks.extend(offs)
             if self._group_s == 0:
                 self._flush_acks()
             return
         cumulative: dict[PartitionState, int] = {}
-        may_cumulate = self._type not in CLAIMING
         if may_cumulate and self._acks_below(by_part):
             # Offsets passed (markers, invisible data) are acknowledged as plain acks, grouped: land
             # them first, so that the cursor shows the run they are part of.
@@ -256,6 +260,21 @@ class TableConsumer(ConsumerCore):
             offs = offsets[parts == p]
             out[part] = np.unique(offs if part not in out else np.concatenate([out[part], offs])).tolist()
         return out
+
+    @staticmethod
+    def _plain_covers(part: PartitionState, offs: list[int]) -> bool:
+        """Whether a plain cumulative ack at the last of ``offs`` acknowledges exactly them, as far
+        as the last cursor read and the cumulative acks not yet persisted show: what they show
+        acknowledged stays so (a seek drops the cursor read)."""
+        cursor = part.cursor
+        if cursor is None:
+            return False
+        local = [c for c in (part.cumulative, part.inflight_cumulative) if c is not None]
+        if local and max(local) > cursor.mark_delete:
+            cursor = cursor.copy()
+            cursor.mark_delete = max(local)
+            cursor.acked.remove_below(cursor.mark_delete)
+        return cursor.covers(offs)
 
     def _acks_below(self, by_part: dict[PartitionState, list[int]]) -> bool:
         """Whether plain acks not yet persisted lie below the rows of a partition (offsets passed)."""
