@@ -28,7 +28,7 @@ from pulsartx.subscription.cursor import CursorState
 log = logging.getLogger("pulsartx.client.consumer")
 # The most rows one fetch of receive_table reads from a partition, as receive's: a fetch of a few
 # files is read file by file, one of many through a dataset scan that costs more than it saves
-# (10,000 rows in 10 files: 30 ms against 10 fetches of 1 ms).
+# (10,000 rows in 10 files, local disk: ~28 ms through the scan, ~1 ms a file read one by one).
 TABLE_FETCH_MAX = FETCH_MAX
 POSITION_COLUMNS = ("__partition", "__offset")
 
