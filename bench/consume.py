@@ -279,6 +279,9 @@ class TablesCtpSide(CtpSide):
     def __init__(self, name: str, workdir: str, payloads, profile: bool, per_table: int = 1):
         super().__init__(name, workdir, payloads, profile)
         self.per_table = per_table
+        if per_table > 1:  # a table is one append, as a chunk is on the per-message side
+            self.producer.close()
+            self.producer = self.client.create_producer(self.out, batching_max_messages=self.n * per_table)
 
     def chunk(self, i: int) -> None:
         import pyarrow as pa
