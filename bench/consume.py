@@ -20,8 +20,10 @@ one transaction where there are transactions:
   plain c-t-p               the same without a transaction: send_async(transform(value)) per message,
                             acknowledge_cumulative(last) (grouped), flush() per chunk
   tables c-t-p              receive_table, the transform in pyarrow.compute, send_table(txn),
-                            acknowledge_table(txn), commit: one transaction per table of --table-size
-                            rows (default the chunk size, the per-message side's transaction size)
+                            acknowledge_table(txn), commit: one transaction per table, of chunk-size
+                            rows (the per-message side's transaction size), and on a second side of
+                            --table-size rows (default 10 chunks: a table loop's gain grows with its
+                            table, as the transaction's fixed storage work is shared by more rows)
 
 The sides take turns of 10 chunks (back to back, as an application runs them), in a rotating order,
 so that load from other processes on a shared machine hits all of them alike; each turn ends with
@@ -34,8 +36,8 @@ to it. Ratios (wall time; process CPU time alongside):
                   more than producing its output transactionally plus consuming its input with
                   plain acks, i.e. when the transactional acknowledgement is free:
                   txn produce time / (txn produce time + plain acks time))
-  tables c-t-p / consume-transform-produce  (target >= 3): the median of the per-round ratios (a
-                  round is one turn of every side), with their spread (min-max)
+  tables c-t-p / consume-transform-produce  (target >= 3), for each tables side: the median of the
+                  per-round ratios (a round is one turn of every side), with their spread (min-max)
 Nothing is asserted; every side's end state is checked (all consumed, nothing pending, outputs
 all there) so that a fast but wrong side cannot pass. ``--profile`` adds cProfiles.
 """
@@ -354,10 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables-only", action="store_true",
                     help="run only the two consume-transform-produce sides the tables ratio compares")
     ap.add_argument("--table-size", type=int, default=None,
-                    help="rows per table (one transaction each) on the tables side: the chunk size (default, "
-                         "the same transaction size as the per-message side) times 1, 2, 5 or 10")
+                    help="rows per table (one transaction each) on the second tables side: the chunk size "
+                         "times 2, 5 or 10 (default 10), or the chunk size to run only the equal-size side")
     args = ap.parse_args(argv)
-    table_size = args.table_size or args.chunk_size
+    table_size = args.table_size or TURN * args.chunk_size
     per_table = table_size // args.chunk_size
     if table_size % args.chunk_size or TURN % per_table or args.chunks % per_table:
         ap.error(f"--table-size {table_size}: must be the chunk size ({args.chunk_size}) times 1, 2, 5 or 10, "
@@ -377,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         d = lambda name: os.path.join(base, name)  # noqa: E731
         prof = args.profile
         ctp = CtpSide("consume-transform-produce", d("ctp"), payloads, prof)
-        tables = TablesCtpSide(f"tables c-t-p ({table_size}/table)", d("tables"), payloads, prof, per_table)
-        sides: list[Side] = [ctp, tables]
+        tables = [TablesCtpSide(f"tables c-t-p ({args.chunk_size}/table)", d("tables"), payloads, prof)]
+        if per_table > 1:
+            tables.append(TablesCtpSide(f"tables c-t-p ({table_size}/table)", d("big-tables"), payloads, prof,
+                                        per_table))
+        sides: list[Side] = [ctp, *tables]
         if not args.tables_only:
             plain = ConsumeSide("consume, plain acks", d("plain"), payloads, "plain", prof)
             cum = ConsumeSide("consume, txn cumulative ack", d("cum"), payloads, "txn-cumulative", prof)
@@ -386,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             pipe = ConsumeSide("consume, txn cum., async commit", d("pipe"), payloads, "txn-pipelined", prof)
             produce = TxnProduceSide("txn produce (send_async)", d("produce"), payloads, prof)
             plain_ctp = CtpSide("plain c-t-p (no transaction)", d("plain-ctp"), payloads, prof, transactional=False)
-            sides = [plain, cum, lst, pipe, produce, ctp, plain_ctp, tables]
+            sides = [plain, cum, lst, pipe, produce, ctp, plain_ctp, *tables]
         os.sync()  # the seeding's write-back must not land in the timed phase (it slows every file create)
         print(f"seeded {(len(sides) - 1) * n:,} messages in {time.perf_counter() - t0:.1f} s (untimed)")
         run(sides, args.chunks)
@@ -421,9 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = produce.wall / (produce.wall + plain.wall)
         cpu_ceiling = produce.cpu / (produce.cpu + plain.cpu)
         print(f"{'c-t-p ceiling (free transactional ack)':42s} {ceiling:6.2f} {cpu_ceiling:6.2f} {'report':>7s}")
-    print_round_ratio("tables c-t-p / consume-transform-produce", tables, ctp, TARGET_TABLES)
-    print(f"  (a transaction per table of {table_size} rows, against one per {args.chunk_size} messages"
-          f"{': the same transaction size' if per_table == 1 else ''})")
+    for side in tables:
+        rows = side.n * side.per_table
+        print_round_ratio(f"tables c-t-p, {rows}-row tables / c-t-p", side, ctp, TARGET_TABLES)
+        print(f"  (a transaction per table of {rows} rows, against one per {args.chunk_size} messages"
+              f"{': the same transaction size' if side.per_table == 1 else ''})")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     if args.profile:
         for s in sides:

@@ -554,5 +554,6 @@ def test_the_consume_bench_tables_side_runs_and_prints_its_ratio(tmp_path):
                            "--chunk-size", "20", "--message-size", "64", "--dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    [line] = [ln for ln in done.stdout.splitlines() if ln.startswith("tables c-t-p / consume-transform-produce")]
-    assert ">= 3.0" in line and "(median of 5 rounds, spread " in line, done.stdout
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("tables c-t-p, ")]
+    assert [ln.split(" / ")[0] for ln in lines] == ["tables c-t-p, 20-row tables", "tables c-t-p, 200-row tables"]
+    assert all(">= 3.0" in ln and "(median of 5 rounds, spread " in ln for ln in lines), done.stdout
