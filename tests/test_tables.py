@@ -388,6 +388,26 @@ def test_send_table_routes_and_numbers_rows_as_send_does(client):
     assert again.send(b"after", partition_key="k0").offset() >= 0
 
 
+def test_rows_sent_again_under_their_sequence_ids_are_deduplicated(client):
+    client.admin.create_topic(OUT)
+    t = pa.table({"value": [f"v{i}".encode() for i in range(5)]})
+    first = client.create_producer(OUT, producer_name="dup")
+    assert [m.offset() for m in first.send_table(t)] == [0, 1, 2, 3, 4]
+    first.close()
+    # A restarted producer that numbers from the start again (as a retry would) is deduplicated ...
+    again = client.create_producer(OUT, producer_name="dup", initial_sequence_id=-1)
+    assert [m.offset() for m in again.send_table(t)] == [-1] * 5
+    # ... up to what was persisted: rows numbered past it are new.
+    assert [m.offset() for m in again.send_table(pa.table({"value": [b"v5", b"v6"]}))] == [5, 6]
+    assert again.last_sequence_id() == 6
+    again.close()
+    # A table part of which landed before: those rows are reported with offset -1, as send() does.
+    third = client.create_producer(OUT, producer_name="dup", initial_sequence_id=4)
+    ids = third.send_table(pa.table({"value": [b"x5", b"x6", b"v7", b"v8"]}))
+    assert [m.offset() for m in ids] == [-1, -1, 7, 8]
+    assert read_all(client, OUT) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"]
+
+
 def test_unkeyed_rows_go_in_batches_to_partitions_in_turn(client):
     client.admin.create_topic(OUT, partitions=2)
     p = client.create_producer(OUT, batching_max_messages=4)
