@@ -2,6 +2,7 @@
 against transactional produce.
 
     .venv/bin/python bench/consume.py [--chunks 60] [--chunk-size 1000] [--message-size 1024] [--profile]
+                                      [--tables-only] [--table-size N]
 
 Every side works on its own one-partition topic, pre-seeded (untimed) with ``chunks x chunk-size``
 messages of ``message-size`` incompressible bytes, through an Exclusive subscription. One chunk is
@@ -18,6 +19,11 @@ one transaction where there are transactions:
                             acknowledge_cumulative(last, txn), commit
   plain c-t-p               the same without a transaction: send_async(transform(value)) per message,
                             acknowledge_cumulative(last) (grouped), flush() per chunk
+  tables c-t-p              receive_table, the transform in pyarrow.compute, send_table(txn),
+                            acknowledge_table(txn), commit: one transaction per table, of chunk-size
+                            rows (the per-message side's transaction size), and on a second side of
+                            --table-size rows (default 10 chunks: a table loop's gain grows with its
+                            table, as the transaction's fixed storage work is shared by more rows)
 
 The sides take turns of 10 chunks (back to back, as an application runs them), in a rotating order,
 so that load from other processes on a shared machine hits all of them alike; each turn ends with
@@ -30,6 +36,8 @@ to it. Ratios (wall time; process CPU time alongside):
                   more than producing its output transactionally plus consuming its input with
                   plain acks, i.e. when the transactional acknowledgement is free:
                   txn produce time / (txn produce time + plain acks time))
+  tables c-t-p / consume-transform-produce  (target >= 3), for each tables side: the median of the
+                  per-round ratios (a round is one turn of every side), with their spread (min-max)
 Nothing is asserted; every side's end state is checked (all consumed, nothing pending, outputs
 all there) so that a fast but wrong side cannot pass. ``--profile`` adds cProfiles.
 """
@@ -41,6 +49,7 @@ import io
 import os
 import pstats
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +59,7 @@ import numpy as np
 
 TARGET_CONSUME = 0.8
 TARGET_CTP = 0.8
+TARGET_TABLES = 3.0
 RECEIVE_TIMEOUT_MS = 30_000
 TURN = 10  # chunks a side runs back to back before the next side's turn
 
@@ -78,6 +88,7 @@ class Side:
         self.wall = 0.0
         self.cpu = 0.0
         self.messages = 0
+        self.turns: list[tuple[float, float, int]] = []  # (wall, cpu, messages) of each turn
         self.prof = cProfile.Profile() if profile else None
 
     def seed(self, payloads: list[list[bytes]]) -> None:
@@ -117,6 +128,9 @@ class Side:
 
     def rate(self) -> float:
         return self.messages / self.wall if self.wall else 0.0
+
+    def mark_turn(self, wall0: float, cpu0: float, messages0: int) -> None:
+        self.turns.append((self.wall - wall0, self.cpu - cpu0, self.messages - messages0))
 
     def profile_report(self, n: int = 25) -> str:
         if not self.prof:
@@ -251,6 +265,40 @@ class CtpSide(Side):
             raise RuntimeError(f"{self.name}: {got} committed outputs, expected {expected}")
 
 
+def add_header(values):
+    """The per-message side's transform, on a column: b"T:" + value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(pa.scalar(b"T:"), values, pa.scalar(b""))
+
+
+class TablesCtpSide(CtpSide):
+    """Consume-transform-produce over Arrow tables, one transaction per table. A table holds
+    ``per_table`` chunks' messages: it is taken on every ``per_table``-th chunk, so the side still
+    works through the same messages in the same turns as the others."""
+
+    def __init__(self, name: str, workdir: str, payloads, profile: bool, per_table: int = 1):
+        super().__init__(name, workdir, payloads, profile)
+        self.per_table = per_table
+        if per_table > 1:  # a table is one append, as a chunk is on the per-message side
+            self.producer.close()
+            self.producer = self.client.create_producer(self.out, batching_max_messages=self.n * per_table)
+
+    def chunk(self, i: int) -> None:
+        import pyarrow as pa
+
+        if (i + 1) % self.per_table:
+            return
+        c = self.consumer
+        table = c.receive_table(max_messages=self.n * self.per_table, timeout_millis=RECEIVE_TIMEOUT_MS)
+        txn = self.client.new_transaction()
+        self.producer.send_table(pa.table({"value": add_header(table.column("value"))}), txn=txn)
+        c.acknowledge_table(table, txn=txn)
+        txn.commit()
+        self.messages += table.num_rows
+
+
 def count_committed(client, topic: str) -> int:
     from pulsartx import MessageId, Timeout
 
@@ -274,11 +322,28 @@ def run(sides: list[Side], chunks: int, turn: int = TURN) -> None:
     for n, start in enumerate(range(0, chunks, turn)):
         for k in range(len(sides)):
             s = sides[(n + k) % len(sides)]
+            w0, c0, m0 = s.wall, s.cpu, s.messages
             for i in range(start, min(chunks, start + turn)):
                 s.timed(s.chunk, i)
             s.timed(s.client.flush)
+            s.mark_turn(w0, c0, m0)
     for s in sides:
         s.finish()
+
+
+def print_round_ratio(label: str, a: Side, b: Side, target: float) -> None:
+    """``a``'s throughput over ``b``'s, per round (one turn each, the sides interleaved): the median
+    and the spread of the rounds, so that load from elsewhere during one round shows as spread."""
+    rounds = [(ma / wa) / (mb / wb) for (wa, _, ma), (wb, _, mb) in zip(a.turns, b.turns, strict=True) if wa and wb]
+    cpu = [(cb / mb) / (ca / ma) for (_, ca, ma), (_, cb, mb) in zip(a.turns, b.turns, strict=True)
+           if ca and ma and mb]
+    if not rounds:
+        return
+    med = statistics.median(rounds)
+    flag = "ok" if med >= target else "BELOW TARGET"
+    print(f"{label:42s} {med:6.2f} {statistics.median(cpu):6.2f} {'>= ' + str(target):>7s}  {flag}  "
+          f"(median of {len(rounds)} rounds, spread {min(rounds):.2f}-{max(rounds):.2f}"
+          f"{'; at least 5 rounds are needed to judge' if len(rounds) < 5 else ''})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,7 +353,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--message-size", type=int, default=1024, help="payload bytes per message")
     ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
     ap.add_argument("--profile", action="store_true", help="cProfile every side (cumulative, top functions)")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="run only the two consume-transform-produce sides the tables ratio compares")
+    ap.add_argument("--table-size", type=int, default=None,
+                    help="rows per table (one transaction each) on the second tables side: the chunk size "
+                         "times 2, 5 or 10 (default 10), or the chunk size to run only the equal-size side")
     args = ap.parse_args(argv)
+    table_size = args.table_size or TURN * args.chunk_size
+    per_table = table_size // args.chunk_size
+    if table_size % args.chunk_size or TURN % per_table or args.chunks % per_table:
+        ap.error(f"--table-size {table_size}: must be the chunk size ({args.chunk_size}) times 1, 2, 5 or 10, "
+                 f"dividing --chunks ({args.chunks})")
 
     n = args.chunks * args.chunk_size
     try:
@@ -303,16 +378,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         d = lambda name: os.path.join(base, name)  # noqa: E731
         prof = args.profile
-        plain = ConsumeSide("consume, plain acks", d("plain"), payloads, "plain", prof)
-        cum = ConsumeSide("consume, txn cumulative ack", d("cum"), payloads, "txn-cumulative", prof)
-        lst = ConsumeSide("consume, txn ack list", d("list"), payloads, "txn-list", prof)
-        pipe = ConsumeSide("consume, txn cum., async commit", d("pipe"), payloads, "txn-pipelined", prof)
-        produce = TxnProduceSide("txn produce (send_async)", d("produce"), payloads, prof)
         ctp = CtpSide("consume-transform-produce", d("ctp"), payloads, prof)
-        plain_ctp = CtpSide("plain c-t-p (no transaction)", d("plain-ctp"), payloads, prof, transactional=False)
+        tables = [TablesCtpSide(f"tables c-t-p ({args.chunk_size}/table)", d("tables"), payloads, prof)]
+        if per_table > 1:
+            tables.append(TablesCtpSide(f"tables c-t-p ({table_size}/table)", d("big-tables"), payloads, prof,
+                                        per_table))
+        sides: list[Side] = [ctp, *tables]
+        if not args.tables_only:
+            plain = ConsumeSide("consume, plain acks", d("plain"), payloads, "plain", prof)
+            cum = ConsumeSide("consume, txn cumulative ack", d("cum"), payloads, "txn-cumulative", prof)
+            lst = ConsumeSide("consume, txn ack list", d("list"), payloads, "txn-list", prof)
+            pipe = ConsumeSide("consume, txn cum., async commit", d("pipe"), payloads, "txn-pipelined", prof)
+            produce = TxnProduceSide("txn produce (send_async)", d("produce"), payloads, prof)
+            plain_ctp = CtpSide("plain c-t-p (no transaction)", d("plain-ctp"), payloads, prof, transactional=False)
+            sides = [plain, cum, lst, pipe, produce, ctp, plain_ctp, *tables]
         os.sync()  # the seeding's write-back must not land in the timed phase (it slows every file create)
-        print(f"seeded {6 * n:,} messages in {time.perf_counter() - t0:.1f} s (untimed)")
-        sides: list[Side] = [plain, cum, lst, pipe, produce, ctp, plain_ctp]
+        print(f"seeded {(len(sides) - 1) * n:,} messages in {time.perf_counter() - t0:.1f} s (untimed)")
         run(sides, args.chunks)
         for s in sides:
             s.check(n)
@@ -321,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
 
     print()
-    print(f"{'side':30s} {'wall s':>8s} {'msg/s':>10s} {'MB/s':>7s} {'cpu s':>7s}")
+    print(f"{'side':32s} {'wall s':>8s} {'msg/s':>10s} {'MB/s':>7s} {'cpu s':>7s}")
     for s in sides:
-        print(f"{s.name:30s} {s.wall:8.2f} {s.rate():10,.0f} {s.rate() * args.message_size / 1e6:7.1f} {s.cpu:7.2f}")
-    rows = [
+        print(f"{s.name:32s} {s.wall:8.2f} {s.rate():10,.0f} {s.rate() * args.message_size / 1e6:7.1f} {s.cpu:7.2f}")
+    rows = [] if args.tables_only else [
         ("txn cumulative ack / plain acks", cum, plain, TARGET_CONSUME),
         ("txn ack list / plain acks", lst, plain, TARGET_CONSUME),
         ("txn cumulative, async commit / plain acks", pipe, plain, TARGET_CONSUME),
@@ -341,9 +422,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         flag = "ok" if ratio >= target else "BELOW TARGET"
         print(f"{label:42s} {ratio:6.2f} {cpu_ratio:6.2f} {'>= ' + str(target):>7s}  {flag}")
-    ceiling = produce.wall / (produce.wall + plain.wall)
-    cpu_ceiling = produce.cpu / (produce.cpu + plain.cpu)
-    print(f"{'c-t-p ceiling (free transactional ack)':42s} {ceiling:6.2f} {cpu_ceiling:6.2f} {'report':>7s}")
+    if not args.tables_only:
+        ceiling = produce.wall / (produce.wall + plain.wall)
+        cpu_ceiling = produce.cpu / (produce.cpu + plain.cpu)
+        print(f"{'c-t-p ceiling (free transactional ack)':42s} {ceiling:6.2f} {cpu_ceiling:6.2f} {'report':>7s}")
+    for side in tables:
+        rows = side.n * side.per_table
+        print_round_ratio(f"tables c-t-p, {rows}-row tables / c-t-p", side, ctp, TARGET_TABLES)
+        print(f"  (a transaction per table of {rows} rows, against one per {args.chunk_size} messages"
+              f"{': the same transaction size' if side.per_table == 1 else ''})")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     if args.profile:
         for s in sides:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 
 from pulsartx.admin.topics import TopicsAdmin
-from pulsartx.client.routing import partition_for_key
+from pulsartx.client.routing import partitions_for_keys
 from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
 from pulsartx.log.partition import PartitionLog, records_from_arrow, shared_log
 from pulsartx.naming import TopicName
@@ -138,13 +138,8 @@ class TaskAppender:
         self.round_robin += m
         if not self._has_values(rows, "__key"):
             return rr
-        keys = rows.column("__key")
-        uniq = pc.unique(keys)
-        by_key = {k: partition_for_key(k, n) for k in uniq.to_pylist() if k is not None}
-        idx = pc.index_in(keys, value_set=uniq).to_numpy(zero_copy_only=False)
-        table = np.array([by_key.get(k, -1) for k in uniq.to_pylist()], dtype=np.int64)
-        keyed = table[np.nan_to_num(idx.astype(float), nan=0).astype(np.int64)]
-        return np.where(pc.is_null(keys).to_numpy(zero_copy_only=False), rr, keyed)
+        keyed = partitions_for_keys(rows.column("__key"), n)
+        return np.where(keyed < 0, rr, keyed)
 
     # ---- appending --------------------------------------------------------------------------------
     def add(self, batch: pa.RecordBatch) -> None:

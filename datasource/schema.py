@@ -1,18 +1,16 @@
-"""The Spark-facing row shape of a topic, and the conversion from stored records to it.
+"""The Spark-facing row shape of a topic: its pyspark schema, and projections of it.
 
-The column names follow the pulsar-spark connector (``value`` plus ``__``-prefixed metadata) so
-queries written against Pulsar port over. The Arrow schema must equal what pyspark derives from the
-Spark schema (``to_arrow_schema(schema, timezone="UTC")``), type for type and nullability for
-nullability: pyspark rejects any other RecordBatch with ``DATA_SOURCE_RETURN_SCHEMA_MISMATCH``.
+The rows themselves (Arrow schema, conversion from stored records) are the client's too
+(``Consumer.receive_table``), so they live in :mod:`pulsartx.log.rows`, which this module
+re-exports. The Arrow schema must equal what pyspark derives from the Spark schema
+(``to_arrow_schema(schema, timezone="UTC")``), type for type and nullability for nullability:
+pyspark rejects any other RecordBatch with ``DATA_SOURCE_RETURN_SCHEMA_MISMATCH``.
 ``tests/test_spark_read.py`` checks the two stay equal.
-
-pyarrow and numpy are imported lazily: this module is loaded by the discovery shim in every
-Python worker's data-source lookup, which should not pay for them.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
     BinaryType,
@@ -24,6 +22,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from pulsartx.log.rows import ROW_SCHEMA, STORED_COLUMN, message_ids, rows_from_records
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,14 +42,10 @@ SPARK_SCHEMA = StructType([
     StructField("__messageProperties", MapType(StringType(), StringType())),
 ])
 
-# The stored record column each Spark column is built from; None: derived from the partition and
-# the offset. A read projected to some columns reads only their stored columns.
-STORED_COLUMN: dict[str, str | None] = {
-    "value": "value", "__key": "key", "__topic": None, "__partition": None, "__offset": None,
-    "__messageId": None, "__publishTime": "publish_time", "__eventTime": "event_time",
-    "__messageProperties": "properties",
-}
 ALL_COLUMNS: tuple[str, ...] = tuple(SPARK_SCHEMA.fieldNames())
+assert ALL_COLUMNS == tuple(ROW_SCHEMA.names), "SPARK_SCHEMA and pulsartx.log.rows.ROW_SCHEMA must match"
+__all__ = ["ALL_COLUMNS", "FULL", "SPARK_SCHEMA", "STORED_COLUMN", "Projection", "arrow_schema", "message_ids",
+           "projection", "spark_batches", "to_spark_table"]
 
 # RecordBatches handed to Spark stay around this size, so a partition of large messages does not
 # become one huge Arrow buffer in the JVM.
@@ -133,73 +129,16 @@ def arrow_schema(columns: Projection = FULL) -> pa.Schema:
     to ``columns`` (timestamps are UTC micros)."""
     import pyarrow as pa
 
-    full = _full_arrow_schema()
     if columns == FULL:
-        return full
-    return pa.schema([full.field(c).with_name(name) for name, c in zip(columns, columns.canonical, strict=True)])
-
-
-def _full_arrow_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    ts = pa.timestamp("us", tz="UTC")
-    return pa.schema([
-        pa.field("value", pa.binary()),
-        pa.field("__key", pa.string()),
-        pa.field("__topic", pa.string()),
-        pa.field("__partition", pa.int32()),
-        pa.field("__offset", pa.int64()),
-        pa.field("__messageId", pa.binary()),
-        pa.field("__publishTime", ts),
-        pa.field("__eventTime", ts),
-        pa.field("__messageProperties", pa.map_(pa.string(), pa.string())),
-    ])
-
-
-def message_ids(partition: int, offsets: Any) -> pa.Array:
-    """``MessageId(partition, offset).serialize()`` for a whole column at once.
-
-    Per-row ``struct.pack`` costs about a microsecond a row in the executor; a packed numpy record
-    array reinterpreted as fixed-size binary costs nothing per row. The layout must stay identical
-    to ``MessageId``'s ``">Biq"`` (format version 1, partition, offset; big-endian, unpadded).
-    """
-    import numpy as np
-    import pyarrow as pa
-
-    offs = np.asarray(offsets, dtype=np.int64)
-    rec = np.empty(len(offs), dtype=np.dtype([("version", "u1"), ("partition", ">i4"), ("offset", ">i8")]))
-    rec["version"] = 1
-    rec["partition"] = partition
-    rec["offset"] = offs
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(rec.itemsize), len(rec), [None, pa.py_buffer(rec)])
-    return fixed.cast(pa.binary())
+        return ROW_SCHEMA
+    return pa.schema([ROW_SCHEMA.field(c).with_name(name) for name, c in zip(columns, columns.canonical, strict=True)])
 
 
 def to_spark_table(records: pa.Table, topic: str, partition: int, columns: Projection = FULL) -> pa.Table:
     """Visible records of one partition as rows of :data:`SPARK_SCHEMA` (or of its projection to
-    ``columns``; only those are built).
-
-    Casts are explicit because delta-rs and parquet readers may hand back view or large types
-    (``binary_view``, ``string_view``) that pyspark refuses.
-    """
-    import pyarrow as pa
-
-    schema = arrow_schema(columns)
-    n = records.num_rows
-
-    def build(name: str, field: pa.Field) -> pa.ChunkedArray | pa.Array:
-        stored = STORED_COLUMN[name]
-        if stored is not None:
-            return records.column(stored).cast(field.type)
-        if name == "__topic":
-            return pa.repeat(pa.scalar(topic, pa.string()), n)
-        if name == "__partition":
-            return pa.repeat(pa.scalar(partition, pa.int32()), n)
-        offsets = records.column("offset").cast(pa.int64())
-        return offsets if name == "__offset" else message_ids(partition, offsets.to_numpy())
-
-    arrays = [build(name, field) for name, field in zip(columns.canonical, schema, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    ``columns``, in the user's spelling; only those are built)."""
+    rows = rows_from_records(records, topic, partition, columns.canonical)
+    return rows if tuple(columns) == columns.canonical else rows.rename_columns(list(columns))
 
 
 def spark_batches(table: pa.Table) -> Iterator[pa.RecordBatch]:

@@ -4,7 +4,7 @@ returns."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pulsartx.buffer.state import key_txn, txn_key
@@ -36,7 +36,7 @@ class Acknowledgement(ConsumerCore):
             if self._group_s == 0:
                 self._flush_acks()
             return
-        self._txn_ack(txn, by_part, lambda c, k, offs: c.txn_ack(k, offs))
+        self._txn_ack(txn, by_part, lambda c, k, part, offs: c.txn_ack(k, offs))
 
     def acknowledge_cumulative(self, message: Message | MessageId, txn: Any = None) -> None:
         """Acknowledge everything up to and including ``message`` on its partition."""
@@ -56,7 +56,8 @@ class Acknowledgement(ConsumerCore):
             if self._group_s == 0:
                 self._flush_acks()
             return
-        self._txn_ack(txn, {part: offs}, lambda c, k, offs: c.txn_ack_cumulative(k, offs[0]), cumulative=pos)
+        self._txn_ack(txn, {part: offs}, lambda c, k, part, offs: c.txn_ack_cumulative(k, offs[0]),
+                      cumulative={part: pos})
 
     def _group(self, message: Any) -> dict[PartitionState, list[int]]:
         items = message if isinstance(message, list | tuple | set) else [message]
@@ -78,8 +79,14 @@ class Acknowledgement(ConsumerCore):
             return self._parts[0]
         raise InvalidConfiguration(f"partition {index} is not part of {self._topic}")
 
-    def _txn_ack(self, txn: Any, by_part: dict[PartitionState, list[int]], apply, cumulative: int | None = None) -> None:
-        """ADD_SUBSCRIPTION (to the TC) and the PENDING_ACK writes (to the subscription's store) are
+    def _txn_ack(self, txn: Any, by_part: dict[PartitionState, list[int]],
+                 apply: Callable[[CursorState, int, PartitionState, list[int]], None],
+                 cumulative: Mapping[PartitionState, int] | None = None) -> None:
+        """Write ``apply(cursor, txn key, partition, offsets)`` to each partition's subscription
+        store; ``cumulative`` holds the partitions acknowledged cumulatively, with their position
+        (read once each write is done: a caller may choose while it writes).
+
+        ADD_SUBSCRIPTION (to the TC) and the PENDING_ACK writes (to the subscription's store) are
         appends to different tables, so they run side by side: one append of latency, not two.
 
         Why that is safe, though the pending ack may land before the TC lists the subscription:
@@ -100,23 +107,26 @@ class Acknowledgement(ConsumerCore):
                 fut.result()
             registering = []
         k = txn_key(*txn.id.as_tuple())
+        cumulative = {} if cumulative is None else cumulative
         released: dict[PartitionState, dict[int, float]] = {}  # per partition written: what left `held`
         failed = True
         try:
             for part, offs in by_part.items():
                 try:
                     try:
-                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                        part.store.update(lambda c, part=part, offs=offs: apply(c, k, part, offs))
                     except TransactionConflict:
                         if not self._settle_decided(part, k):
                             raise
-                        part.store.update(lambda c, offs=offs: apply(c, k, offs))
+                        part.store.update(lambda c, part=part, offs=offs: apply(c, k, part, offs))
                 except TransactionConflict as e:
                     txn._mark_conflict(e)
                     raise
                 with self._lock:
-                    gone = [o for o in part.held if o <= cumulative] if cumulative is not None else offs
-                    released[part] = {o: part.held.pop(o) for o in gone if o in part.held}
+                    pos = cumulative.get(part)
+                    gone = [o for o in part.held if o <= pos] if pos is not None else offs
+                    held = part.held
+                    released[part] = {o: t for o in gone if (t := held.pop(o, None)) is not None}
                     part.cursor = None
             failed = False
         finally:
@@ -124,7 +134,7 @@ class Acknowledgement(ConsumerCore):
                 self._await_registration(txn, fut, by_part, released, cumulative, raise_error=not failed)
 
     def _await_registration(self, txn: Any, registering: Any, by_part: dict[PartitionState, list[int]],
-                            released: dict[PartitionState, dict[int, float]], cumulative: int | None,
+                            released: dict[PartitionState, dict[int, float]], cumulative: Mapping[PartitionState, int],
                             raise_error: bool) -> None:
         try:
             registering.result()
@@ -133,9 +143,10 @@ class Acknowledgement(ConsumerCore):
             # if never made: the messages stay with this consumer, no redelivery is counted).
             k = txn_key(*txn.id.as_tuple())
             for part, held in list(released.items()):
-                offs = [] if cumulative is not None else by_part[part]
+                pos = cumulative.get(part)
+                offs = [] if pos is not None else by_part[part]
                 try:
-                    part.store.update(lambda c, offs=offs: c.withdraw(k, offs, cumulative))
+                    part.store.update(lambda c, offs=offs, pos=pos: c.withdraw(k, offs, pos))
                 except PulsarException as undo:  # resolution returns them once the TC ended the txn
                     log.warning("taking back the pending acks of %s on %s after its failed registration "
                                 "failed (they return when the transaction ends): %s", txn.id, part.topic, undo)

@@ -2,8 +2,8 @@
 cumulative, negative, transactional), redelivery, and Exclusive / Failover / Shared / Key_Shared types.
 
 There is no broker to dispatch, so each consumer dispatches to itself from storage. Its concerns
-live in their own modules: :mod:`~pulsartx.client.receiving`, :mod:`~pulsartx.client.acknowledgement`
-and :mod:`~pulsartx.client.redelivery`; this one holds the subscription's lifecycle (subscribe,
+live in their own modules: :mod:`~pulsartx.client.receiving`, :mod:`~pulsartx.client.acknowledgement`,
+:mod:`~pulsartx.client.redelivery` and :mod:`~pulsartx.client.tables` (Arrow tables); this one holds the subscription's lifecycle (subscribe,
 leases, seek, unsubscribe, close) and the background work (ack grouping, lease renewal, the
 unacked timeout).
 
@@ -27,6 +27,7 @@ from pulsartx.client.idle import IdleWait
 from pulsartx.client.key_shared import KeySharedDispatch
 from pulsartx.client.receiving import Receiving
 from pulsartx.client.redelivery import Redelivery
+from pulsartx.client.tables import TableConsumer
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "ConsumerDeadLetterPolicy", "ConsumerType", "InitialPosition"]
 
 
-class Consumer(Receiving, Acknowledgement, Redelivery):
+class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
     @checked_keywords()
     def __init__(self, client: Client, topic: str, subscription_name: str,
                  consumer_type: ConsumerType = ConsumerType.Exclusive,

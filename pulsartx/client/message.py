@@ -33,6 +33,16 @@ class Records:
             col = self._cols[name] = self._decode(name)
         return col
 
+    def select(self, rows: Any) -> Any:
+        """The records at these row indices (ascending), as a pyarrow Table: a slice, not a copy,
+        when they are contiguous (a table receive's usual case)."""
+        import numpy as np
+        import pyarrow as pa
+
+        if len(rows) and (np.diff(rows) == 1).all():
+            return self._table.slice(int(rows[0]), len(rows))
+        return self._table.take(pa.array(rows, pa.int64()))
+
     def _decode(self, name: str) -> list:
         import pyarrow as pa
         import pyarrow.compute as pc

@@ -1,4 +1,5 @@
-"""Producer, with pulsar-client's names: batching, sync and async sends, idempotent sequence ids.
+"""Producer, with pulsar-client's names: batching, sync and async sends, idempotent sequence ids
+(and ``send_table``, Arrow tables through the same append path: :mod:`~pulsartx.client.table_sending`).
 
 Messages are queued per (partition, transaction) and each queue is appended as one Delta commit
 when it holds ``batching_max_messages`` messages, when ``batching_max_publish_delay_ms`` has
@@ -22,6 +23,7 @@ from pulsartx import forks
 from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
+from pulsartx.client.table_sending import TableSending
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -31,7 +33,7 @@ from pulsartx.exceptions import (
 )
 from pulsartx.log.compression import DEFAULT_COMPRESSION, CompressionType
 from pulsartx.log.message_id import MessageId
-from pulsartx.log.partition import build_records, shared_log
+from pulsartx.log.partition import AppendResult, build_records, shared_log
 from pulsartx.naming import TopicName
 from pulsartx.suggest import checked_keywords, keyword_defaults, refuse_unknown
 
@@ -69,7 +71,7 @@ class _Pending:
             self.done.set()
 
 
-class Producer:
+class Producer(TableSending):
     @checked_keywords()
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_publish_delay_ms: int = 10,
@@ -208,12 +210,15 @@ class Producer:
     def _describe(self) -> str:
         return f"producer {self._name} on {self._topic}"
 
-    def _enqueue(self, content, callback, properties, partition_key, sequence_id, event_timestamp, txn,
-                 sync: bool = False) -> _Pending:
+    def _check_open(self) -> None:
         if self._made != forks.generation:
             forks.check(self._made, self._describe)
         if self._closed:
             raise AlreadyClosed(f"producer {self._name} on {self._topic} is closed")
+
+    def _enqueue(self, content, callback, properties, partition_key, sequence_id, event_timestamp, txn,
+                 sync: bool = False) -> _Pending:
+        self._check_open()
         if not isinstance(content, bytes | bytearray | memoryview):
             raise InvalidConfiguration(f"content must be bytes, got {type(content).__name__}: encode strings first")
         check_message_fields(partition_key, properties)  # before queueing: a bad field must not fail its batch
@@ -308,23 +313,13 @@ class Producer:
 
     def _append_numbered(self, key: tuple[int, Any], batch: list[_Pending], registered: bool) -> None:
         part, txn = key
-        plog = self._logs[part]
         try:
-            txn_bits = None
-            if txn is not None:
-                txn_bits = txn._before_append(plog.topic, registered)
-            records = build_records(
+            res = self._write(part, txn, registered, lambda txn_bits: build_records(
                 [p.content for p in batch], keys=[p.key for p in batch], properties=[p.properties for p in batch],
                 event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
-                sequence_ids=[p.sequence_id for p in batch], txn=txn_bits)
-            res = plog.append(records, producer_name=self._name, compression=self._compression)
-            if txn is not None:
-                txn._after_append(plog.topic, res)
+                sequence_ids=[p.sequence_id for p in batch], txn=txn_bits))
         except PulsarException as e:
             self._fail(batch, e)
-            return
-        except Exception as e:  # storage errors surface as PulsarException to callers
-            self._fail(batch, PulsarException(f"send to {plog.topic} failed: {short_cause(e)}"))
             return
         for p, off in zip(batch, res.offsets, strict=True):
             # A deduplicated message was persisted earlier; Pulsar reports it without a new position.
@@ -332,6 +327,26 @@ class Producer:
             p.finish(mid)
             if p.callback is not None:
                 self._run_callback(p.callback, Result.Ok, mid)
+
+    def _write(self, part: int, txn: Any, registered: bool, build: Callable[[tuple[int, int] | None], Any]
+               ) -> AppendResult:
+        """Append the records ``build(txn_bits)`` makes as one commit: the one append path of
+        ``send``, ``send_async`` and ``send_table`` (the transaction's partition registered first,
+        deduplicated by this producer's name and sequence ids, its entries recorded for the
+        commit marker). Called under the partition's append lock, with sequence ids assigned."""
+        plog = self._logs[part]
+        try:
+            txn_bits = None
+            if txn is not None:
+                txn_bits = txn._before_append(plog.topic, registered)
+            res = plog.append(build(txn_bits), producer_name=self._name, compression=self._compression)
+            if txn is not None:
+                txn._after_append(plog.topic, res)
+            return res
+        except PulsarException:
+            raise
+        except Exception as e:  # storage errors surface as PulsarException to callers
+            raise PulsarException(f"send to {plog.topic} failed: {short_cause(e)}") from e
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)

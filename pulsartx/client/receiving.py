@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, ConsumerType, PartitionState, now_ms
 from pulsartx.client.message import Message, Records
@@ -24,6 +24,26 @@ from pulsartx.subscription.store import Claim
 
 log = logging.getLogger("pulsartx.client.consumer")
 RESOLVE_EVERY_S = 0.5
+
+
+@dataclass
+class Fetched:
+    """One fetch's deliverable messages: rows of ``records`` by index, or (Key_Shared) messages
+    made already; ``skipped``: offsets passed (markers, invisible data), to acknowledge."""
+
+    cursor: CursorState
+    skipped: list[int]
+    records: Records | None = None
+    rows: list[int] = field(default_factory=list)
+    msgs: list[Message] | None = None
+
+    def messages(self, rows: list[int] | None = None) -> list[Message]:
+        """As Messages (all, or those of ``rows``)."""
+        if self.msgs is not None:
+            return self.msgs
+        assert self.records is not None
+        records, offsets = self.records, self.records.offsets
+        return [Message(records, i, offsets[i]) for i in (self.rows if rows is None else rows)]
 
 
 class Receiving(ConsumerCore):
@@ -136,6 +156,15 @@ class Receiving(ConsumerCore):
     def _fill(self, part: PartitionState) -> None:
         if part.queue:
             return
+        got = self._fetch(part)
+        if got is not None:
+            self._enqueue(part, got.cursor, got.messages(), got.skipped)
+
+    def _fetch(self, part: PartitionState, max_messages: int | None = None) -> Fetched | None:
+        """What this consumer may deliver next on ``part`` (claimed, for Shared and Key_Shared),
+        read from storage, at most ``max_messages`` (default: what the receiver queue takes, up to
+        FETCH_MAX); None when nothing is."""
+        most = min(self._queue_size, FETCH_MAX) if max_messages is None else max_messages
         # Local state first, the cursor after: an ack or redelivery-count bump that leaves the local
         # lists before this snapshot has landed in storage, so the cursor read below includes it.
         # (Read the other way round, a flush landing in between made an acked message deliverable
@@ -153,7 +182,7 @@ class Receiving(ConsumerCore):
         part.cursor_commit = part.store.log.next_commit()  # before the read: later changes are awaited
         cursor = part.store.cursor()
         if cursor is None or cursor.deleted:
-            return
+            return None
         part.cursor = cursor
         self._resolve_pending(part, cursor)
         limit = part.visible.end_position()
@@ -186,27 +215,27 @@ class Receiving(ConsumerCore):
             msgs, skipped = self._key_shared.fetch(part, cursor, busy, limit, waiting,
                                                    min(self._queue_size, FETCH_MAX),
                                                    now_ms() + (self._unacked_timeout or self._lease_ms))
-            self._enqueue(part, cursor, msgs, skipped)
-            return
-        candidates = list(busy.gaps(cursor.mark_delete + 1, limit, min(self._queue_size, FETCH_MAX)))
+            return Fetched(cursor, skipped, msgs=msgs)
+        candidates = busy.gap_list(cursor.mark_delete + 1, limit, most)
         if not candidates:
-            return
+            return None
         if self._type is ConsumerType.Shared:
             candidates = self._claim(part, candidates, cursor.mark_delete)
             if not candidates:
-                return
+                return None
         table = part.visible.log.read(candidates[0], candidates[-1] + 1)
         records = Records(part.visible.visible(table), part.message_topic or str(part.topic.base), part.index)
+        offsets = records.offsets
         if candidates[-1] - candidates[0] + 1 == len(candidates):  # no gap: every record read is wanted
-            msgs = [Message(records, i, o) for i, o in enumerate(records.offsets)]
+            rows = list(range(len(offsets)))
         else:
             wanted = set(candidates)
-            msgs = [Message(records, i, o) for i, o in enumerate(records.offsets) if o in wanted]
+            rows = [i for i, o in enumerate(offsets) if o in wanted]
         skipped = []
-        if len(msgs) < len(candidates):
-            delivered = {m._offset for m in msgs}
+        if len(rows) < len(candidates):
+            delivered = {offsets[i] for i in rows}
             skipped = [o for o in candidates if o not in delivered and o < limit]
-        self._enqueue(part, cursor, msgs, skipped)
+        return Fetched(cursor, skipped, records, rows)
 
     def _enqueue(self, part: PartitionState, cursor: CursorState, msgs: list[Message], skipped: list[int]) -> None:
         if cursor.redelivery:

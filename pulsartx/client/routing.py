@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def java_string_hash(key: str) -> int:
@@ -18,6 +23,16 @@ def partition_for_key(key: str, num_partitions: int) -> int:
     """Pulsar's ``signSafeMod(JavaStringHash.makeHash(key), n)``, where ``makeHash`` is
     ``hashCode() & Integer.MAX_VALUE``: the same key always lands on the same partition."""
     return (java_string_hash(key) & 0x7FFFFFFF) % num_partitions
+
+
+def partitions_for_keys(keys: pa.Array | pa.ChunkedArray, num_partitions: int) -> np.ndarray:
+    """:func:`partition_for_key` of a whole key column (int64), -1 where the key is null: each
+    distinct key is hashed once, so a batch costs its distinct keys, not its rows, in Python."""
+    uniq = pc.unique(keys)
+    table = np.array([-1 if k is None else partition_for_key(k, num_partitions) for k in uniq.to_pylist()],
+                     dtype=np.int64)
+    idx: Any = pc.index_in(keys, value_set=uniq)  # null keys find the null in ``uniq``
+    return table[idx.to_numpy(zero_copy_only=False).astype(np.int64)] if len(uniq) else np.zeros(0, np.int64)
 
 
 class RoundRobin:

@@ -108,6 +108,26 @@ class RangeSet:
         i = bisect.bisect_right(self._starts, b) - 1
         return i >= 0 and self._ends[i] >= a
 
+    def gap_list(self, a: int, b: int, limit: int | None = None) -> list[int]:
+        """``list(gaps(a, b, limit))``, built a run at a time: a consumer's fetch takes thousands
+        of offsets, which the generator yields at a Python step each."""
+        out: list[int] = []
+        o = a
+        i = max(0, bisect.bisect_right(self._starts, a) - 1)
+        starts, ends = self._starts, self._ends
+        while o < b and (limit is None or len(out) < limit):
+            while i < len(starts) and ends[i] < o:
+                i += 1
+            if i < len(starts) and starts[i] <= o:
+                o = ends[i] + 1
+                continue
+            stop = b if i >= len(starts) else min(b, starts[i])
+            if limit is not None:
+                stop = min(stop, o + limit - len(out))
+            out.extend(range(o, stop))
+            o = stop
+        return out
+
     def gaps(self, a: int, b: int, limit: int | None = None) -> Iterator[int]:
         """Offsets in ``[a, b)`` not in the set, in order (at most ``limit``)."""
         n = 0
