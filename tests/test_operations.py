@@ -244,6 +244,7 @@ def test_retention_bounds_the_aborted_set_and_old_files_stay_hidden(tmp_path):
         txn = client.new_transaction()
         producer.send(f"t{i}".encode(), txn=txn)
         (txn.commit if i % 2 else txn.abort)()
+    client.flush()  # commit() and abort() return at the decision; the markers this test counts follow
     part = TopicName.parse("a-partition-0")
     plog = PartitionLog(client.root, part)
     old_files = plog.refresh().files
