@@ -125,16 +125,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _kill_driver_only(proc: Any) -> tuple[list[int], float]:
+def _kill_driver_only(proc: Any) -> tuple[list[int], list[int], float]:
     """SIGKILL the driver JVM alone (spark-submit execs it): its workers and keeper are left to
-    notice. Returns the processes that were below it, and the monotonic time of the kill."""
+    notice. Returns the processes that were below it, the keepers among them, and the monotonic
+    time of the kill."""
     with open(f"/proc/{proc.pid}/comm") as f:
         assert f.read().strip() == "java"
     tree = descendants(proc.pid)
+    keepers = _keepers(tree)
+    assert len(keepers) == 1, f"{len(keepers)} keep-alive processes for one driver and root"
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     proc.wait(60)
-    return tree, killed
+    return tree, keepers, killed
 
 
 def _unblocked_after(root: str, topic: str, client: Any, killed: float) -> float:
@@ -147,10 +150,8 @@ def _unblocked_after(root: str, topic: str, client: Any, killed: float) -> float
     return time.monotonic() - killed
 
 
-def _reap(tree: list[int]) -> None:
+def _reap(tree: list[int], keepers: list[int]) -> None:
     """The keeper exits by itself once its driver is gone; everything else left is killed."""
-    keepers = _keepers(tree)
-    assert keepers, "no keep-alive process was started"
     deadline = time.monotonic() + KILL_MS / 1000 + SLACK_S
     while any(_alive(p) for p in keepers):
         assert time.monotonic() < deadline, f"keeper(s) {keepers} outlived their driver"
@@ -173,10 +174,10 @@ def test_a_driver_killed_mid_batch_holds_readers_only_for_the_short_timeout(clie
         # Alive: held OPEN well past its timeout.
         time.sleep(2 * KILL_MS / 1000)
         assert txn_status(root, ev["txn"]) == "OPEN"
-        tree, killed = _kill_driver_only(job.proc)
+        tree, keepers, killed = _kill_driver_only(job.proc)
         took = _unblocked_after(root, OUT, client, killed)
         assert txn_status(root, ev["txn"]) == "ABORTED", took
-        _reap(tree)
+        _reap(tree, keepers)
     finally:
         job.kill()
     pipe.produce(20)
@@ -203,10 +204,10 @@ def test_a_driver_killed_mid_job_holds_readers_only_for_the_short_timeout(client
         ev = job.wait_event("hanging_mid_write", timeout=600)
         time.sleep(2 * KILL_MS / 1000)
         assert txn_status(root, ev["txn"]) == "OPEN"
-        tree, killed = _kill_driver_only(job.proc)
+        tree, keepers, killed = _kill_driver_only(job.proc)
         _unblocked_after(root, "x", client, killed)
         assert txn_status(root, ev["txn"]) == "ABORTED"
-        _reap(tree)
+        _reap(tree, keepers)
     finally:
         job.kill()
     assert [m[3] for m in committed_messages(root, "x")] == ["plain"]
