@@ -46,9 +46,8 @@ log = logging.getLogger("pulsartx.commit_protocol.keepalive")
 DRIVER_PROPERTY = "pulsartx.keepAlive.driver"  # "<host>:<jvm pid>:<jvm start>" of the driver keeping it alive
 TIMEOUT_PROPERTY = "pulsartx.keepAlive.timeoutMs"  # how far each extension moves the deadline
 DEFAULT_TIMEOUT_MS = 30_000
-# How long the keeper sleeps between looks when it keeps nothing (it learns a new transaction's
-# timeout only by finding it): a fraction of the shortest timeout it was started for.
-MIN_TICK_S = 0.05
+MIN_TICK_S = 0.05  # the shortest sleep between two looks (timeouts of a fraction of a second)
+LIVENESS_S = 0.5  # how often the keeper process looks for its driver
 
 
 @dataclass(frozen=True)
@@ -231,23 +230,26 @@ def ensure_keeper(root: StorageRoot, driver: Driver, timeout_ms: int) -> int | N
 def keeper_loop(root: StorageRoot, driver: Driver, timeout_ms: int,
                 stop: Callable[[], bool] = lambda: False) -> None:
     """Extend every OPEN transaction of ``driver`` on ``root`` while the driver lives: each TC log
-    is read (one probe when nothing changed) every third of the shortest timeout seen."""
+    is read (one probe when nothing changed) every third of the shortest timeout seen, and the
+    driver is looked for every LIVENESS_S, so the keeper does not linger once it is gone."""
     tcs = Coordinators.shared(root)
-    shortest = timeout_ms
+    next_scan = 0.0
     while not stop():
         if not driver.alive():
             log.info("driver %s is gone: the keep-alive of its transactions ends", driver.identity)
             return
-        seen = 0
-        for tc_id in range(tcs.count):
-            try:
-                metas = [m for m in tcs.tc(tc_id).transactions(refresh=True) if m.status is TxnStatus.OPEN]
-                t, _ = extend_due(tcs, metas, driver)
-                seen = t if not seen else min(seen, t or seen)
-            except Exception as e:
-                log.warning("keep-alive: TC %d of %s cannot be read now (retrying): %s", tc_id, root.url, e)
-        shortest = min(timeout_ms, seen) if seen else timeout_ms
-        time.sleep(max(MIN_TICK_S, shortest / 3000.0))
+        if time.monotonic() >= next_scan:
+            seen = 0
+            for tc_id in range(tcs.count):
+                try:
+                    metas = [m for m in tcs.tc(tc_id).transactions(refresh=True) if m.status is TxnStatus.OPEN]
+                    t, _ = extend_due(tcs, metas, driver)
+                    seen = t if not seen else min(seen, t or seen)
+                except Exception as e:
+                    log.warning("keep-alive: TC %d of %s cannot be read now (retrying): %s", tc_id, root.url, e)
+            shortest = min(timeout_ms, seen) if seen else timeout_ms
+            next_scan = time.monotonic() + max(MIN_TICK_S, shortest / 3000.0)
+        time.sleep(max(MIN_TICK_S, min(LIVENESS_S, next_scan - time.monotonic())))
 
 
 def main() -> None:
