@@ -155,25 +155,31 @@ class _LocalKeeper:
                     self.cond.wait()
                 tick = min(self.txns.values()) / 3000.0
                 txns = list(self.txns)
-            if not self.driver.alive():
-                with self.cond:
-                    self.txns.clear()
-                continue
-            tcs = Coordinators.shared(self.root)
-            metas = []
-            for t in txns:
-                try:
-                    metas.append(tcs.for_txn(t).get(t, refresh=True))
-                except PulsarException:
-                    with self.cond:
-                        self.txns.pop(t, None)
-                except Exception as e:
-                    log.warning("keep-alive of transaction %s: cannot read it (retrying): %s", t, e)
-            _, gone = extend_due(tcs, metas, self.driver)
-            with self.cond:
-                for t in gone:
-                    self.txns.pop(t, None)
+            try:
+                self._look(txns)
+            except Exception as e:  # the thread must survive anything: the next look may succeed
+                log.warning("keep-alive of %s failed (retrying): %s", [str(t) for t in txns], e)
             time.sleep(max(MIN_TICK_S, tick))
+
+    def _look(self, txns: list[TxnID]) -> None:
+        if not self.driver.alive():
+            with self.cond:
+                self.txns.clear()
+            return
+        tcs = Coordinators.shared(self.root)
+        metas = []
+        for t in txns:
+            try:
+                metas.append(tcs.for_txn(t).get(t, refresh=True))
+            except PulsarException:
+                with self.cond:
+                    self.txns.pop(t, None)
+            except Exception as e:
+                log.warning("keep-alive of transaction %s: cannot read it (retrying): %s", t, e)
+        _, gone = extend_due(tcs, metas, self.driver)
+        with self.cond:
+            for t in gone:
+                self.txns.pop(t, None)
 
 
 _local: dict[tuple[str, str], _LocalKeeper] = {}
