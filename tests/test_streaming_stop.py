@@ -74,6 +74,27 @@ def test_stop_mid_batch_aborts_its_transaction_at_once(spark: Any, client: Any, 
     assert out == Counter([f"m{i}" for i in range(10)] + ["plain"])
 
 
+def _without_accumulator_eof(lines: list[str]) -> list[str]:
+    """The output without pyspark's own accumulator-server traceback, which a stop landing during
+    the sink's commit can make the driver print: ``stop()`` interrupts the query thread, which runs
+    the commit through a Python runner and then merges the runner's accumulator updates over
+    Spark's accumulator channel, a NIO channel that Java closes when its thread is interrupted; the
+    driver's accumulator server (pyspark/accumulators.py) then reads EOF and socketserver prints the
+    EOFError between two dashed lines. None of pulsartx's code runs in either place. Only that exact
+    block is left out: any other line still counts."""
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i] == "-" * 40 and "Exception occurred during processing of request" in (lines[i + 1:i + 2] or [""])[0]:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == "-" * 40), None)
+            block = lines[i:end]
+            if end is not None and block[-1] == "EOFError" and any("pyspark/accumulators.py" in x for x in block):
+                i = end + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    return out
+
+
 def _key(tmp_path: Path) -> str:
     from pulsartx.commit_protocol.microbatch import query_transaction_key
 
@@ -110,7 +131,8 @@ def test_a_stop_at_any_moment_of_a_batch_is_quiet_and_loses_nothing(spark: Any, 
     assert done["event"] == "done", job.output()
     assert [e["event"] for e in job.events() if e["event"] != "holding"] == ["session", "started", "stopped", "done"]
     assert job.events("holding")[0]["where"] == moment
-    noisy = [line for line in job.log_path.read_text().splitlines() if any(n in line for n in NOISE)]
+    noisy = [line for line in _without_accumulator_eof(job.log_path.read_text().splitlines())
+             if any(n in line for n in NOISE)]
     assert noisy == [], job.output()
 
     statuses = {m.status.value for m in sink_txns(client, _key(tmp_path))}
