@@ -13,7 +13,8 @@ worker, and carries only the storage root and the TxnID. Everything else is in s
 3. ``commit(messages)`` → :meth:`JobTransaction.commit` logs COMMITTING *with the reported entries*
    and writes markers that list them: entries of failed or speculative attempts, which no report
    names, are never visible. A driver that dies after COMMITTING is finished by TC recovery from
-   the logged entries; one that dies before it leaves an OPEN transaction that times out (within the short keep-alive timeout).
+   the logged entries; one that dies before it leaves an OPEN transaction that times out, within
+   the short keep-alive timeout.
 4. ``abort(messages)`` → ABORT markers at once, so readers are unblocked immediately.
 """
 from __future__ import annotations

@@ -45,7 +45,6 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger("pulsartx.commit_protocol.keepalive")
 DRIVER_PROPERTY = "pulsartx.keepAlive.driver"  # "<host>:<jvm pid>:<jvm start>" of the driver keeping it alive
 TIMEOUT_PROPERTY = "pulsartx.keepAlive.timeoutMs"  # how far each extension moves the deadline
-DEFAULT_TIMEOUT_MS = 30_000
 MIN_TICK_S = 0.05  # the shortest sleep between two looks (timeouts of a fraction of a second)
 LIVENESS_S = 0.5  # how often the keeper process looks for its driver
 
@@ -69,7 +68,8 @@ class Driver:
 
     def alive(self) -> bool:
         try:
-            stat = open(f"/proc/{self.pid}/stat").read()
+            with open(f"/proc/{self.pid}/stat") as f:
+                stat = f.read()
         except FileNotFoundError:
             return False
         except OSError:
