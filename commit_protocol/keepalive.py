@@ -47,6 +47,7 @@ DRIVER_PROPERTY = "pulsartx.keepAlive.driver"  # "<host>:<jvm pid>:<jvm start>" 
 TIMEOUT_PROPERTY = "pulsartx.keepAlive.timeoutMs"  # how far each extension moves the deadline
 MIN_TICK_S = 0.05  # the shortest sleep between two looks (timeouts of a fraction of a second)
 LIVENESS_S = 0.5  # how often the keeper process looks for its driver
+IDLE_EXIT_S = 60.0  # a keeper with nothing to keep this long leaves (the next transaction starts one)
 
 
 @dataclass(frozen=True)
@@ -233,29 +234,64 @@ def ensure_keeper(root: StorageRoot, driver: Driver, timeout_ms: int) -> int | N
 
 
 # ---- the keeper process -----------------------------------------------------------------------------
-def keeper_loop(root: StorageRoot, driver: Driver, timeout_ms: int,
+def keeper_loop(root: StorageRoot, driver: Driver, timeout_ms: int, lock_fd: int | None = None,
                 stop: Callable[[], bool] = lambda: False) -> None:
     """Extend every OPEN transaction of ``driver`` on ``root`` while the driver lives: each TC log
     is read (one probe when nothing changed) every third of the shortest timeout seen, and the
-    driver is looked for every LIVENESS_S, so the keeper does not linger once it is gone."""
+    driver is looked for every LIVENESS_S, so the keeper does not linger once it is gone. It also
+    leaves after IDLE_EXIT_S without a transaction to keep (see :func:`_leave_idle`), and at once
+    when a local root has been deleted."""
     tcs = Coordinators.shared(root)
-    next_scan = 0.0
+    next_scan, idle_since = 0.0, time.monotonic()
     while not stop():
         if not driver.alive():
             log.info("driver %s is gone: the keep-alive of its transactions ends", driver.identity)
             return
+        if root.is_local and not os.path.isdir(root.url):
+            return
         if time.monotonic() >= next_scan:
-            seen = 0
-            for tc_id in range(tcs.count):
-                try:
-                    metas = [m for m in tcs.tc(tc_id).transactions(refresh=True) if m.status is TxnStatus.OPEN]
-                    t, _ = extend_due(tcs, metas, driver)
-                    seen = t if not seen else min(seen, t or seen)
-                except Exception as e:
-                    log.warning("keep-alive: TC %d of %s cannot be read now (retrying): %s", tc_id, root.url, e)
-            shortest = min(timeout_ms, seen) if seen else timeout_ms
+            seen = _scan(tcs, root, driver)
+            if seen != 0:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_EXIT_S and _leave_idle(tcs, root, driver, lock_fd):
+                return
+            shortest = min(timeout_ms, seen) if seen > 0 else timeout_ms
             next_scan = time.monotonic() + max(MIN_TICK_S, shortest / 3000.0)
         time.sleep(max(MIN_TICK_S, min(LIVENESS_S, next_scan - time.monotonic())))
+
+
+def _scan(tcs: Coordinators, root: StorageRoot, driver: Driver) -> int:
+    """One look at every TC log, extending what is due. Returns the shortest keep-alive timeout of
+    the driver's OPEN transactions, 0 when it has none, -1 when a log could not be read."""
+    seen = 0
+    for tc_id in range(tcs.count):
+        try:
+            metas = [m for m in tcs.tc(tc_id).transactions(refresh=True) if m.status is TxnStatus.OPEN]
+        except Exception as e:
+            log.warning("keep-alive: TC %d of %s cannot be read now (retrying): %s", tc_id, root.url, e)
+            seen = seen or -1
+            continue
+        t, _ = extend_due(tcs, metas, driver)
+        if t:
+            seen = t if seen <= 0 else min(seen, t)
+    return seen
+
+
+def _leave_idle(tcs: Coordinators, root: StorageRoot, driver: Driver, lock_fd: int | None) -> bool:
+    """Release the keeper's lock, then look once more: a transaction begun before a starter found
+    the lock held is in the TC log by then (it is written before its starter looks at the lock), so
+    it is seen here, and the keeper takes the lock back and stays, unless a new keeper has taken
+    it meanwhile (then that one keeps it). True: leave."""
+    if lock_fd is None:
+        return True
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    if _scan(tcs, root, driver) == 0:
+        return True
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True  # a new keeper runs
+    return False
 
 
 def main() -> None:
@@ -263,7 +299,7 @@ def main() -> None:
     root, driver, timeout_ms = pickle.loads(sys.stdin.buffer.read())
     logging.basicConfig(level=logging.WARNING, format="pulsartx keep-alive %(levelname)s %(message)s")
     try:
-        keeper_loop(root, driver, timeout_ms)
+        keeper_loop(root, driver, timeout_ms, lock_fd)
     finally:
         os.close(lock_fd)
     os._exit(0)  # deltalake may abort at interpreter exit (docs/design/deltalake-in-processes.md)

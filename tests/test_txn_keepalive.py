@@ -114,3 +114,30 @@ def test_keeper_process_keeps_a_transaction_alive_while_its_driver_lives(client)
             time.sleep(0.1)
     finally:
         proc.kill()
+
+
+def test_an_idle_keeper_leaves_and_hands_its_lock_on(client, monkeypatch):
+    """With nothing to keep for IDLE_EXIT_S the keeper releases its lock and leaves (the next
+    transaction starts a new one); while one of its driver's transactions is OPEN it stays."""
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(keepalive, "IDLE_EXIT_S", 0.5)
+    proc, driver = _stand_in_driver()
+    try:
+        fd = os.open(keepalive.lock_path(client.root, driver), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        tc = client._coordinators().tc(0)
+        m = tc.new_transaction(3_000, partitions=[P], properties=keepalive.properties(3_000, driver))
+        stop = threading.Event()
+        t = threading.Thread(target=keepalive.keeper_loop, args=(client.root, driver, 3_000, fd, stop.is_set))
+        t.start()
+        t.join(4.0)
+        assert t.is_alive() and _status_after(tc, m.txn_id) is TxnStatus.OPEN  # kept: past its 3 s
+        tc.end_transaction(m.txn_id, TxnAction.COMMIT)
+        t.join(10.0)
+        assert not t.is_alive(), "an idle keeper did not leave"
+        assert keepalive.ensure_keeper(client.root, driver, 3_000) is not None  # the lock was released
+        os.close(fd)
+    finally:
+        proc.kill()
