@@ -6,13 +6,15 @@ different Python processes (docs/design/spark-job-state-in-storage.md), so nothi
 worker, and carries only the storage root and the TxnID. Everything else is in storage:
 
 1. ``writer()`` → :meth:`JobTransaction.begin` logs NEW on a TC (and ADD_PARTITION for every
-   partition it already knows), with a timeout long jobs can live with.
+   partition it already knows), with a short timeout that the driver keeps extending while it
+   lives (``keepalive.py``): a long job lives, a dead driver's transaction aborts soon.
 2. each task attempt appends through the idempotent-producer path (``task.py``) and reports
    exactly the entries it appended in its :class:`TaskReport`;
 3. ``commit(messages)`` → :meth:`JobTransaction.commit` logs COMMITTING *with the reported entries*
    and writes markers that list them: entries of failed or speculative attempts, which no report
    names, are never visible. A driver that dies after COMMITTING is finished by TC recovery from
-   the logged entries; one that dies before it leaves an OPEN transaction that times out.
+   the logged entries; one that dies before it leaves an OPEN transaction that times out, within
+   the short keep-alive timeout.
 4. ``abort(messages)`` → ABORT markers at once, so readers are unblocked immediately.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from pulsartx.commit_protocol import keepalive
 from pulsartx.commit_protocol.driver import driver_coordinators
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -56,14 +59,20 @@ class JobTransaction:
     @classmethod
     def begin(cls, root: StorageRoot, *, transactional: bool = True, timeout_ms: int = DEFAULT_JOB_TIMEOUT_MS,
               producer_name: str | None = None, partitions: Iterable[str] = (),
-              properties: dict[str, str] | None = None) -> JobTransaction:
+              properties: dict[str, str] | None = None, keep_alive: bool = False) -> JobTransaction:
+        """``keep_alive``: ``timeout_ms`` is a short timeout that the driver extends while it lives
+        (:mod:`keepalive`), rather than the job's whole budget."""
         prefix = producer_name or f"spark-{uuid.uuid4().hex[:12]}"
         if not transactional:
             return cls(root, None, prefix, timeout_ms)
         tcs = driver_coordinators(root, recover_on_open=True)
         tc = tcs.tc(tcs.pick())
         parts = sorted(set(partitions))
+        if keep_alive:
+            properties = {**(properties or {}), **keepalive.properties(timeout_ms)}
         meta = tc.new_transaction(timeout_ms, owner=None, properties=properties, partitions=parts)
+        if keep_alive:
+            keepalive.keep_alive(root, meta.txn_id, timeout_ms)
         log.info("write job began transaction %s on TC %d (%d partition(s) registered, timeout %d ms)",
                  meta.txn_id, tc.tc_id, len(parts), timeout_ms)
         return cls(root, meta.txn_id, prefix, timeout_ms)

@@ -28,7 +28,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pulsartx.commit_protocol import handoff
+from pulsartx.commit_protocol import handoff, keepalive
 from pulsartx.commit_protocol.driver import driver_coordinators, driver_jvm
 from pulsartx.commit_protocol.job import JobTransaction
 from pyspark.sql.datasource import WriterCommitMessage
@@ -94,7 +94,9 @@ class MicroBatchTransaction:
     @classmethod
     def begin(cls, root: StorageRoot, key: str, checkpoint: str | None, *, timeout_ms: int,
               producer_name: str | None = None, connection: str | None = None,
-              partitions: frozenset[str] = frozenset()) -> MicroBatchTransaction:
+              partitions: frozenset[str] = frozenset(), keep_alive: bool = False) -> MicroBatchTransaction:
+        """``keep_alive``: ``timeout_ms`` is a short timeout that the driver extends while it lives
+        (:mod:`keepalive`), rather than the batch's whole budget."""
 
         tcs = driver_coordinators(root)
         keys = tcs.key_store_of(full_key(OWNER, key))
@@ -102,7 +104,11 @@ class MicroBatchTransaction:
         if previous:
             fence_all(tcs, previous, f"fenced: transaction key {key!r} taken over by a new run (epoch {epoch})")
         tc = tcs.tc(tcs.pick())  # the driver's leased TC; the key's epoch stays on the TC it hashes to
-        meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch, partitions=partitions)
+        props = keepalive.properties(timeout_ms) if keep_alive else None
+        meta = tc.new_transaction(timeout_ms, owner=OWNER, transaction_key=key, epoch=epoch, partitions=partitions,
+                                  properties=props)
+        if keep_alive:
+            keepalive.keep_alive(root, meta.txn_id, timeout_ms)
         try:
             earlier = keys.attach(OWNER, key, epoch, meta.txn_id)
         except NotAllowedError:

@@ -128,9 +128,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Spark's query checkpoint; the sink needs it (or `transactionKey`) for exactly-once.",
                default_text="`spark.sql.streaming.checkpointLocation`"),
     OptionSpec("transactionTimeoutMs", _WRITES, "integer >= 1",
-               "The transaction's timeout in milliseconds: an abandoned job's transaction aborts after it.",
-               default=3_600_000, defaults=((WRITE_STREAM, 600_000),), minimum=1,
-               default_text="write: 3600000 (1 h); writeStream: 600000 (10 min)"),
+               "The transaction's timeout in milliseconds. With `transactionKeepAlive` the driver extends it "
+               "while the job or micro-batch runs, so it bounds how long a dead driver's transaction holds "
+               "READ_COMMITTED readers back, not how long a job may run.",
+               default=30_000, minimum=1, default_text="30000 (30 s)"),
+    OptionSpec("transactionKeepAlive", _WRITES, "boolean",
+               "`true`: a keeper on the driver's host extends the transaction by `transactionTimeoutMs` every "
+               "third of it while the driver JVM lives. `false`: `transactionTimeoutMs` is the job's or "
+               "micro-batch's whole budget.", default=True),
     OptionSpec("producerName", _WRITES, "string without `&`",
                "The producer name recorded with the written messages.", default_text="generated"),
     OptionSpec("createTopic", _WRITES, "boolean",

@@ -224,6 +224,7 @@ def parse_options(options: Mapping[str, str], *, require_topic: bool = True, use
 # ---- write options ------------------------------------------------------------------------------
 PRODUCER_NAME = spec("producerName").name
 TRANSACTION_TIMEOUT_MS = spec("transactionTimeoutMs").name
+TRANSACTION_KEEP_ALIVE = spec("transactionKeepAlive").name
 CREATE_TOPIC = spec("createTopic").name
 PARTITIONS = spec("partitions").name
 TRANSACTIONAL = spec("transactional").name
@@ -255,6 +256,7 @@ class WriteOptions:
     transactional: bool
     save_mode: str
     compression: str = "NONE"  # CompressionType name: the payload column's parquet codec
+    keep_alive: bool = True  # the driver extends transaction_timeout_ms while it lives
 
 
 def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOptions:
@@ -279,6 +281,7 @@ def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOp
     return WriteOptions(
         root=resolve_root(opts), topic=topic, producer_name=producer,
         transaction_timeout_ms=table_int(opts, TRANSACTION_TIMEOUT_MS, use),
+        keep_alive=table_bool(opts, TRANSACTION_KEEP_ALIVE, use),
         create_topic=table_bool(opts, CREATE_TOPIC, use), partitions=table_int(opts, PARTITIONS, use),
         transactional=table_bool(opts, TRANSACTIONAL, use), save_mode=save_mode,
         compression=CompressionType.parse(opts.get(COMPRESSION_TYPE.lower()), option=f"option {COMPRESSION_TYPE}").value)

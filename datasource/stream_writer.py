@@ -18,10 +18,8 @@ from pulsartx.datasource.option_table import WRITE_STREAM
 from pulsartx.datasource.options import (
     CHECKPOINT_LOCATION,
     TRANSACTION_KEY,
-    TRANSACTION_TIMEOUT_MS,
     _lower,
     parse_write_options,
-    table_int,
 )
 from pulsartx.datasource.writer import TaskWriting, resolve_targets
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
@@ -59,16 +57,17 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
         raise InvalidConfiguration("option transactional=false is not supported by the streaming sink: every "
                                    "micro-batch is one transaction")
     key = query_transaction_key(checkpoint, explicit)
-    timeout = table_int(raw, TRANSACTION_TIMEOUT_MS, WRITE_STREAM)
+    timeout = opts.transaction_timeout_ms
     columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
     create = opts.partitions if opts.create_topic else None
     if in_sink_runner():
-        return PulsarTxStreamWriter(None, opts.root, key, checkpoint, timeout, opts.topic, counts, create,
-                                    registered, columns, skip)
+        return PulsarTxStreamWriter(None, opts.root, key, checkpoint, timeout, opts.keep_alive, opts.topic, counts,
+                                    create, registered, columns, skip)
     mbt = MicroBatchTransaction.begin(opts.root, key, checkpoint, timeout_ms=timeout,
-                                      producer_name=opts.producer_name, partitions=registered)
-    writer = PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.topic, counts, create, registered,
-                                  columns, skip)
+                                      producer_name=opts.producer_name, partitions=registered,
+                                      keep_alive=opts.keep_alive)
+    writer = PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.keep_alive, opts.topic, counts,
+                                  create, registered, columns, skip)
     writer.compression = opts.compression
     return writer
 
@@ -76,13 +75,14 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
 @spark_facing
 class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
     def __init__(self, mbt: MicroBatchTransaction | None, root: StorageRoot, key: str, checkpoint: str | None,
-                 timeout_ms: int, *args):
+                 timeout_ms: int, keep_alive: bool, *args):
         super().__init__(mbt.job if mbt is not None else JobTransaction(root, None, f"stream-{key}", timeout_ms), *args)
         self.mbt = mbt
         self.root = root
         self.key = key
         self.checkpoint = checkpoint
         self.timeout_ms = timeout_ms
+        self.keep_alive = keep_alive
 
     def _batch_txn(self, messages: list[WriterCommitMessage | None]) -> MicroBatchTransaction | None:
         return MicroBatchTransaction.for_commit(self.root, self.key, self.checkpoint, self.timeout_ms, messages)
@@ -91,7 +91,8 @@ class PulsarTxStreamWriter(TaskWriting, DataSourceStreamArrowWriter):
         mbt = self._batch_txn(messages)
         if mbt is None:
             # No task wrote anything; the input may still need acknowledging, atomically as always.
-            mbt = MicroBatchTransaction.begin(self.root, self.key, self.checkpoint, timeout_ms=self.timeout_ms)
+            mbt = MicroBatchTransaction.begin(self.root, self.key, self.checkpoint, timeout_ms=self.timeout_ms,
+                                              keep_alive=self.keep_alive)
         mbt.commit(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803

@@ -124,7 +124,7 @@ def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> Pu
     columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
     job = JobTransaction.begin(opts.root, transactional=opts.transactional and not skip,
                                timeout_ms=opts.transaction_timeout_ms, producer_name=opts.producer_name,
-                               partitions=registered)
+                               partitions=registered, keep_alive=opts.keep_alive)
     create = opts.partitions if opts.create_topic else None
     writer = PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
     writer.compression = opts.compression

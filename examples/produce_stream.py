@@ -2,6 +2,11 @@
 
     PYSPARK_PYTHON=$(which python) spark-submit --properties-file conf/spark-defaults.conf \\
         examples/produce_stream.py [--topic events] [--rows-per-second 1000] [--seconds 30]
+
+After ``--seconds`` it stops at the next batch boundary, once a batch with rows has committed (a
+busy machine may spend the whole time starting up), and prints how many messages the run added to
+the topic, as a READ_COMMITTED read counts them. A stop in the middle of a batch would be clean
+too: that batch's transaction is aborted, and the next run writes its rows.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ def main() -> int:
     client = pulsartx.Client(args.service_url)
     root = client.root.url
     client.admin.ensure_topic(args.topic, partitions=args.partitions)
+    before = committed_count(spark, root, args.topic)
     rate = spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
     events = rate.select(
         F.to_json(F.struct("timestamp", "value")).alias("value"),
@@ -46,12 +52,40 @@ def main() -> int:
     print(f"rate source -> {args.topic}: {args.rows_per_second} rows/s")
     if args.seconds:
         time.sleep(args.seconds)
-        query.stop()
+        stop_after_a_batch(query, grace_s=STOP_GRACE_S)
     else:
         query.awaitTermination()
-    print(f"done; last progress: {query.lastProgress and query.lastProgress['numInputRows']} rows in the last batch")
+    if query.exception() is not None:
+        print(f"the query failed: {query.exception()}", file=sys.stderr)
+        return 1
+    wrote = committed_count(spark, root, args.topic) - before
+    print(f"wrote {wrote} messages to {args.topic} in {len(query.recentProgress)} micro-batches")
     spark.stop()
     return 0
+
+
+STOP_GRACE_S = 300  # how long past --seconds to wait for a batch with rows to commit
+
+
+def committed_count(spark: SparkSession, root: str, topic: str) -> int:
+    """The topic's messages as a READ_COMMITTED reader sees them."""
+    return spark.read.format("pulsartx").option("service.url", root).option("topic", topic).load().count()
+
+
+def stop_after_a_batch(query, grace_s: float) -> None:
+    """Stop once a batch that began after now has completed (the stop then lands between two
+    batches, or early in the next one), and one with rows has committed; at most ``grace_s`` on."""
+    def last_batch() -> int:
+        p = query.lastProgress
+        return -1 if p is None else p["batchId"]
+
+    seen = last_batch()
+    deadline = time.monotonic() + grace_s
+    while query.isActive and time.monotonic() < deadline:
+        if last_batch() > seen and any(p["numInputRows"] for p in query.recentProgress):
+            break
+        time.sleep(0.05)
+    query.stop()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pulsartx import forks, metrics
 from pulsartx.coordinator.completer import Completer
@@ -252,6 +252,33 @@ class TransactionCoordinator:
             if subs <= meta.subscriptions:
                 return None
             return new, MetadataOp.ADD_SUBSCRIPTION
+
+        return self._cas(txn_id, prepare)
+
+    def extend(self, txn_id: TxnID, timeout_ms: int) -> TxnMeta:
+        """Move an OPEN transaction's deadline to ``timeout_ms`` from now: the keep-alive of a
+        transaction whose owner is still working on it (a Spark driver's micro-batch or job),
+        so its own timeout can stay short enough to free readers soon after the owner dies.
+
+        A compare-and-set on the transaction's entry, like every status change: a concurrent
+        decision (a commit, a reader aborting it as expired) wins or loses whole. An extension
+        never resurrects anything: a transaction already past its deadline at the compare-and-set
+        raises ExpiredTransactionError (whoever looks next aborts it), one no longer OPEN raises
+        InvalidTxnStatusError. The deadline only moves forward."""
+        if timeout_ms < 1:
+            raise ValueError(f"timeout_ms={timeout_ms}: must be >= 1")
+
+        def prepare(meta: TxnMeta):
+            _check_usable(meta)  # fenced/timed out, or OPEN past its deadline: ExpiredTransactionError
+            if meta.status is not TxnStatus.OPEN:
+                raise InvalidTxnStatusError(f"cannot extend transaction {txn_id}: it is {meta.status.value}"
+                                            + (f" ({meta.reason})" if meta.reason else "")
+                                            + ", and only OPEN transactions can be kept alive")
+            t = now_ms()
+            wanted = t + int(timeout_ms) - meta.start_ms
+            if wanted <= meta.timeout_ms:
+                return None  # the deadline is already that far: nothing to write
+            return replace(meta, timeout_ms=wanted, last_modified_ms=t, seq=meta.seq + 1), MetadataOp.UPDATE
 
         return self._cas(txn_id, prepare)
 

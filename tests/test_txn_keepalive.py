@@ -1,0 +1,143 @@
+"""Transaction keep-alive without Spark: ``TransactionCoordinator.extend`` (a compare-and-set that
+moves an OPEN transaction's deadline and never resurrects an expired one), and the keeper process
+of commit_protocol/keepalive.py, driven by a stand-in "driver" process that the test kills.
+
+Spark-level behaviour (micro-batches, write jobs, a SIGKILLed driver) is in test_streaming_keepalive.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from pulsartx.commit_protocol import keepalive
+
+import pulsartx
+from pulsartx.coordinator.coordinator import CoordinatorConfig, now_ms
+from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError
+from pulsartx.naming import TopicName
+
+KEEP = CoordinatorConfig(compact_every=10**6, recovery_grace_ms=0)
+
+
+@pytest.fixture
+def client(root):
+    c = pulsartx.Client(root, num_coordinators=2, coordinator_config=KEEP)
+    c.admin.create_topic("kt", 1)
+    yield c
+    c.close()
+
+
+P = str(TopicName.parse("kt-partition-0"))
+
+
+def test_extend_moves_the_deadline_of_an_open_transaction(client):
+    tc = client._coordinators().tc(0)
+    m = tc.new_transaction(1_000)
+    tc.add_partitions(m.txn_id, [P])
+    before = now_ms()
+    e = tc.extend(m.txn_id, 60_000)
+    assert e.status is TxnStatus.OPEN and e.seq == 2 and e.start_ms == m.start_ms
+    assert before + 60_000 <= e.start_ms + e.timeout_ms <= now_ms() + 60_000
+    # durable: another process's view has the new deadline
+    other = pulsartx.Client(client.root.url, num_coordinators=2, coordinator_config=KEEP)
+    try:
+        assert other._coordinators().tc(0).get(m.txn_id).timeout_ms == e.timeout_ms
+    finally:
+        other.close()
+    # never shortens: a smaller extension writes nothing
+    assert tc.extend(m.txn_id, 10) == e
+    time.sleep(1.2)  # past the original timeout: the extension holds it open
+    assert tc.sweep().timed_out == 0
+    assert tc.end_transaction(m.txn_id, TxnAction.COMMIT).status is TxnStatus.COMMITTED
+
+
+def test_extend_refuses_an_expired_or_ended_transaction(client):
+    tc = client._coordinators().tc(1)
+    expired = tc.new_transaction(200, partitions=[P])
+    time.sleep(0.3)
+    with pytest.raises(ExpiredTransactionError, match="passed its timeout"):
+        tc.extend(expired.txn_id, 60_000)
+    assert tc.get(expired.txn_id).status is TxnStatus.OPEN  # not resurrected: still past its deadline
+    assert tc.abort_expired(expired.txn_id).status is TxnStatus.ABORTED
+    with pytest.raises(ExpiredTransactionError, match="timed out"):
+        tc.extend(expired.txn_id, 60_000)
+    ended = tc.new_transaction(60_000, partitions=[P])
+    tc.end_transaction(ended.txn_id, TxnAction.COMMIT)
+    with pytest.raises(InvalidTxnStatusError, match="it is COMMITTED.*only OPEN transactions can be kept alive"):
+        tc.extend(ended.txn_id, 60_000)
+    with pytest.raises(ValueError):
+        tc.extend(ended.txn_id, 0)
+
+
+def _stand_in_driver() -> tuple[subprocess.Popen, keepalive.Driver]:
+    """A process playing the driver JVM: the keeper watches its pid and start time."""
+    proc = subprocess.Popen(["sleep", "600"])
+    start = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    return proc, keepalive.Driver(os.uname().nodename, proc.pid, start)
+
+
+def _status_after(tc, txn_id) -> TxnStatus:
+    """What a READ_COMMITTED reader resolves: an OPEN transaction past its deadline is aborted."""
+    meta = tc.get(txn_id, refresh=True)
+    if meta.expired(now_ms()):
+        meta = tc.abort_expired(txn_id)
+    return meta.status
+
+
+def test_keeper_process_keeps_a_transaction_alive_while_its_driver_lives(client):
+    """Timeout 3 s (the keeper process starts in about 1-2 s); the keeper process, which knows the
+    transaction only from the TC log (no thread of this process helps), holds it OPEN for 8 s; once the driver is killed the
+    transaction aborts within the timeout."""
+    proc, driver = _stand_in_driver()
+    try:
+        tc = client._coordinators().tc(0)
+        m = tc.new_transaction(3_000, partitions=[P], properties=keepalive.properties(3_000, driver))
+        pid = keepalive.ensure_keeper(client.root, driver, 3_000)
+        assert pid is not None
+        assert keepalive.ensure_keeper(client.root, driver, 3_000) is None  # exactly one keeper
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            assert _status_after(tc, m.txn_id) is TxnStatus.OPEN
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        killed = time.monotonic()
+        while _status_after(tc, m.txn_id) is TxnStatus.OPEN:
+            assert time.monotonic() - killed < 3.0 + 1.0, "not aborted within the timeout after the driver died"
+            time.sleep(0.05)
+        assert tc.get(m.txn_id).status is TxnStatus.ABORTED and tc.get(m.txn_id).reason == "timed out"
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]:
+            assert time.monotonic() < deadline, "the keeper outlived its driver"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+
+
+def test_an_idle_keeper_leaves_and_hands_its_lock_on(client, monkeypatch):
+    """With nothing to keep for IDLE_EXIT_S the keeper releases its lock and leaves (the next
+    transaction starts a new one); while one of its driver's transactions is OPEN it stays."""
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(keepalive, "IDLE_EXIT_S", 0.5)
+    proc, driver = _stand_in_driver()
+    try:
+        fd = os.open(keepalive.lock_path(client.root, driver), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        tc = client._coordinators().tc(0)
+        m = tc.new_transaction(3_000, partitions=[P], properties=keepalive.properties(3_000, driver))
+        stop = threading.Event()
+        t = threading.Thread(target=keepalive.keeper_loop, args=(client.root, driver, 3_000, fd, stop.is_set))
+        t.start()
+        t.join(4.0)
+        assert t.is_alive() and _status_after(tc, m.txn_id) is TxnStatus.OPEN  # kept: past its 3 s
+        tc.end_transaction(m.txn_id, TxnAction.COMMIT)
+        t.join(10.0)
+        assert not t.is_alive(), "an idle keeper did not leave"
+        assert keepalive.ensure_keeper(client.root, driver, 3_000) is not None  # the lock was released
+        os.close(fd)
+    finally:
+        proc.kill()
