@@ -257,8 +257,15 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for part, off in parts.items():
                 p = TopicName.parse(topic).with_partition(int(part))
                 store = self._store(p)
-                if store.exists() and off > 0:
-                    store.update(lambda c, off=off: c.ack_cumulative(off - 1))
+                if not store.exists() or off <= 0:
+                    continue
+                # Read the cursor fresh first: the sink acknowledged the batch in another process, so
+                # this process's cached state is stale, and an update planned on it attempts a
+                # write (a data file and a commit, lost to the sink's) before finding nothing to do.
+                cursor = store.cursor()
+                if cursor is not None and not cursor.deleted and cursor.mark_delete >= off - 1:
+                    continue
+                store.update(lambda c, off=off: c.ack_cumulative(off - 1))
         handoff.forget(self.root, self.opts.subscription, end)
 
     def stop(self) -> None:
