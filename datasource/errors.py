@@ -25,6 +25,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from pulsartx.datasource.profiling import profiled
+
 HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
 NOTE = "pulsartx traceback, for debugging:\n"
 # The methods of DataSource, its readers and writers that pyspark calls.
@@ -85,7 +87,8 @@ def _iterating(it: Iterator[Any]) -> Iterator[Any]:
 
 def spark_facing(cls: C) -> C:
     """Class decorator: every Spark-called method the class (or a base of ours) defines leads its
-    pulsartx errors with their message."""
+    pulsartx errors with their message, and is CPU-profiled when ``PULSARTX_PROFILE_DIR`` is set
+    (:mod:`pulsartx.datasource.profiling`)."""
     for name in SPARK_METHODS:
         owner = next((k for k in cls.__mro__ if name in vars(k)), None)
         if owner is None or not owner.__module__.startswith(("pulsartx.datasource.", "pulsartx.commit_protocol.")):
@@ -93,5 +96,5 @@ def spark_facing(cls: C) -> C:
         fn = vars(owner)[name]
         if isinstance(fn, classmethod | staticmethod) or getattr(fn, "__wrapped__", None) is not None:
             continue
-        setattr(cls, name, _outermost(fn))
+        setattr(cls, name, profiled(_outermost(fn), f"{cls.__name__}.{name}"))
     return cls

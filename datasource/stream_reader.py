@@ -174,11 +174,11 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         n = self.opts.max_entries_per_trigger
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
-    def _available(self, start: Offsets) -> tuple[Offsets, dict[str, int]]:
+    def _available(self, start: Offsets, partitions: list[TopicName]) -> tuple[Offsets, dict[str, int]]:
         """(end offsets if everything available were read, backlog per partition)."""
         end: Offsets = {t: dict(ps) for t, ps in start.items()}
         backlog: dict[str, int] = {}
-        for p in self._partitions():
+        for p in partitions:
             s = _get(start, p)
             if s is None:  # a partition that appeared since the query started (topicsPattern, growth)
                 s = self._log(p).refresh().start_offset if self.opts.subscription is None else self._starting(p)
@@ -193,10 +193,11 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end, backlog
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        end, backlog = self._available(start)
+        partitions = self._partitions()  # listed once per batch: each listing reads the topics' metadata
+        end, backlog = self._available(start, partitions)
         if isinstance(limit, ReadMaxRows):
             backlog = spread(limit.max_rows, backlog)
-        for p in self._partitions():
+        for p in partitions:
             b = backlog.get(str(p), 0)
             if b:
                 end[p.base.short][str(p.partition)] += b
@@ -257,8 +258,15 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for part, off in parts.items():
                 p = TopicName.parse(topic).with_partition(int(part))
                 store = self._store(p)
-                if store.exists() and off > 0:
-                    store.update(lambda c, off=off: c.ack_cumulative(off - 1))
+                if not store.exists() or off <= 0:
+                    continue
+                # Read the cursor fresh first: the sink acknowledged the batch in another process, so
+                # this process's cached state is stale, and an update planned on it attempts a
+                # write (a data file and a commit, lost to the sink's) before finding nothing to do.
+                cursor = store.cursor()
+                if cursor is not None and not cursor.deleted and cursor.mark_delete >= off - 1:
+                    continue
+                store.update(lambda c, off=off: c.ack_cumulative(off - 1))
         handoff.forget(self.root, self.opts.subscription, end)
 
     def stop(self) -> None:

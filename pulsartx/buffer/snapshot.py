@@ -112,7 +112,7 @@ class SnapshotStore:
             t = delta.open_table(self.root, *self.segments)
             if t is None:
                 return None
-            live = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
+            live = [str(p) for p in delta.add_actions(t).column("path").to_pylist()]
         files = [self.root.fs_path(*self.segments, p) for p in live]
         if not files:
             return None

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pulsartx.storage.delta import parse_stats
+from pulsartx.storage.delta import add_actions, parse_stats
 
 
 @dataclass(frozen=True, order=True)
@@ -82,7 +82,7 @@ class FileIndex:
 
     def load_snapshot(self, table: Any) -> None:
         """Build from a DeltaTable snapshot: one call, whatever the number of commits."""
-        acts = pa.table(table.get_add_actions(flatten=True))
+        acts = add_actions(table)
         n = acts.num_rows
 
         def col(name: str, micros: bool = False) -> list[Any]:

@@ -14,7 +14,6 @@ import json
 import time
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.log.index import FileIndex
@@ -53,7 +52,7 @@ def consume_rate(root: StorageRoot, cursor_segments: tuple[str, ...], window_s: 
     table = delta.open_table(root, *cursor_segments)
     if table is None:
         return 0.0
-    files = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    files = delta.add_actions(table).column("path").to_pylist()
     if not files:
         return 0.0
     paths = [root.fs_path(*cursor_segments, str(f)) for f in files]

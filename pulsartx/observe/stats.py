@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsartx.buffer.buffer import TransactionBuffer
@@ -47,7 +46,7 @@ def consumers_of(root: StorageRoot, topic: TopicName, subscription: str, now_ms:
     table = delta.open_table(root, *segments)
     if table is None:
         return None, []
-    files = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    files = delta.add_actions(table).column("path").to_pylist()
     rows: dict[str, dict[str, Any]] = {}
     for r in delta.read_parquet(root, [root.fs_path(*segments, str(f)) for f in files], LEASE_SCHEMA).to_pylist():
         if r["key"] not in rows or r["seq"] > rows[r["key"]]["seq"]:

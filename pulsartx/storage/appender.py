@@ -158,7 +158,7 @@ def _snapshot_max(table: Any, column: str, uri: str) -> int | None:
     """The maximum of ``column`` over a snapshot's files, from their statistics (None: no files)."""
     import pyarrow.compute as pc
 
-    adds = pa.table(table.get_add_actions(flatten=True))
+    adds = delta.add_actions(table)
     if adds.num_rows == 0:
         return None
     name = f"max.{column}"

@@ -84,7 +84,7 @@ class KeyedLog:
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
         self._check_schema(t)
-        files = [str(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()]
+        files = [str(p) for p in delta.add_actions(t).column("path").to_pylist()]
         # Rows first: a reload that fails must leave the log marked for reloading, never a new file
         # list over missing rows (a compaction would then keep only the rows read since).
         self._reopen = True
@@ -393,7 +393,7 @@ class KeyedLog:
                 writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps)
             else:
                 writer.write_with_deltalake(live, mode="overwrite", apps=apps)
-                self._active = {str(p) for p in pa.table(writer.table.get_add_actions(flatten=True)).column("path")
+                self._active = {str(p) for p in delta.add_actions(writer.table).column("path")
                                 .to_pylist()}
         except delta.ConcurrentCommit as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
