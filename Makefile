@@ -39,9 +39,12 @@ demo: $(RUNTIME)
 pipeline: $(RUNTIME)
 	$(SPARK_SUBMIT) examples/exactly_once_pipeline.py --seed 10000 --available-now
 
+# Two pytest workers, each with its own SparkSession (and its own Ceph RGW for the rgw tests); a
+# test file stays on one worker. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: $(DEV)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The reliability suites at full scale: crash matrix 10 points x 20 seeds on local disk and on Ceph RGW,
 # the 9-process soak for 5 minutes on both, the storage-fault matrix (every fault class, 45 s each, on

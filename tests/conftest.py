@@ -88,6 +88,23 @@ def storage_backends() -> list[str]:
     return choices[value]
 
 
+# The files that take a minute or more, longest first. They are collected first, so that the
+# workers of `make test` (pytest-xdist, one file per worker at a time) start them early and none is
+# left running alone at the end while the other worker idles.
+LONG_FILES = (
+    "tests/test_streaming_crash.py", "tests/test_readme.py", "tests/test_cluster.py",
+    "tests/test_spark_write_crash.py", "tests/test_streaming_keepalive.py", "tests/test_spark_connect.py",
+    "tests/test_quickstart.py", "tests/reliability/test_crash_matrix.py", "tests/test_streaming_stop.py",
+    "tests/test_operator_actions_model.py", "tests/reliability/test_soak.py", "tests/test_install.py",
+    "tests/reliability/test_fault_matrix.py", "tests/reliability/test_security.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "local_only: inspects or damages local files; never runs on RGW")
 
