@@ -49,7 +49,6 @@ log = logging.getLogger("pulsartx.commit_protocol")
 BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
 COMMIT_REQUESTED_PROPERTY = "pulsartx.streaming.commitRequestedMs"  # sink's commit call, epoch ms
 OWNER = "spark-streaming"
-DEFAULT_MICROBATCH_TIMEOUT_MS = 600_000
 
 
 def query_transaction_key(checkpoint: str | None, explicit: str | None) -> str:
