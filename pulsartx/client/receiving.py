@@ -132,12 +132,23 @@ class Receiving(ConsumerCore):
                     msg = part.queue.popleft()
                     part.held[msg._offset] = time.monotonic()
                     return msg
+        # Each partition on its own: one whose fetch fails (a storage fault that lasts) must not
+        # starve the others, so its error surfaces only when no partition has anything.
+        failed: PulsarException | None = None
         for part in self._parts:
-            self._fill(part)
+            try:
+                self._fill(part)
+            except PulsarException as e:
+                failed = failed or e
         with self._lock:
             ready = [p for p in self._parts if p.queue]
             if not ready:
+                if failed is not None:
+                    raise failed
                 return None
+            if failed is not None:
+                log.info("receiving on %s goes on with the other partitions; a fetch failed: %s", self._topic,
+                         failed)
             part = ready[0] if len(ready) == 1 else min(ready, key=lambda p: (p.queue[0].publish_timestamp(), p.index))
             msg = part.queue.popleft()
             part.held[msg._offset] = time.monotonic()

@@ -185,11 +185,18 @@ class TableConsumer(ConsumerCore):
         n = len(self._parts)
         start = self._rr
         self._rr = (start + 1) % n  # the next call starts at the next partition: none starves
+        failed: PulsarException | None = None
         for i in range(n):
             part = self._parts[(start + i) % n]
             if room <= 0:
                 break
-            got = None if part.queue else self._fetch(part, min(room, TABLE_FETCH_MAX))
+            try:
+                got = None if part.queue else self._fetch(part, min(room, TABLE_FETCH_MAX))
+            except PulsarException as e:
+                # The rows taken so far are held for this caller: a later partition's failed fetch
+                # must not drop them (they would stay held, undelivered), nor starve the others.
+                failed = failed or e
+                continue
             if got is None:
                 continue
             if got.records is None or (self._dead_letters is not None and got.cursor.redelivery):
@@ -207,6 +214,12 @@ class TableConsumer(ConsumerCore):
             if take:
                 out.append((got.records, take))
                 room -= len(take)
+        if failed is not None:
+            with self._lock:
+                queued = any(p.queue for p in self._parts)
+            if not out and not queued:
+                raise failed
+            log.info("receive_table on %s goes on with the other partitions; a fetch failed: %s", self._topic, failed)
         return out
 
     def _rows_of(self, queued: list[Message], fetched: list[tuple[Records, list[int]]]) -> pa.Table:

@@ -170,6 +170,33 @@ def test_non_monotonic_and_skipping_polls():
     assert counts(events, final) == {"skipped": 1}
 
 
+def test_acks_of_a_transaction_whose_end_raised_may_return_late_in_the_epoch():
+    """A commit that raised with its outcome unknown leaves the transaction OPEN with its pending
+    acks: the redelivery that follows cannot return them, so epoch 1 gets 3 first, and 0 when the TC
+    aborts the transaction (its timeout, an admin abort). Legitimate unless it committed, or the
+    process saw its end (then the redelivery itself returned them, in order)."""
+    t4 = (4, 1)
+
+    def run(ack_ok: bool, end_kind: str, end_f: str = "commit", status: str = "ABORTED") -> dict[str, int]:
+        events, final = base()
+        k = H("k")
+        k.ev("ok", "poll", consumer="k", epoch=0, topic="in", sub="s", msgs=[[0, 0, "a"]])
+        k.ev("ok", "begin", txn=list(t4)).ev("invoke", "ack", txn=list(t4), topic="in", sub="s", msgs=[[0, 0, "a"]])
+        if ack_ok:
+            k.ev("ok", "ack", txn=list(t4), topic="in", sub="s", msgs=[[0, 0, "a"]])
+        k.end(end_f, t4, kind=end_kind)
+        k.ev("ok", "poll", consumer="k", epoch=1, topic="in", sub="s", msgs=[[0, 3, "e"]])
+        k.ev("ok", "poll", consumer="k", epoch=1, topic="in", sub="s", msgs=[[0, 0, "a"]])
+        final.txn_status[t4] = status
+        return counts(events + k.events, final)
+
+    assert run(True, "info") == {}
+    assert run(False, "info", end_f="abort") == {}  # the ack raised, part of it may have landed
+    assert run(True, "ok", end_f="abort") == {"non_monotonic": 1}  # its abort returned: redelivery had them
+    assert run(True, "fail") == {"non_monotonic": 1}  # surely aborted when the commit answered
+    assert run(True, "info", status="COMMITTED") == {"non_monotonic": 1, "lost_ack": 1}
+
+
 def test_passing_over_what_the_subscription_already_acknowledged_is_no_skip():
     """Epoch 1 redelivers 0 (its transaction aborted) after 1 and 2 were acknowledged in committed
     transactions: going from 0 to 3 passes over 1 and 2 legitimately, but not over 2.5's twin x."""
