@@ -457,3 +457,33 @@ def test_a_subscribe_that_fails_after_taking_the_lease_releases_it(tmp_path, con
         with client.subscribe(TOPIC, "s1", consumer_type=consumer_type, initial_position=InitialPosition.Earliest,
                               lease_ms=60_000) as consumer:
             assert [m.data() for m in drain(consumer, ack=True)] == [b"m0", b"m1", b"m2"]
+
+
+@pytest.mark.parametrize("consumer_type", [ConsumerType.Exclusive, ConsumerType.Shared])
+def test_threads_receiving_on_one_consumer_never_get_the_same_message(client, consumer_type):
+    """pulsar-client's receive() may be called from several threads. Fails before the fix: two
+    threads that found the queue empty at once both fetched the same offsets, which were not yet
+    held, and both delivered them."""
+    import threading
+
+    seed(client, "threads", 600)
+    consumer = client.subscribe("threads", "s", consumer_type=consumer_type, receiver_queue_size=5,
+                                initial_position=InitialPosition.Earliest)
+    got: list[list[str]] = [[] for _ in range(4)]
+
+    def take(mine: list[str]) -> None:
+        while True:
+            try:
+                msg = consumer.receive(timeout_millis=500)
+            except Timeout:
+                return
+            mine.append(msg.data().decode())
+
+    threads = [threading.Thread(target=take, args=(g,)) for g in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [v for g in got for v in g]
+    assert sorted(everything) == sorted(names("m", range(600)))
+    consumer.close()

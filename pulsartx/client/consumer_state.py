@@ -73,6 +73,9 @@ class PartitionState:
     # The cursor log's next commit as of before the last cursor read: what an idle receive() awaits.
     cursor_commit: NextCommit | None = None
     message_topic: str = ""  # what Message.topic_name() says (pulsartx.naming.message_topic)
+    # Held from a fetch until what it took is queued or held: receive() may be called from several
+    # threads, and two fetches at once would both take the offsets neither had marked yet.
+    fetching: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def index(self) -> int:

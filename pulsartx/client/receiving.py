@@ -165,16 +165,18 @@ class Receiving(ConsumerCore):
         return self._active
 
     def _fill(self, part: PartitionState) -> None:
-        if part.queue:
-            return
-        got = self._fetch(part)
-        if got is not None:
-            self._enqueue(part, got.cursor, got.messages(), got.skipped)
+        with part.fetching:
+            if part.queue:
+                return
+            got = self._fetch(part)
+            if got is not None:
+                self._enqueue(part, got.cursor, got.messages(), got.skipped)
 
     def _fetch(self, part: PartitionState, max_messages: int | None = None) -> Fetched | None:
         """What this consumer may deliver next on ``part`` (claimed, for Shared and Key_Shared),
         read from storage, at most ``max_messages`` (default: what the receiver queue takes, up to
-        FETCH_MAX); None when nothing is."""
+        FETCH_MAX); None when nothing is. The caller holds ``part.fetching`` until it has queued or
+        held what it takes."""
         most = min(self._queue_size, FETCH_MAX) if max_messages is None else max_messages
         # Local state first, the cursor after: an ack or redelivery-count bump that leaves the local
         # lists before this snapshot has landed in storage, so the cursor read below includes it.

@@ -190,30 +190,31 @@ class TableConsumer(ConsumerCore):
             part = self._parts[(start + i) % n]
             if room <= 0:
                 break
-            try:
-                got = None if part.queue else self._fetch(part, min(room, TABLE_FETCH_MAX))
-            except PulsarException as e:
-                # The rows taken so far are held for this caller: a later partition's failed fetch
-                # must not drop them (they would stay held, undelivered), nor starve the others.
-                failed = failed or e
-                continue
-            if got is None:
-                continue
-            if got.records is None or (self._dead_letters is not None and got.cursor.redelivery):
-                self._enqueue(part, got.cursor, got.messages(), got.skipped)
-                continue
-            take, rest = got.rows[:room], got.rows[room:]
-            if rest:  # Key_Shared aside, a fetch takes no more than asked; kept for safety
-                self._enqueue(part, got.cursor, got.messages(rest), [])
-            offsets = got.records.offsets
-            now = time.monotonic()
-            with self._lock:
-                if got.skipped:
-                    part.acks.extend(got.skipped)  # markers and invisible data: acked as we pass them
-                part.held.update(dict.fromkeys([offsets[i] for i in take], now))
-            if take:
-                out.append((got.records, take))
-                room -= len(take)
+            with part.fetching:  # until what the fetch took is held or queued (threads: Receiving._fetch)
+                try:
+                    got = None if part.queue else self._fetch(part, min(room, TABLE_FETCH_MAX))
+                except PulsarException as e:
+                    # The rows taken so far are held for this caller: a later partition's failed fetch
+                    # must not drop them (they would stay held, undelivered), nor starve the others.
+                    failed = failed or e
+                    continue
+                if got is None:
+                    continue
+                if got.records is None or (self._dead_letters is not None and got.cursor.redelivery):
+                    self._enqueue(part, got.cursor, got.messages(), got.skipped)
+                    continue
+                take, rest = got.rows[:room], got.rows[room:]
+                if rest:  # Key_Shared aside, a fetch takes no more than asked; kept for safety
+                    self._enqueue(part, got.cursor, got.messages(rest), [])
+                offsets = got.records.offsets
+                now = time.monotonic()
+                with self._lock:
+                    if got.skipped:
+                        part.acks.extend(got.skipped)  # markers and invisible data: acked as we pass them
+                    part.held.update(dict.fromkeys([offsets[i] for i in take], now))
+                if take:
+                    out.append((got.records, take))
+                    room -= len(take)
         if failed is not None:
             with self._lock:
                 queued = any(p.queue for p in self._parts)
