@@ -476,6 +476,18 @@ def test_acks_of_a_transaction_left_open_by_a_failed_commit_return_when_it_abort
         assert got == (expected if abort_first else expected[2:] + expected[:2])
 
 
+def _six_keyed_messages_over_two_partitions(c):
+    """An Exclusive consumer, from the earliest position, of topic "t": m1, m3, m5 on partition 0,
+    m0, m2, m4 on partition 1."""
+    from pulsartx import ConsumerType, InitialPosition
+
+    c.admin.create_topic("t", partitions=2)
+    p = c.create_producer("t")
+    for i in range(6):
+        p.send(f"m{i}".encode(), partition_key=f"k{i}")
+    return c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+
+
 def test_a_partition_whose_reads_fail_does_not_starve_the_others(tmp_path):
     """Fails before the fix: every receive fetched the partitions in turn and the first one whose
     read failed raised out of the call, so the other partitions' messages never went out while
@@ -483,14 +495,9 @@ def test_a_partition_whose_reads_fail_does_not_starve_the_others(tmp_path):
     partition with a backlog of hundreds of files met one failed read). The error still surfaces
     when no partition has anything."""
     import pulsartx
-    from pulsartx import ConsumerType, InitialPosition
 
     with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("t", partitions=2)
-        p = c.create_producer("t")
-        for i in range(6):
-            p.send(f"m{i}".encode(), partition_key=f"k{i}")
-        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        cons = _six_keyed_messages_over_two_partitions(c)
         faults.install([Fault(Op.READ, match="topics/public/default/t/partition-0/part-", times=10_000)])
         try:
             got = cons.batch_receive(10, timeout_millis=500)
@@ -509,14 +516,9 @@ def test_receive_table_returns_what_it_fetched_when_another_partitions_fetch_fai
     partition 1's fetch raised out of the call, and those rows were neither returned nor given
     back: they stayed held, undelivered, until a redelivery."""
     import pulsartx
-    from pulsartx import ConsumerType, InitialPosition
 
     with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("t", partitions=2)
-        p = c.create_producer("t")
-        for i in range(6):
-            p.send(f"m{i}".encode(), partition_key=f"k{i}")
-        cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+        cons = _six_keyed_messages_over_two_partitions(c)
         faults.install([Fault(Op.READ, match="topics/public/default/t/partition-1/part-", times=10_000)])
         try:
             got = cons.receive_table(10, timeout_millis=500)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_jobs.harness import SparkJob, descendants
+from spark_jobs.harness import SparkJob, alive, descendants
 from stream_jobs.harness import committed_messages
 from test_streaming import run_to_end, send, sink_txns, stream
 from test_streaming_crash import IN, OUT, Pipeline, txn_status
@@ -117,14 +117,6 @@ def _keepers(pids: list[int]) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _kill_driver_only(proc: Any) -> tuple[list[int], list[int], float]:
     """SIGKILL the driver JVM alone (spark-submit execs it): its workers and keeper are left to
     notice. Returns the processes that were below it, the keepers among them, and the monotonic
@@ -153,7 +145,7 @@ def _unblocked_after(root: str, topic: str, client: Any, killed: float) -> float
 def _reap(tree: list[int], keepers: list[int]) -> None:
     """The keeper exits by itself once its driver is gone; everything else left is killed."""
     deadline = time.monotonic() + KILL_MS / 1000 + SLACK_S
-    while any(_alive(p) for p in keepers):
+    while any(alive(p) for p in keepers):
         assert time.monotonic() < deadline, f"keeper(s) {keepers} outlived their driver"
         time.sleep(0.1)
     for pid in tree:

@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
+from test_pending_ack import read_all
 
 from pulsartx import (
     Client,
@@ -64,17 +65,6 @@ def receive_rows(consumer, n: int, timeout_ms: int = 10_000) -> pa.Table:
 
 def values(table: pa.Table) -> list[str]:
     return [v.decode() for v in table.column("value").to_pylist()]
-
-
-def read_all(client: Client, topic: str, isolation_level: str = "READ_COMMITTED") -> list[str]:
-    r = client.create_reader(topic, MessageId.earliest, isolation_level=isolation_level)
-    out = []
-    while True:
-        try:
-            out.append(r.read_next(timeout_millis=300).data().decode())
-        except Timeout:
-            r.close()
-            return out
 
 
 def stats(client: Client, topic: str, sub: str) -> list[dict]:

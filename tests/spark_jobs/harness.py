@@ -70,7 +70,7 @@ def kill_tree(proc: subprocess.Popen, wait_s: float) -> list[int]:
                 pass
     proc.wait(wait_s)
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in tree):
+    while any(alive(p) for p in tree):
         assert time.monotonic() < deadline, f"processes {tree} survived SIGKILL"
         time.sleep(0.05)
     return [proc.pid, *tree]
@@ -153,7 +153,7 @@ class SparkJob(SubmittedJob):
         return killed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """True unless ``pid`` is gone or a zombie (killed, not yet reaped by its dead parent)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
