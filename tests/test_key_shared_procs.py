@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from _procs import Child, emit, hang, main
 
+from pulsartx.client.key_shared import RANGES_EVERY_S
+
 pytestmark = pytest.mark.timeout(180)
 HERE = os.path.abspath(__file__)
 IN = "persistent://public/default/ks-in"
@@ -65,6 +67,10 @@ def test_key_shared_consumer_killed_mid_key(root, tmp_path):
     dying.wait_event("subscribed")
     survivor = Proc("transform", **common)
     survivor.wait_event("subscribed")
+    # The dying consumer's view of the hash ranges may be up to RANGES_EVERY_S old (by design: a
+    # stale view costs balance, never order). Start once it cannot predate the survivor's join, so
+    # that while both live, each key has one owner.
+    time.sleep(RANGES_EVERY_S + 0.2)
     open(go, "w").close()
     holding = dying.wait_event("holding", timeout=60)
     dying.sigkill()
