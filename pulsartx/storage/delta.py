@@ -268,7 +268,7 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
             if local_fsync():  # before the commit that references it is published
                 os.fsync(f.fileno())
     else:
-        root.fs.pipe(path, body.to_pybytes())
+        root.put_bytes(path, body.to_pybytes())
     faults.after(Op.WRITE, path)
     return body.size
 

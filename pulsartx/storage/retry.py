@@ -99,7 +99,8 @@ def describe(e: BaseException, secrets: Iterable[str] = ()) -> str:
     and no credential values (``secrets``) even if a library echoed them."""
     if str(e).strip() in ("", "None") and e.__cause__ is not None:
         e = e.__cause__  # s3fs re-raises botocore errors without their text (e.g. PermissionError(None))
-    text = _ANSI.sub("", str(e)).replace("\u21b3", "").strip()
+    # obstore appends a multi-line "Debug source:" dump of the same error to its message.
+    text = _ANSI.sub("", str(e)).split("\n\nDebug source:", 1)[0].replace("\u21b3", "").strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
     for secret in secrets:
         if secret and len(secret) >= 4:

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError, causes
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
+from pulsartx.storage.objstore import Bucket, ConditionalConflict
 from pulsartx.storage.retry import describe, retrying, secrets_of
 from pulsartx.storage.secrets import REDACTED, redact_options, scrub_logs_of  # noqa: F401  (re-exported)
 
@@ -121,6 +122,10 @@ class StorageRoot:
     def __post_init__(self) -> None:
         scrub_logs_of(self.storage_options)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The obstore client is rebuilt where the root lands (its connections are this process's).
+        return {k: v for k, v in self.__dict__.items() if k != "_obstore_bucket"}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled on a Spark executor: __post_init__ does not run there, but logging must be scrubbed too.
         self.__dict__.update(state)
@@ -191,6 +196,22 @@ class StorageRoot:
             kw["client_kwargs"] = client
         return kw
 
+    @property
+    def uses_obstore(self) -> bool:
+        """Whether this root's own requests go through obstore (S3) rather than the OS or fsspec."""
+        return self.scheme == "s3"
+
+    def _s3(self, path: str) -> tuple[Bucket, str]:
+        """The obstore client of this process for the root's bucket, and ``path``'s key in it.
+        Built on first use and again in a forked child, whose parent's connections are not its own."""
+        bucket, _, key = path.partition("/")
+        cur = self.__dict__.get("_obstore_bucket")
+        if cur is None or cur.pid != os.getpid() or cur.name != bucket:
+            cur = Bucket(bucket, self.storage_options)
+            if bucket == self.url.split("://", 1)[1].split("/", 1)[0]:
+                self.__dict__["_obstore_bucket"] = cur
+        return cur, key
+
     @cached_property
     def arrow_fs(self) -> Any:
         """pyarrow filesystem for parquet reads: native S3 is markedly faster than going through fsspec."""
@@ -245,10 +266,22 @@ class StorageRoot:
         if self.is_local:
             with open(path, "rb") as f:
                 data = f.read()
+        elif self.uses_obstore:
+            bucket, key = self._s3(path)
+            data = bucket.get(key)
         else:
             data = self.fs.cat_file(path)
         faults.after(Op.READ, path)
         return data
+
+    def put_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole object at ``path`` (an :meth:`fs_path`) on an object store: one PUT, last
+        writer wins. No fail points and no retries: the caller (a data file's writer) has both."""
+        if self.uses_obstore:
+            bucket, key = self._s3(path)
+            bucket.put(key, data)
+        else:
+            self.fs.pipe(path, data)
 
     # Small JSON documents (topic metadata). Object stores have no rename, so writes are whole-object puts.
     def read_text(self, *segments: str) -> str | None:
@@ -276,8 +309,12 @@ class StorageRoot:
         else:
             def write() -> None:
                 faults.before(Op.WRITE, path)
-                with self.fs.open(path, "w") as f:
-                    f.write(text)
+                if self.uses_obstore:
+                    bucket, key = self._s3(path)
+                    bucket.put(key, text.encode("utf-8"))
+                else:
+                    with self.fs.open(path, "w") as f:
+                        f.write(text)
                 faults.after(Op.WRITE, path)
 
             self._guarded("write", path, write)
@@ -362,24 +399,23 @@ class StorageRoot:
         if self.scheme != "s3":
             raise NotImplementedError(f"put-if-absent is not available for {self.scheme}:// roots")
 
+        bucket, key = self._s3(path)
+
         def put() -> bool:
             for attempt in range(20):
                 try:
                     faults.before(Op.CREATE, path)  # FileExistsError: an injected 412
-                    self.fs.pipe(path, body, mode="overwrite" if faults.blind(Op.CREATE, path) else "create")
+                    if faults.blind(Op.CREATE, path):
+                        bucket.put(key, body)
+                    elif not bucket.create(key, body):  # a 412: the key was there
+                        return False
                     faults.after(Op.CREATE, path)
                     return True
                 except FileExistsError:
                     return False
-                except OSError as e:
-                    # s3fs maps a 412 to FileExistsError only when the answer names the failed
-                    # condition, which Ceph RGW's does not; a 409 (AWS: a concurrent conditional
-                    # write is in flight) means "ask again", and the retry gets the 412.
-                    status = _http_status(e)
-                    if status == 412:
-                        return False
-                    if status != 409:
-                        raise
+                except ConditionalConflict:
+                    # A 409 (AWS: a concurrent conditional write is in flight) means "ask again",
+                    # and the retry gets the 412.
                     time.sleep(0.01 * (attempt + 1))
             raise StorageError(f"create {path}: conditional write kept conflicting (HTTP 409)")
 
@@ -390,7 +426,12 @@ class StorageRoot:
 
         def check() -> bool:
             faults.before(Op.LIST, path)
-            return os.path.exists(path) if self.is_local else self.fs.exists(path)
+            if self.is_local:
+                return os.path.exists(path)
+            if self.uses_obstore:
+                bucket, key = self._s3(path)
+                return bucket.exists(key)
+            return self.fs.exists(path)
 
         return self._guarded("check", path, check)
 
@@ -403,14 +444,10 @@ class StorageRoot:
         faults.before(Op.LIST, path)
         if self.is_local:
             return os.path.exists(path)
-        if self.scheme != "s3":
+        if not self.uses_obstore:
             return bool(self.fs.exists(path))
-        bucket, _, key = path.partition("/")
-        try:
-            self.fs.call_s3("head_object", self.fs.kwargs, Bucket=bucket, Key=key)
-        except FileNotFoundError:
-            return False
-        return True
+        bucket, key = self._s3(path)
+        return bucket.head(key)
 
     def listdir(self, *segments: str) -> list[str]:
         """Names of the direct children of a folder (empty when it does not exist)."""
@@ -419,6 +456,9 @@ class StorageRoot:
             faults.before(Op.LIST, path)
             if self.is_local:
                 return os.listdir(path)
+            if self.uses_obstore:
+                bucket, key = self._s3(path)
+                return bucket.children(key)
             return [posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(path, detail=False)]
 
         try:
@@ -438,7 +478,11 @@ class StorageRoot:
                 else:
                     os.remove(path)
         elif self.exists(*segments):
-            self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
+            if self.uses_obstore:
+                bucket, key = self._s3(path)
+                self._guarded("delete", path, lambda: bucket.delete_tree(key))
+            else:
+                self._guarded("delete", path, lambda: self.fs.rm(path, recursive=True))
         faults.after(Op.DELETE, path)
 
 
@@ -460,18 +504,3 @@ def read_url_text(url: str) -> str:
     with fsspec.open(url, "r") as f:  # credentials from the environment
         return f.read()
 
-
-def _http_status(e: BaseException) -> int | None:
-    """The HTTP status of the botocore error behind an s3fs exception, if any."""
-    for cur in causes(e):
-        response = getattr(cur, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status is not None:
-                return int(status)
-            code = response.get("Error", {}).get("Code")
-            if code == "PreconditionFailed":
-                return 412
-            if code in ("ConditionalRequestConflict", "OperationAborted"):
-                return 409
-    return None

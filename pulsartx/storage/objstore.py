@@ -1,0 +1,151 @@
+"""pulsartx's own S3 requests (commits, metadata, data files, listings) through obstore: Rust's
+object_store, the engine delta-rs already uses, with a thin Python binding.
+
+Why not s3fs: each request through s3fs and botocore costs 2-8 ms of Python CPU (signing, event
+hooks, response parsing, an event-loop hop), against well under 1 ms here, for the same requests
+(docs/design/obstore-for-own-requests.md has the measurements). fsspec/s3fs stays where other
+libraries need a Python filesystem; pyarrow reads parquet with its own S3 client.
+
+This module only speaks to the store: the fail points, retries and error wording stay in
+:class:`~pulsartx.storage.root.StorageRoot`, around each call, exactly where they were.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+# One quick retry inside object_store, as botocore had: our own retry loop (storage/retry.py,
+# bounded by PULSARTX_STORAGE_RETRY_SECONDS) does the rest. object_store's default of 10 retries
+# over up to 3 minutes would hide an outage far past a short budget.
+RETRY = {"max_retries": 1, "retry_timeout": timedelta(seconds=10),
+         "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1), "base": 2}}
+CONNECT_TIMEOUT = "5s"
+TRUE = ("1", "true", "yes", "on")
+
+
+def s3_store(bucket: str, options: dict[str, str]) -> Any:
+    """An obstore ``S3Store`` for ``bucket`` with the settings of a root's ``storage_options``
+    (already completed from the environment by ``StorageRoot.resolve``): the same keys delta-rs
+    reads, so an endpoint or a credential cannot differ between the two."""
+    from obstore.store import S3Store
+
+    o = {k.upper(): v for k, v in options.items()}
+    config: dict[str, Any] = {}
+    for key, name in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
+                      ("AWS_SESSION_TOKEN", "session_token"), ("AWS_REGION", "region")):
+        if o.get(key):
+            config[name] = o[key]
+    endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+    if endpoint:
+        config["endpoint"] = endpoint
+    if "AWS_VIRTUAL_HOSTED_STYLE_REQUEST" in o:
+        config["virtual_hosted_style_request"] = o["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"].strip().lower() in TRUE
+    client: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT}
+    if o.get("AWS_ALLOW_HTTP", "").strip().lower() in TRUE or (endpoint or "").startswith("http://"):
+        # s3fs/botocore follow the endpoint's scheme; a plain-http endpoint given is meant.
+        client["allow_http"] = True
+    return S3Store(bucket, config=config, client_options=client, retry_config=RETRY)
+
+
+def not_found(e: BaseException) -> bool:
+    """obstore raises Python's FileNotFoundError for a 404 (its NotFoundError in some versions)."""
+    from obstore.exceptions import NotFoundError
+
+    return isinstance(e, FileNotFoundError | NotFoundError)
+
+
+@dataclass
+class Bucket:
+    """One bucket of one process: the store is rebuilt in a forked child (its connection pool and
+    runtime belong to the parent) and never pickled (a Spark executor builds its own)."""
+
+    name: str
+    options: dict[str, str] = field(repr=False)
+    pid: int = field(default_factory=os.getpid)
+    store: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.store = s3_store(self.name, self.options)
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError if it does not exist."""
+        import obstore
+
+        try:
+            return obstore.get(self.store, key).bytes().to_bytes()
+        except Exception as e:
+            if not_found(e):
+                raise FileNotFoundError(f"{self.name}/{key}") from e
+            raise
+
+    def head(self, key: str) -> bool:
+        """Whether an object exists at ``key``: one HEAD."""
+        import obstore
+
+        try:
+            obstore.head(self.store, key)
+        except Exception as e:
+            if not_found(e):
+                return False
+            raise
+        return True
+
+    def has_children(self, key: str) -> bool:
+        """Whether anything lies below ``key/`` (a "folder"): the first page of one listing."""
+        import obstore
+
+        for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1):
+            if chunk:
+                return True
+        return False
+
+    def exists(self, key: str) -> bool:
+        """An object or a folder at ``key``, as fsspec's ``exists``: a HEAD, then (missing) a listing."""
+        return self.head(key) or self.has_children(key)
+
+    def put(self, key: str, body: bytes) -> None:
+        import obstore
+
+        obstore.put(self.store, key, body, use_multipart=False)
+
+    def create(self, key: str, body: bytes) -> bool:
+        """A PUT with ``If-None-Match: *``: True when it created the object, False on 412 (it was
+        there). A 409 (AWS: a concurrent conditional write to that key is in flight) is raised as
+        :class:`ConditionalConflict` for the caller to ask again, as object_store reports it as
+        "already exists" too."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            obstore.put(self.store, key, body, mode="create", use_multipart=False)
+        except (FileExistsError, AlreadyExistsError, PreconditionError) as e:
+            if " 409" in str(e) or "ConditionalRequestConflict" in str(e):
+                raise ConditionalConflict(str(e).split("\n\n", 1)[0]) from e
+            return False
+        return True
+
+    def children(self, key: str) -> list[str]:
+        """Names of the direct children (objects and folders) of ``key/``."""
+        import obstore
+
+        listing = obstore.list_with_delimiter(self.store, key.rstrip("/") + "/")
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"]]
+        names += [m["path"].rsplit("/", 1)[-1] for m in listing["objects"]]
+        return names
+
+    def delete_tree(self, key: str) -> None:
+        """Delete the object at ``key`` and everything below ``key/`` (nothing if neither exists)."""
+        import obstore
+
+        keys = [key] if self.head(key) else []
+        for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1000):
+            keys.extend(m["path"] for m in chunk)
+        for i in range(0, len(keys), 1000):
+            obstore.delete(self.store, keys[i:i + 1000])
+
+
+class ConditionalConflict(OSError):
+    """HTTP 409 on a conditional put: another conditional write to the key was in flight; asking
+    again gets the real answer."""
