@@ -46,7 +46,25 @@ def s3_store(bucket: str, options: dict[str, str]) -> Any:
     if o.get("AWS_ALLOW_HTTP", "").strip().lower() in TRUE or (endpoint or "").startswith("http://"):
         # s3fs/botocore follow the endpoint's scheme; a plain-http endpoint given is meant.
         client["allow_http"] = True
-    return S3Store(bucket, config=config, client_options=client, retry_config=RETRY)
+    provider = None
+    if o.get("AWS_ACCESS_KEY_ID") and not o.get("AWS_SESSION_TOKEN") and os.environ.get("AWS_SESSION_TOKEN"):
+        # object_store reads the environment under the given settings: a key id given as an option
+        # would be paired with the environment's session token (s3_options_from_env takes the
+        # credentials as one group). Static credentials from a provider take none of it.
+        creds = {"access_key_id": config.pop("access_key_id"),
+                 "secret_access_key": config.pop("secret_access_key", ""), "token": None, "expires_at": None}
+        provider = StaticCredentials(creds)
+    return S3Store(bucket, config=config, client_options=client, retry_config=RETRY, credential_provider=provider)
+
+
+@dataclass(frozen=True)
+class StaticCredentials:
+    """The credentials of the options as an obstore credential provider (never expire: asked once)."""
+
+    creds: dict[str, Any] = field(repr=False)
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.creds)
 
 
 def not_found(e: BaseException) -> bool:

@@ -1,0 +1,55 @@
+"""The obstore client of an s3:// root takes its settings from the root's options only where the
+options give them whole: seen on the wire, by a loopback HTTP server recording each request."""
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from pulsartx.storage.objstore import Bucket
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+        Recorder.seen.append(("HEAD", self.path, {k.lower(): v for k, v in self.headers.items()}))
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Recorder.seen = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def options(endpoint: str, **extra: str) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "AKIDOPTION", "AWS_SECRET_ACCESS_KEY": "s3cret",
+            "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true", **extra}
+
+
+def test_requests_go_path_style_to_the_endpoint_signed_with_the_options_key(endpoint, monkeypatch):
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    assert Bucket("bkt", options(endpoint)).head("a/b.json") is False
+    [(method, path, headers)] = Recorder.seen
+    assert (method, path) == ("HEAD", "/bkt/a/b.json")
+    assert "Credential=AKIDOPTION/" in headers["authorization"] and "/eu-west-1/s3/" in headers["authorization"]
+    assert "x-amz-security-token" not in headers
+
+
+def test_a_key_given_as_an_option_never_pairs_with_the_environments_session_token(endpoint, monkeypatch):
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-of-another-identity")
+    Bucket("bkt", options(endpoint)).head("k")
+    Bucket("bkt", options(endpoint, AWS_SESSION_TOKEN="token-given")).head("k")
+    assert [h.get("x-amz-security-token") for _, _, h in Recorder.seen] == [None, "token-given"]
+    assert all("Credential=AKIDOPTION/" in h["authorization"] for _, _, h in Recorder.seen)
