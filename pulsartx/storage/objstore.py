@@ -11,7 +11,10 @@ This module only speaks to the store: the fail points, retries and error wording
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -74,6 +77,41 @@ def not_found(e: BaseException) -> bool:
     return isinstance(e, FileNotFoundError | NotFoundError)
 
 
+class ObjectStoreError(OSError):
+    """A request to the object store failed (the obstore error is its cause). An OSError, as s3fs's
+    were: callers turn I/O errors into StorageError, and retry.is_transient reads the cause's text
+    (5xx, timeouts, connection errors) as it reads delta-rs's, which come from the same engine."""
+
+
+@contextlib.contextmanager
+def os_errors() -> Iterator[None]:
+    """obstore's errors as the OSErrors callers of a filesystem expect: 404 FileNotFoundError,
+    412/409 FileExistsError, 403/401 PermissionError (never retried), anything else
+    ObjectStoreError. The message keeps obstore's first paragraph (operation, URL, status), not its
+    debug dump."""
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        BaseError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
+
+    try:
+        yield
+    except OSError:
+        raise
+    except BaseError as e:
+        text = str(e).split("\n\nDebug source:", 1)[0]
+        if not_found(e):
+            raise FileNotFoundError(errno.ENOENT, text) from e
+        if isinstance(e, AlreadyExistsError | PreconditionError):
+            raise FileExistsError(errno.EEXIST, text) from e
+        if isinstance(e, PermissionDeniedError | UnauthenticatedError):
+            raise PermissionError(errno.EACCES, text) from e
+        raise ObjectStoreError(text) from e
+
+
 @dataclass
 class Bucket:
     """One bucket of one process: the store is rebuilt in a forked child (its connection pool and
@@ -91,32 +129,28 @@ class Bucket:
         """The object's bytes; FileNotFoundError if it does not exist."""
         import obstore
 
-        try:
+        with os_errors():
             return obstore.get(self.store, key).bytes().to_bytes()
-        except Exception as e:
-            if not_found(e):
-                raise FileNotFoundError(f"{self.name}/{key}") from e
-            raise
 
     def head(self, key: str) -> bool:
         """Whether an object exists at ``key``: one HEAD."""
         import obstore
 
         try:
-            obstore.head(self.store, key)
-        except Exception as e:
-            if not_found(e):
-                return False
-            raise
+            with os_errors():
+                obstore.head(self.store, key)
+        except FileNotFoundError:
+            return False
         return True
 
     def has_children(self, key: str) -> bool:
         """Whether anything lies below ``key/`` (a "folder"): the first page of one listing."""
         import obstore
 
-        for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1):
-            if chunk:
-                return True
+        with os_errors():
+            for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1):
+                if chunk:
+                    return True
         return False
 
     def exists(self, key: str) -> bool:
@@ -126,21 +160,23 @@ class Bucket:
     def put(self, key: str, body: bytes) -> None:
         import obstore
 
-        obstore.put(self.store, key, body, use_multipart=False)
+        with os_errors():
+            obstore.put(self.store, key, body, use_multipart=False)
 
     def create(self, key: str, body: bytes) -> bool:
         """A PUT with ``If-None-Match: *``: True when it created the object, False on 412 (it was
         there). A 409 (AWS: a concurrent conditional write to that key is in flight) is raised as
-        :class:`ConditionalConflict` for the caller to ask again, as object_store reports it as
+        :class:`ConditionalConflict` for the caller to ask again: object_store reports it as
         "already exists" too."""
         import obstore
-        from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         try:
-            obstore.put(self.store, key, body, mode="create", use_multipart=False)
-        except (FileExistsError, AlreadyExistsError, PreconditionError) as e:
-            if " 409" in str(e) or "ConditionalRequestConflict" in str(e):
-                raise ConditionalConflict(str(e).split("\n\n", 1)[0]) from e
+            with os_errors():
+                obstore.put(self.store, key, body, mode="create", use_multipart=False)
+        except FileExistsError as e:
+            text = str(e)
+            if " 409" in text or "ConditionalRequestConflict" in text:
+                raise ConditionalConflict(text) from e
             return False
         return True
 
@@ -148,7 +184,8 @@ class Bucket:
         """Names of the direct children (objects and folders) of ``key/``."""
         import obstore
 
-        listing = obstore.list_with_delimiter(self.store, key.rstrip("/") + "/")
+        with os_errors():
+            listing = obstore.list_with_delimiter(self.store, key.rstrip("/") + "/")
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"]]
         names += [m["path"].rsplit("/", 1)[-1] for m in listing["objects"]]
         return names
@@ -158,10 +195,11 @@ class Bucket:
         import obstore
 
         keys = [key] if self.head(key) else []
-        for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1000):
-            keys.extend(m["path"] for m in chunk)
-        for i in range(0, len(keys), 1000):
-            obstore.delete(self.store, keys[i:i + 1000])
+        with os_errors():
+            for chunk in obstore.list(self.store, key.rstrip("/") + "/", chunk_size=1000):
+                keys.extend(m["path"] for m in chunk)
+            for i in range(0, len(keys), 1000):
+                obstore.delete(self.store, keys[i:i + 1000])
 
 
 class ConditionalConflict(OSError):

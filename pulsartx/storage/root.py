@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
-from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError, causes
+from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
 from pulsartx.storage.objstore import Bucket, ConditionalConflict
