@@ -71,6 +71,14 @@ def refuse_deltalake(used_in: int) -> ForkedProcessError:
                               f"and create the Client in the child, after the fork.")
 
 
+def refuse_obstore(used_in: int) -> ForkedProcessError:
+    """The error for an S3 request in a child forked after an ancestor started obstore's runtime
+    (its requests would hang there: the runtime's threads did not survive the fork)."""
+    return ForkedProcessError(f"obstore (pulsartx's S3 client) was used by process {_lineage[used_in]} before it "
+                              f"forked this one (process {os.getpid()}), and its runtime cannot run in a forked "
+                              f"child: {SPAWN}, and create the Client in the child, after the fork.")
+
+
 def reset_in_child(obj: Resettable) -> None:
     """Call ``obj._after_fork()`` in every child forked while ``obj`` lives (it must take no lock:
     another thread of the parent may have held it)."""

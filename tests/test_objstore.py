@@ -53,3 +53,31 @@ def test_a_key_given_as_an_option_never_pairs_with_the_environments_session_toke
     Bucket("bkt", options(endpoint, AWS_SESSION_TOKEN="token-given")).head("k")
     assert [h.get("x-amz-security-token") for _, _, h in Recorder.seen] == [None, "token-given"]
     assert all("Credential=AKIDOPTION/" in h["authorization"] for _, _, h in Recorder.seen)
+
+
+def test_a_child_forked_after_the_parent_used_obstore_is_refused_at_once(endpoint):
+    """obstore's runtime does not survive a fork: the child's request would hang for good."""
+    import os
+    import signal
+
+    from pulsartx.exceptions import ForkedProcessError
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve("s3://bkt/root", options(endpoint))
+    assert root.has_file("x") is False
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang kills the child: the parent sees no answer
+        try:
+            root.has_file("y")
+            answer = b"answered"
+        except ForkedProcessError as e:
+            answer = b"refused" if b"forked" in str(e).encode() else b"other"
+        os.write(write, answer)
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 100)
+    os.waitpid(pid, 0)
+    assert got == b"refused"
+    assert root.has_file("z") is False  # the parent goes on

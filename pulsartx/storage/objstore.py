@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from pulsartx import forks
+
 # One quick retry inside object_store, as botocore had: our own retry loop (storage/retry.py,
 # bounded by PULSARTX_STORAGE_RETRY_SECONDS) does the rest. object_store's default of 10 retries
 # over up to 3 minutes would hide an outage far past a short budget.
@@ -68,6 +70,20 @@ class StaticCredentials:
 
     def __call__(self) -> dict[str, Any]:
         return dict(self.creds)
+
+
+_USED_IN: int | None = None  # the fork generation (pulsartx.forks) of the process that first used obstore
+
+
+def _runtime() -> None:
+    """Before a client is built: obstore's runtime (tokio threads) does not survive a fork, and a
+    request from a child forked after the parent's first one hangs for good (measured, 0.12.1). So
+    such a child gets ForkedProcessError at once, as for deltalake (docs/design/clients-across-fork.md)."""
+    global _USED_IN
+    if _USED_IN is None:
+        _USED_IN = forks.stamp()
+    elif forks.forked(_USED_IN):
+        raise forks.refuse_obstore(_USED_IN)
 
 
 def not_found(e: BaseException) -> bool:
@@ -123,6 +139,7 @@ class Bucket:
     store: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        _runtime()
         self.store = s3_store(self.name, self.options)
 
     def get(self, key: str) -> bytes:
