@@ -437,7 +437,7 @@ class StorageRoot:
 
     def has_file(self, *segments: str) -> bool:
         """Whether a file exists, in one request: a stat locally, a HEAD on S3. :meth:`exists` takes
-        two on S3 for a missing key (s3fs then lists, in case a folder has that name), and an idle
+        two on S3 for a missing key (it then lists, in case a folder has that name), and an idle
         reader's probe for its next commit runs this many times a second. Errors reach the caller
         unretried: a probe that fails is simply not an answer."""
         path = self.fs_path(*segments)
