@@ -103,6 +103,7 @@ def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, proper
 
     if sequence_ids is None and first_sequence_id is not None:
         sequence_ids = pa.array(np.arange(first_sequence_id, first_sequence_id + n, dtype=np.int64))
+
     def as_type(col: pa.Array, t: pa.DataType) -> pa.Array:
         return col if col.type == t else col.cast(t)  # a cast is a kernel call, even to the same type
 
