@@ -16,6 +16,8 @@ With ``--profile`` the run is made under cProfile instead (one profiler per thre
 thread's CPU time, so waiting costs nothing), which prints the top ``--top`` functions by
 cumulative and by own CPU time. It must be its own process: the worker pools are process-wide, and
 a thread started before the profiler is not seen. The profiler inflates the times; read the shares.
+Worker-pool threads idle in ``SimpleQueue.get`` show large times there that are not CPU (the
+plain run's process CPU bounds the total): read the pulsartx functions and what they call.
 """
 from __future__ import annotations
 
