@@ -366,3 +366,28 @@ def test_app_ids_of_a_writer_behind_the_last_checkpoint_are_read_as_of_its_versi
     assert {k: behind.txn_version(f"app.{k}") for k in range(5)} == {
         k: delta.txn_version(then, f"app.{k}") for k in range(5)}
     assert isinstance(behind._ids, dict)
+
+
+def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monkeypatch):
+    """Cleanup lists all of ``_delta_log``: it runs with every CLEANUP_EVERY-th checkpoint, not
+    with each one, and then removes what the table's log retention lets it remove."""
+    from pulsartx.storage import appender as appender_mod
+
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 3)
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
+                                                         "delta.logRetentionDuration": "interval 0 seconds"})
+    a = appender((root, ("t",)))
+    first = os.path.join(a.uri, "_delta_log", delta.commit_file(0))
+    for i in range(29):
+        a.append(rows(i, i + 1), {"app.x": i})
+    wait_for_checkpoints()
+    assert os.path.exists(os.path.join(a.uri, "_delta_log", f"{20:020d}.checkpoint.parquet"))
+    assert os.path.exists(first)  # checkpoints at 10 and 20: no cleanup yet
+    a.append(rows(29, 30), {"app.x": 29})
+    wait_for_checkpoints()
+    assert not os.path.exists(first)  # the third checkpoint cleaned up
+    t = dl.DeltaTable(a.uri)
+    assert t.version() == 30 and t.transaction_version("app.x") == 29
+    assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == list(range(30))

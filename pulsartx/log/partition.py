@@ -103,12 +103,16 @@ def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, proper
 
     if sequence_ids is None and first_sequence_id is not None:
         sequence_ids = pa.array(np.arange(first_sequence_id, first_sequence_id + n, dtype=np.int64))
+
+    def as_type(col: pa.Array, t: pa.DataType) -> pa.Array:
+        return col if col.type == t else col.cast(t)  # a cast is a kernel call, even to the same type
+
     cols = {
         "type": const(msg_type.value, pa.string()),
-        "value": values.cast(pa.binary()),
-        "key": keys.cast(pa.string()) if keys is not None else pa.nulls(n, pa.string()),
-        "properties": properties.cast(PROPERTIES) if properties is not None else pa.nulls(n, PROPERTIES),
-        "event_time": event_times.cast(TIMESTAMP) if event_times is not None else pa.nulls(n, TIMESTAMP),
+        "value": as_type(values, pa.binary()),
+        "key": as_type(keys, pa.string()) if keys is not None else pa.nulls(n, pa.string()),
+        "properties": as_type(properties, PROPERTIES) if properties is not None else pa.nulls(n, PROPERTIES),
+        "event_time": as_type(event_times, TIMESTAMP) if event_times is not None else pa.nulls(n, TIMESTAMP),
         "producer_name": const(producer_name, pa.string()),
         "sequence_id": sequence_ids if sequence_ids is not None else pa.nulls(n, pa.int64()),
         "txn_most_bits": const(None if txn is None else txn[0], pa.int64()),
@@ -155,18 +159,23 @@ def _properties(properties: Sequence[dict[str, str] | None]) -> pa.Array:
 def _finish(records: pa.Table, first_offset: int, publish_us: int) -> pa.Table:
     n = records.num_rows
     offsets = pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))
-    publish = pa.array(np.full(n, publish_us, dtype=np.int64)).cast(RECORD_SCHEMA.field("publish_time").type)
+    publish = pa.array(np.full(n, publish_us, dtype=np.int64)).cast(_PUBLISH_TIME)
+    names = set(records.column_names)
     cols = []
     for f in RECORD_SCHEMA:
         if f.name == "offset":
             cols.append(offsets)
         elif f.name == "publish_time":
             cols.append(publish)
-        elif f.name in records.column_names:
-            cols.append(records.column(f.name).cast(f.type))
+        elif f.name in names:
+            col = records.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))  # a cast is a kernel call: most are no-ops
         else:
             cols.append(pa.nulls(n, f.type))
     return pa.Table.from_arrays(cols, schema=RECORD_SCHEMA)
+
+
+_PUBLISH_TIME = RECORD_SCHEMA.field("publish_time").type
 
 
 class PartitionLog:

@@ -399,8 +399,13 @@ class LogTail:
     def __init__(self, root: StorageRoot, segments: tuple[str, ...]):
         self.root = root
         self.segments = segments
+        self._first: tuple[bytes, str | None] | None = None  # version 0's bytes and the table id they hold
 
     def read_commit(self, version: int) -> list[dict[str, Any]] | None:
+        raw = self._read(version)
+        return None if raw is None else self._parse(version, raw)
+
+    def _read(self, version: int) -> bytes | None:
         path = self.root.fs_path(*self.segments, "_delta_log", commit_file(version))
 
         def attempt() -> bytes | None:
@@ -417,11 +422,13 @@ class LogTail:
         except OSError as e:
             raise StorageError(f"cannot read commit {version} of Delta table {uri}: "
                                f"{describe(e, secrets_of(self.root))}") from e
-        if raw is None:
-            return None
+        return raw
+
+    def _parse(self, version: int, raw: bytes) -> list[dict[str, Any]]:
         try:
             return [json.loads(line) for line in raw.splitlines() if line.strip()]
         except json.JSONDecodeError as e:
+            path = self.root.fs_path(*self.segments, "_delta_log", commit_file(version))
             raise CorruptedLog(f"commit {version} of {self.root.uri(*self.segments)} is not valid JSON "
                                f"({path}): {e}") from e
 
@@ -432,9 +439,18 @@ class LogTail:
     def table_id(self) -> str | None:
         """The table's unique id, from version 0 (None: no version 0, the table is gone or its
         first commits were cleaned up after a checkpoint). A table deleted and re-created under the
-        same path has a new one."""
-        ids = [a["metaData"]["id"] for a in self.read_commit(0) or () if "metaData" in a]
-        return ids[0] if ids else None
+        same path has a new one. Version 0 is read every time (a writer asks before each marker);
+        only parsing it again is skipped when its bytes are the ones last parsed."""
+        raw = self._read(0)
+        if raw is None:
+            return None
+        first = self._first
+        if first is not None and first[0] == raw:
+            return first[1]
+        ids = [a["metaData"]["id"] for a in self._parse(0, raw) if "metaData" in a]
+        table_id = ids[0] if ids else None
+        self._first = (raw, table_id)
+        return table_id
 
     def commits_after(self, version: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         v = version + 1

@@ -1,0 +1,130 @@
+"""CPU per small transaction in one process, and where it goes. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/profile_txn.py [--txns 300] [--warmup 20] [--top 40] [--dir DIR]
+                                          [--profile] [--sort cumulative,tottime]
+
+The transaction is bench/scale.py's: 10 messages with ``send_async``, alternately to two topics of
+one partition each (5 each), then ``commit()``, back to back in one thread on a fresh local root.
+CPU per transaction is the process's CPU time (``time.process_time``: every thread, so the
+background completer's markers and final TC entries count) over ``--txns`` transactions, ending
+with ``client.flush()`` inside the timed region so no completion is left out. It is split into user
+and system time: the system part is mostly the kernel creating the small files (on a busy VM's
+ext4 one file creation took 0.08-0.7 ms of system time), and moves with the machine's load.
+
+With ``--profile`` the run is made under cProfile instead (one profiler per thread, installed with
+``threading.setprofile`` before the client starts its threads, merged at the end; its clock is each
+thread's CPU time, so waiting costs nothing), which prints the top ``--top`` functions by
+cumulative and by own CPU time. It must be its own process: the worker pools are process-wide, and
+a thread started before the profiler is not seen. The profiler inflates the times; read the shares.
+Worker-pool threads idle in ``SimpleQueue.get`` show large times there that are not CPU (the
+plain run's process CPU bounds the total): read the pulsartx functions and what they call.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+TOPICS = ("profile-a", "profile-b")
+MESSAGES_PER_TXN = 10
+
+
+class ThreadProfiles:
+    """One cProfile per thread: cProfile only sees the thread that enabled it, and the commit's
+    markers and final entries are written by the background completer."""
+
+    def __init__(self) -> None:
+        self.profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _start_in_thread(self, *_: object) -> None:
+        sys.setprofile(None)
+        prof = cProfile.Profile(time.thread_time)
+        with self._lock:
+            self.profiles.append(prof)
+        prof.enable()
+
+    def start(self) -> None:
+        threading.setprofile(self._start_in_thread)
+        self._start_in_thread()
+
+    def stop(self) -> pstats.Stats:
+        threading.setprofile(None)
+        with self._lock:
+            profiles = list(self.profiles)
+        for p in profiles:
+            p.disable()
+        stats = pstats.Stats(profiles[0])
+        for p in profiles[1:]:
+            try:
+                stats.add(p)
+            except TypeError:  # a thread that never ran profiled code
+                pass
+        return stats
+
+
+def run(root: str, txns: int, warmup: int, profiles: ThreadProfiles | None) -> float:
+    """CPU seconds per transaction over ``txns`` transactions after ``warmup`` untimed ones."""
+    import pulsartx
+
+    if profiles is not None:
+        profiles.start()
+    client = pulsartx.Client(root)
+    producers = [client.create_producer(t) for t in TOPICS]
+
+    def one(seq: int) -> None:
+        txn = client.new_transaction()
+        for k in range(MESSAGES_PER_TXN):
+            producers[k % len(producers)].send_async(f"{seq}:{k}".encode(), None, txn=txn)
+        txn.commit()
+
+    for seq in range(warmup):
+        one(seq)
+    client.flush()
+    t0, c0, w0 = os.times(), time.process_time(), time.perf_counter()
+    for seq in range(warmup, warmup + txns):
+        one(seq)
+    client.flush()
+    cpu, wall, t1 = time.process_time() - c0, time.perf_counter() - w0, os.times()
+    print(f"{'profiled' if profiles else 'plain'}: {txns} txns, CPU {cpu / txns * 1e3:.2f} ms/txn "
+          f"(user {(t1.user - t0.user) / txns * 1e3:.2f}, system {(t1.system - t0.system) / txns * 1e3:.2f}), "
+          f"wall {wall / txns * 1e3:.2f} ms/txn")
+    client.close()
+    return cpu / txns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--txns", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sort", default="cumulative,tottime")
+    ap.add_argument("--dump", default=None, help="write the merged profile here (pstats format)")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="profile-txn-", dir=a.dir)
+    try:
+        if not a.profile:
+            run(os.path.join(work, "plain"), a.txns, a.warmup, None)
+            return
+        profiles = ThreadProfiles()
+        run(os.path.join(work, "profiled"), a.txns, a.warmup, profiles)
+        stats = profiles.stop()
+        if a.dump:
+            stats.dump_stats(a.dump)
+        for key in a.sort.split(","):
+            print(f"\n---- top {a.top} by {key} ----")
+            stats.sort_stats(key).print_stats(a.top)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
