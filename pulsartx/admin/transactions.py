@@ -179,7 +179,10 @@ class TransactionsAdmin:
                         "pendingAckCount": c.pending_count(), "ongoingTxnCount": len(txns), "transactions": txns,
                         "pendingCumulativeAck": None if c.pending_cumulative is None else
                         {"txn_id": str(TxnID(*key_txn(c.pending_cumulative[0]))),
-                         "position": c.pending_cumulative[1]}})
+                         "position": c.pending_cumulative[1]},
+                        # Acknowledgement-only transactions their TC log does not list until their
+                        # decision, with their deadline (ms): open until then, fenced after it.
+                        "unregisteredTransactions": {str(TxnID(*key_txn(k))): d for k, d in c.deadlines.items()}})
         return out
 
     def get_transaction_in_pending_ack_stats(self, txn_id: TxnID | str, topic: str,
