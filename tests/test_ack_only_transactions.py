@@ -245,3 +245,33 @@ def test_a_kept_alive_ack_only_transaction_is_written_and_the_log_governs(root):
     reader.close()
     other.close()
     client.close()
+
+
+def test_admin_views_and_abort_of_an_open_ack_only_transaction(root):
+    """Until its decision the TC log does not list it: the pending-ack stats do, with its deadline,
+    and the TC's answer says where to look. An admin abort fences it (as any unregistered id), and
+    the next consumer to meet its pending acks returns them, once."""
+    _seed(root, 2)
+    owner = _client(root)
+    cons = owner.subscribe(TOPIC, "s")
+    msgs = [cons.receive(5000), cons.receive(5000)]
+    txn = owner.new_transaction(timeout_ms=600_000)
+    cons.acknowledge(msgs, txn=txn)
+    cons.close()
+    admin = _client(root)
+    [st] = admin.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert st["transactions"] == {str(txn.id): 2} and set(st["unregisteredTransactions"]) == {str(txn.id)}
+    with pytest.raises(pulsartx.exceptions.TransactionNotFound, match="unregisteredTransactions"):
+        admin.admin.transactions.get_transaction_metadata(txn.id)
+    admin.admin.transactions.abort_transaction(txn.id)
+    entry = read_tc_log(admin.root.url, 0)[txn.id.least_bits]
+    assert entry.status is TxnStatus.ABORTED and FENCE_PROPERTY in entry.properties
+    with pytest.raises(pulsartx.exceptions.InvalidTxnStatusError):
+        txn.commit()
+    reader = admin.subscribe(TOPIC, "s")
+    assert _receive_all(reader) == [("m0", 1), ("m1", 1)]
+    [st] = admin.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert (st["markDeletePosition"], st["pendingAckCount"], st["unregisteredTransactions"]) == (1, 0, {})
+    reader.close()
+    admin.close()
+    owner.close()

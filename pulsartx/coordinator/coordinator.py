@@ -154,7 +154,9 @@ class TransactionCoordinator:
             if txn_id.least_bits <= self.txlog.counter:
                 raise TransactionNotFound(
                     f"transaction {txn_id} is not in TC {self.tc_id}'s log: it finished and its metadata was trimmed, "
-                    "or it never registered a partition or subscription")
+                    "or it never registered a partition or subscription (an acknowledgement-only transaction "
+                    "registers with its decision: until then the pending-ack stats of its subscriptions list it "
+                    "under unregisteredTransactions, with its deadline)")
             raise TransactionNotFound(f"transaction {txn_id} was never issued by TC {self.tc_id}")
         self._unwritten.pop(txn_id.least_bits, None)
         return meta
