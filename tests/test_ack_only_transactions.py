@@ -249,8 +249,8 @@ def test_a_kept_alive_ack_only_transaction_is_written_and_the_log_governs(root):
 
 def test_admin_views_and_abort_of_an_open_ack_only_transaction(root):
     """Until its decision the TC log does not list it: the pending-ack stats do, with its deadline,
-    and the TC's answer says where to look. An admin abort fences it (as any unregistered id), and
-    the next consumer to meet its pending acks returns them, once."""
+    and the TC's answer says where to look. An admin abort fences it (as any unregistered id) and
+    returns its pending acks at once: each message is redelivered once."""
     _seed(root, 2)
     owner = _client(root)
     cons = owner.subscribe(TOPIC, "s")
@@ -266,6 +266,8 @@ def test_admin_views_and_abort_of_an_open_ack_only_transaction(root):
     admin.admin.transactions.abort_transaction(txn.id)
     entry = read_tc_log(admin.root.url, 0)[txn.id.least_bits]
     assert entry.status is TxnStatus.ABORTED and FENCE_PROPERTY in entry.properties
+    [st] = admin.admin.transactions.get_pending_ack_stats(TOPIC, "s")  # returned at once, as when registered
+    assert (st["pendingAckCount"], st["transactions"], st["unregisteredTransactions"]) == (0, {}, {})
     with pytest.raises(pulsartx.exceptions.InvalidTxnStatusError):
         txn.commit()
     reader = admin.subscribe(TOPIC, "s")
