@@ -277,3 +277,22 @@ def test_admin_views_and_abort_of_an_open_ack_only_transaction(root):
     reader.close()
     admin.close()
     owner.close()
+
+
+def test_a_keyed_transaction_registers_its_subscription_before_its_decision(root):
+    """A transaction key's transactions are in the log from their start (fencing must find them),
+    so their acknowledgements register the subscription the ordinary way and carry no deadline."""
+    _seed(root, 1)
+    client = pulsartx.Client(root, num_coordinators=1, coordinator_config=CFG, transaction_key="k", owner="o")
+    cons = client.subscribe(TOPIC, "s")
+    txn = client.new_transaction()
+    cons.acknowledge(cons.receive(5000), txn=txn)
+    entry = read_tc_log(client.root.url, 0)[txn.id.least_bits]
+    assert entry.status is TxnStatus.OPEN and entry.subscriptions == frozenset([Subscription(P0, "s")])
+    [st] = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert (st["transactions"], st["unregisteredTransactions"]) == ({str(txn.id): 1}, {})
+    txn.commit()
+    client.flush()
+    [st] = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
+    assert (st["markDeletePosition"], st["pendingAckCount"]) == (0, 0)
+    client.close()
