@@ -76,6 +76,7 @@ def ack_only(root: str, stage: str, go_file: str | None = None) -> Any:
         emit("EVENT", "stopped", info)
         hang()
     if stage == "fenced_owner":
+        cons.close()  # gives the subscription up (its pending acks stay): the parent subscribes meanwhile
         emit("EVENT", "acked", info)
         while not os.path.exists(go_file):
             time.sleep(0.01)

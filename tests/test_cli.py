@@ -350,7 +350,9 @@ def test_transactions_metadata_and_slow(shared) -> None:
                                                       code=2).stderr
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
         "error: transaction (0,99) is not in TC 0's log: it finished and its metadata was trimmed, or it never "
-        "registered a partition or subscription\n")
+        "registered a partition or subscription (an acknowledgement-only transaction registers with its decision: "
+        "until then the pending-ack stats of its subscriptions list it under unregisteredTransactions, with its "
+        "deadline)\n")
 
 
 def test_open_duration_stops_when_the_transaction_ends(root: str) -> None:
