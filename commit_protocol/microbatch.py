@@ -243,8 +243,9 @@ class MicroBatchTransaction:
             for store, partition, pos in stores:
                 # Another transaction's pending ack here (a fenced batch's, landed after its abort)
                 # would refuse this one: return the ones their TCs can no longer commit first.
-                others = pending_keys(store.cursor(), exclude=[k])
-                resolve_pending(root, tcs, str(partition), sub, others)
+                cursor = store.cursor()
+                others = pending_keys(cursor, exclude=[k])
+                resolve_pending(root, tcs, str(partition), sub, others, deadlines=cursor.deadlines)
                 store.update(lambda c, pos=pos: c.txn_ack_cumulative(k, pos))
 
 

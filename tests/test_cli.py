@@ -58,6 +58,9 @@ def build(root: str) -> dict:
     assert sorted(m.data() for m in got) == [b"a0", b"a1", b"a2", b"b0", b"b1", b"c0", b"c1"]
     consumer.acknowledge([MessageId(0, 0), MessageId(0, 1)])
     pending = client.new_transaction(timeout_ms=600_000)
+    # Registered before it acknowledges, so the TC lists it while open (an acknowledgement-only
+    # transaction is otherwise listed from its decision on: test_ack_only_transactions.py).
+    client._coordinators().tc(0).persist(pending.id)
     consumer.acknowledge(MessageId(1, 0), txn=pending)
     consumer.close()
     keyed = pulsartx.Client(root, transaction_key="pipeline-1", owner="etl", num_coordinators=1)
@@ -347,7 +350,9 @@ def test_transactions_metadata_and_slow(shared) -> None:
                                                       code=2).stderr
     assert run(root, "transactions", "transaction-metadata", "(0,99)", code=2).stderr == (
         "error: transaction (0,99) is not in TC 0's log: it finished and its metadata was trimmed, or it never "
-        "registered a partition or subscription\n")
+        "registered a partition or subscription (an acknowledgement-only transaction registers with its decision: "
+        "until then the pending-ack stats of its subscriptions list it under unregisteredTransactions, with its "
+        "deadline)\n")
 
 
 def test_open_duration_stops_when_the_transaction_ends(root: str) -> None:
@@ -397,10 +402,10 @@ def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
     assert run(root, "transactions", "pending-ack-stats", "orders", "billing", json_out=True) == [
         {"partition": P0, "subscription": "billing", "state": "Ready", "markDeletePosition": 1,
          "individuallyAckedRanges": 1, "pendingAckCount": 0, "ongoingTxnCount": 0, "transactions": {},
-         "pendingCumulativeAck": None},
+         "pendingCumulativeAck": None, "unregisteredTransactions": {}},
         {"partition": P1, "subscription": "billing", "state": "Ready", "markDeletePosition": -1,
          "individuallyAckedRanges": 1, "pendingAckCount": 1, "ongoingTxnCount": 1, "transactions": {"(0,2)": 1},
-         "pendingCumulativeAck": None},
+         "pendingCumulativeAck": None, "unregisteredTransactions": {}},
     ]
     assert lines(run(root, "transactions", "pending-ack-stats", "orders", "billing")) == [
         "PARTITION                                       SUBSCRIPTION  STATE  MARK_DELETE_POSITION  "

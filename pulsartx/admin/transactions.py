@@ -1,6 +1,7 @@
 """``client.admin.transactions``: mirrors ``pulsar-admin transactions``."""
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -11,11 +12,13 @@ from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.coordinator.coordinator import REASON_ADMIN_ABORT
 from pulsartx.coordinator.keys import full_key, key_segments
 from pulsartx.coordinator.state import TxnAction, TxnMeta, TxnStatus
-from pulsartx.coordinator.tclog import tc_segments
+from pulsartx.coordinator.tclog import FENCE_PROPERTY, tc_segments
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import InvalidConfiguration, TransactionNotFound
+from pulsartx.exceptions import InvalidConfiguration, PulsarException, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
-from pulsartx.subscription.store import SubscriptionStore
+from pulsartx.subscription.store import SubscriptionStore, end_transaction
+
+log = logging.getLogger(__name__)
 
 
 def open_duration_ms(m: TxnMeta, now_ms: int) -> int:
@@ -122,7 +125,29 @@ class TransactionsAdmin:
         """Admin override: abort whatever the owner, recorded in the TC log with reason 'admin abort'."""
         t = TxnID.parse(txn_id)
         meta = self._tcs().for_txn(t).end_transaction(t, TxnAction.ABORT, reason=REASON_ADMIN_ABORT, admin=True)
+        if FENCE_PROPERTY in meta.properties and not meta.subscriptions:
+            self._return_unregistered_acks(t)
         return meta_dict(meta)
+
+    def _return_unregistered_acks(self, t: TxnID) -> None:
+        """After fencing an id the log did not hold: return at once the pending acks it may have
+        made as an acknowledgement-only transaction (they carry its deadline), as the participant
+        calls do for a registered one. Its subscriptions are listed nowhere, so every
+        subscription partition's cursor is read: an operator action, rare and bounded by the
+        root's subscriptions. Whatever this misses (a failure) the next consumer's check returns."""
+        k = txn_key(t.most_bits, t.least_bits)
+        admin = self.client.admin
+        for topic in admin.list_topics():
+            for sub in admin.list_subscriptions(topic):
+                for p in admin.partitions_of(topic):
+                    try:
+                        store = SubscriptionStore(self.client.root, p, sub)
+                        c = store.cursor() if store.exists() else None
+                        if c is not None and k in c.deadlines:
+                            end_transaction(self.client.root, str(p), sub, t, TxnAction.ABORT)
+                    except PulsarException as e:
+                        log.warning("returning the pending acks of fenced %s on %s %r failed (the next consumer "
+                                    "check returns them): %s", t, p, sub, e)
 
     def sweep(self, grace_ms: int | None = None) -> dict[str, int]:
         """Run one expiration/recovery pass over every TC (what ``coordinator run`` does periodically)."""
@@ -179,7 +204,10 @@ class TransactionsAdmin:
                         "pendingAckCount": c.pending_count(), "ongoingTxnCount": len(txns), "transactions": txns,
                         "pendingCumulativeAck": None if c.pending_cumulative is None else
                         {"txn_id": str(TxnID(*key_txn(c.pending_cumulative[0]))),
-                         "position": c.pending_cumulative[1]}})
+                         "position": c.pending_cumulative[1]},
+                        # Acknowledgement-only transactions their TC log does not list until their
+                        # decision, with their deadline (ms): open until then, fenced after it.
+                        "unregisteredTransactions": {str(TxnID(*key_txn(k))): d for k, d in c.deadlines.items()}})
         return out
 
     def get_transaction_in_pending_ack_stats(self, txn_id: TxnID | str, topic: str,

@@ -10,7 +10,7 @@ from typing import Any
 from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionState
 from pulsartx.client.message import Message
-from pulsartx.coordinator.state import Subscription
+from pulsartx.coordinator.state import Subscription, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException, TransactionConflict
 from pulsartx.log.message_id import MessageId
@@ -95,11 +95,17 @@ class Acknowledgement(ConsumerCore):
           withdraws the pending acks this call wrote, as if never made, and the error is raised;
         * a crash in between leaves pending acks of a transaction the TC does not list for this
           subscription: once the TC has ended it (a timeout aborts it), consumer-side resolution
-          returns them (``_resolve_pending``), as the TC's participant call would have."""
+          returns them (``_resolve_pending``), as the TC's participant call would have.
+
+        A transaction no TC log holds yet (acknowledgements only, so far) registers nothing here:
+        its pending acks carry its deadline, and its decision lists the subscriptions."""
         txn._check_usable()
         subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
-        written = txn._written
-        registering = txn._register_subscriptions(subs)
+        # A transaction no TC log holds yet registers these subscriptions with its decision: the
+        # pending acks carry its deadline instead, for recovery (docs/semantics.md).
+        deadline = txn._defer_subscriptions(subs)
+        written = txn._written or deadline is not None
+        registering = [] if deadline is not None else txn._register_subscriptions(subs)
         if not written:
             # The transaction's NEW entry goes with this registration: until it lands no TC knows the
             # transaction, and a pending ack written first could be taken for a dead one's.
@@ -107,14 +113,23 @@ class Acknowledgement(ConsumerCore):
                 fut.result()
             registering = []
         k = txn_key(*txn.id.as_tuple())
+        if deadline is not None:
+            apply = _noting_deadline(apply, deadline)
         cumulative = {} if cumulative is None else cumulative
         released: dict[PartitionState, dict[int, float]] = {}  # per partition written: what left `held`
+        decided = self._client._coordinators().completer.decided()
         failed = True
         try:
             for part, offs in by_part.items():
+                # This process's decided predecessors on this subscription: their outcome goes in
+                # the same write, ahead of this ack (a cumulative ack behind a committed one would
+                # otherwise wait for the completer's own write); the completer's later step is a no-op.
+                sub = Subscription(str(part.topic), self._subscription)
+                ahead = [m for m in decided if sub in m.subscriptions and m.txn_id != txn.id]
+                write = _after(ahead, apply) if ahead else apply
                 try:
                     try:
-                        part.store.update(lambda c, part=part, offs=offs: apply(c, k, part, offs))
+                        part.store.update(lambda c, part=part, offs=offs, write=write: write(c, k, part, offs))
                     except TransactionConflict:
                         if not self._settle_decided(part, k):
                             raise
@@ -175,7 +190,8 @@ class Acknowledgement(ConsumerCore):
         left = pending_keys(cursor, exclude=[own]) if cursor is not None else set()
         if left != keys:
             return True
-        return resolve_pending(self._client.root, tcs, str(part.topic), self._subscription, left, roll_forward=True) > 0
+        return resolve_pending(self._client.root, tcs, str(part.topic), self._subscription, left, roll_forward=True,
+                               deadlines=cursor.deadlines if cursor is not None else None) > 0
 
     def _flush_acks(self) -> None:
         # One flush at a time: the background thread and the caller's (close, seek, redeliver,
@@ -214,3 +230,28 @@ class Acknowledgement(ConsumerCore):
             finally:
                 with self._lock:
                     part.inflight, part.inflight_cumulative, part.inflight_redeliver = [], None, []
+
+
+def _noting_deadline(apply: Callable[[CursorState, int, PartitionState, list[int]], None], deadline: int
+                     ) -> Callable[[CursorState, int, PartitionState, list[int]], None]:
+    """``apply``, then the transaction's deadline recorded beside its pending acks, in the same write."""
+    def run(c: CursorState, k: int, part: PartitionState, offs: list[int]) -> None:
+        apply(c, k, part, offs)
+        c.note_deadline(k, deadline)
+    return run
+
+
+def _after(decided: list[TxnMeta], apply: Callable[[CursorState, int, PartitionState, list[int]], None]
+           ) -> Callable[[CursorState, int, PartitionState, list[int]], None]:
+    """``apply`` preceded by the outcomes of ``decided`` transactions (durably decided, completions
+    in flight here), as their participant calls would apply them: idempotent, so whichever lands
+    first does it."""
+    def run(c: CursorState, k: int, part: PartitionState, offs: list[int]) -> None:
+        for m in decided:
+            key = txn_key(*m.txn_id.as_tuple())
+            if m.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+                c.commit(key)
+            else:
+                c.abort(key)
+        apply(c, k, part, offs)
+    return run

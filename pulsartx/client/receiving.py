@@ -274,7 +274,7 @@ class Receiving(ConsumerCore):
             return
         part.last_resolve = time.monotonic()
         resolve_pending(self._client.root, self._client._coordinators(), str(part.topic), self._subscription, keys,
-                        strict=strict)
+                        strict=strict, deadlines=cursor.deadlines)
 
     def _claim(self, part: PartitionState, candidates: list[int], mark_delete: int) -> list[int]:
         """Shared: atomically claim the candidates no other live consumer holds. Claims expire

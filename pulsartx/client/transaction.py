@@ -67,6 +67,9 @@ class Transaction:
         self._partitions: set[str] = set()
         self._subscriptions: set[Subscription] = set()
         self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
+        # Subscriptions acknowledged on before the TC log held the transaction: registered with
+        # its first log write, at the latest its decision (``_defer_subscriptions``).
+        self._deferred: set[Subscription] = set()
         self._producers: list[Any] = []
         self._entries: dict[str, list[tuple[int, int]]] = {}
         self._conflict: BaseException | None = None
@@ -116,6 +119,23 @@ class Transaction:
                 self._written = True
         else:
             self._call(lambda: self._tc().check_usable(self.id))
+
+    def _defer_subscriptions(self, subs: set[Subscription]) -> int | None:
+        """For a transaction the TC log does not hold yet (begun lazily, nothing produced, no key):
+        list ``subs`` with its first log write instead of registering them now, and return its
+        deadline (start + timeout, ms), which the pending acks then carry so that recovery can
+        tell an open transaction from a dead one without the registration. None: register the
+        ordinary way. An acknowledgement-only transaction thereby costs two sequential commits
+        (its pending acks, then one TC entry with NEW, the subscriptions and the decision)."""
+        if self._written:
+            return None
+        meta = self._call(lambda: self._tc().defer_subscriptions(self.id, subs))
+        if meta is None:
+            return None
+        with self._lock:
+            self._deferred |= subs
+            self._subscriptions |= subs
+        return meta.start_ms + meta.timeout_ms
 
     def _register_subscriptions(self, subs: set[Subscription]) -> list[Future[None]]:
         """ADD_SUBSCRIPTION for those of ``subs`` this transaction has not registered yet, started
@@ -285,7 +305,8 @@ class Transaction:
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         try:
             # "" when the client has no owner: it may then end only owner-less transactions.
-            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "", background=True)
+            meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "", background=True,
+                                              subscriptions=self._deferred)
         except ExpiredTransactionError as e:
             self._note_expired(e)
             raise

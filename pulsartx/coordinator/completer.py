@@ -41,12 +41,21 @@ class Completer:
     def __init__(self, threads: int = THREADS):
         self._pool = ProcessPool(threads, THREAD_PREFIX)
         self._inflight: dict[TxnID, Future[TxnMeta]] = {}
+        self._decided: dict[TxnID, TxnMeta] = {}  # the decided metadata of each completion in flight
         self._lock = threading.Lock()
         forks.reset_in_child(self)
 
     def _after_fork(self) -> None:
         self._inflight = {}
+        self._decided = {}
         self._lock = threading.Lock()
+
+    def decided(self) -> list[TxnMeta]:
+        """The transactions whose completion is queued or running here: decided durably, and not
+        yet final. Their outcome may be applied by anyone meanwhile (each participant step is
+        idempotent), e.g. within the next acknowledgement's write to one of their subscriptions."""
+        with self._lock:
+            return list(self._decided.values())
 
     def submit(self, tc: TransactionCoordinator, meta: TxnMeta) -> Future[TxnMeta]:
         """Complete ``meta`` (decided) in the background; a transaction already queued is not queued twice."""
@@ -61,6 +70,7 @@ class Completer:
                 fut.set_result(self._run(tc, meta, track=False))
                 return fut
             self._inflight[meta.txn_id] = fut
+            self._decided[meta.txn_id] = meta
             return fut
 
     def _run(self, tc: TransactionCoordinator, meta: TxnMeta, track: bool = True) -> TxnMeta:
@@ -71,6 +81,7 @@ class Completer:
             if track:
                 with self._lock:
                     self._inflight.pop(meta.txn_id, None)
+                    self._decided.pop(meta.txn_id, None)
 
     def _complete(self, tc: TransactionCoordinator, meta: TxnMeta) -> TxnMeta:
         for attempt in range(ATTEMPTS):

@@ -154,7 +154,9 @@ class TransactionCoordinator:
             if txn_id.least_bits <= self.txlog.counter:
                 raise TransactionNotFound(
                     f"transaction {txn_id} is not in TC {self.tc_id}'s log: it finished and its metadata was trimmed, "
-                    "or it never registered a partition or subscription")
+                    "or it never registered a partition or subscription (an acknowledgement-only transaction "
+                    "registers with its decision: until then the pending-ack stats of its subscriptions list it "
+                    "under unregisteredTransactions, with its deadline)")
             raise TransactionNotFound(f"transaction {txn_id} was never issued by TC {self.tc_id}")
         self._unwritten.pop(txn_id.least_bits, None)
         return meta
@@ -215,6 +217,74 @@ class TransactionCoordinator:
             if txn_id.least_bits in self._unwritten:
                 self._write_new(meta)
             return meta
+
+    def defer_subscriptions(self, txn_id: TxnID, subscriptions: Iterable[Subscription]) -> TxnMeta | None:
+        """Note ``subscriptions`` on a transaction begun lazily here that the log does not hold yet,
+        in memory only: its first log write (an ADD_PARTITION, a keep-alive, or its decision) lists
+        them. Returns the noted metadata, or None when the log holds the transaction (or may: a
+        write of it had an unknown outcome), in which case the caller registers them the ordinary
+        way. Saves the registration commit before an acknowledgement-only transaction's pending
+        acks; recovery finds those pending acks through the deadline they carry instead
+        (:meth:`fence_unregistered`)."""
+        subs = frozenset(subscriptions)
+        with self._lock:
+            least = txn_id.least_bits
+            meta = self._unwritten.get(least) if txn_id.most_bits == self.tc_id else None
+            if meta is None or self.txlog.get(least) is not None:
+                return None
+            if meta.transaction_key is not None or meta.partitions:
+                return None
+            _check_usable(meta)
+            if not subs <= meta.subscriptions:
+                meta = replace(meta, subscriptions=meta.subscriptions | subs)
+                self._unwritten[least] = meta
+            return meta
+
+    def fence_unregistered(self, txn_id: TxnID, deadline_ms: int, now: int | None = None) -> TxnMeta | None:
+        """Decide a transaction the log does not hold but whose pending acks a subscription holds
+        with ``deadline_ms`` (an acknowledgement-only transaction that registers with its decision):
+        once its deadline plus ``max_clock_skew_ms`` has passed, log ABORTED for it, conditional on
+        the log still not holding it, exactly like an admin abort of an unregistered id. Its owner's
+        decision is a compare-and-set on the same entry, so at most one of the two lands; a fence
+        that loses returns the owner's entry. The fence is never trimmed (``FENCE_PROPERTY``).
+
+        Returns the transaction's entry (the fence, or what the log holds), or None while the
+        transaction may still be open (its deadline has not passed, or it lives in this process)
+        or the id was never issued. The id may lie at or below the trim mark: a transaction that
+        finished having acknowledged here listed this subscription in its first entry, and its
+        participant call ended these pending acks before its final entry, so pending acks with a
+        deadline never belong to a finished transaction."""
+        now = now_ms() if now is None else now
+        least = txn_id.least_bits
+        if txn_id.most_bits != self.tc_id:
+            raise TransactionNotFound(f"transaction {txn_id} does not belong to TC {self.tc_id}")
+        with self._lock:
+            if least in self._unwritten:
+                return None  # begun in this process and alive: its owner ends it (or the sweep)
+            self.txlog.refresh()
+            held = self.txlog.get(least)
+            if held is not None:
+                return held
+            if least > self.txlog.counter or now <= deadline_ms + self.config.max_clock_skew_ms:
+                return None
+        t = now_ms()
+        fence = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t,
+                        reason=f"{REASON_TIMEOUT}: its pending acknowledgements outlived its deadline "
+                               f"({deadline_ms}) before it registered anything",
+                        properties={FENCE_PROPERTY: "pending-ack"})
+
+        def plan() -> Done | Write:
+            self.txlog.refresh()
+            held = self.txlog.get(least)
+            if held is not None:
+                return Done(held)  # its owner decided first (or another fence landed): follow it
+            return Write([(fence, MetadataOp.NEW, None)], fence, lambda: self._emit("timeout", fence))
+
+        meta = self._group.run(txn_id, plan)
+        if meta is fence:
+            log.info("TC %d: %s held pending acks past its deadline and was not in the log; logged ABORTED to "
+                     "fence its owner", self.tc_id, txn_id)
+        return meta
 
     def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
         with self._lock:
@@ -285,7 +355,7 @@ class TransactionCoordinator:
     def end_transaction(self, txn_id: TxnID, action: TxnAction, *, commit_entries=None, reason: str | None = None,
                         owner: str | None = None, admin: bool = False, properties: dict[str, str] | None = None,
                         before_participants: Callable[[TxnMeta], None] | None = None,
-                        background: bool = False) -> TxnMeta:
+                        background: bool = False, subscriptions: Iterable[Subscription] = ()) -> TxnMeta:
         """Log COMMITTING/ABORTING (the decision), apply it on every participant in parallel, then
         log COMMITTED/ABORTED. Repeating the same action is safe; the opposite one is refused.
         ``properties`` are recorded in the deciding entry itself (e.g. a streaming batch id), so
@@ -293,8 +363,13 @@ class TransactionCoordinator:
 
         ``background``: return at the decision, leaving the participants and the final entry to
         the completer (the client's commit). Everyone already sees the outcome: a reader resolves a
-        transaction without a marker through this log."""
+        transaction without a marker through this log.
 
+        ``subscriptions``: ones the transaction acknowledged on without registering them
+        (:meth:`defer_subscriptions`), listed in the deciding entry if the log lacks them, so the
+        participant calls end their pending acks. For a transaction the log does not hold yet, that
+        entry is written with its NEW entry in one compare-and-set: one commit for all three."""
+        deferred = frozenset(subscriptions)
         if action is TxnAction.COMMIT and not admin:
             self._check_epoch(txn_id)
         if admin and action is TxnAction.ABORT:
@@ -323,6 +398,8 @@ class TransactionCoordinator:
             if not proceed:
                 return None
             changes = {}
+            if not deferred <= meta.subscriptions:
+                changes["subscriptions"] = meta.subscriptions | deferred
             if properties:
                 changes["properties"] = {**meta.properties, **properties}
             if action is TxnAction.COMMIT and commit_entries is not None:
@@ -433,10 +510,25 @@ class TransactionCoordinator:
         with self._lock:
             self.txlog.refresh()
             metas = self.txlog.all()
-            # Begun here, never registered, past their timeout: nothing of them exists to abort.
+            # Begun here, never registered, past their timeout: nothing of them exists to abort,
+            # unless they acknowledged (``defer_subscriptions``): those are aborted below, which
+            # writes them with their subscriptions and returns their pending acks at once.
+            dead_acks = []
             for least, m in list(self._unwritten.items()):
                 if m.expired(now):
-                    del self._unwritten[least]
+                    if m.subscriptions:
+                        dead_acks.append(m)
+                    else:
+                        del self._unwritten[least]
+        for m in dead_acks:
+            try:
+                self.abort_expired(m.txn_id, now)
+                res.timed_out += 1
+            except (InvalidTxnStatusError, TransactionNotFound):
+                continue  # fenced meanwhile: the fence stands
+            except Exception as e:
+                res.failed += 1
+                log.warning("TC %d sweep: %s failed: %s", self.tc_id, m.txn_id, e)
         for meta in metas:
             try:
                 if meta.expired(now):
@@ -499,9 +591,11 @@ class TransactionCoordinator:
 def _decide_and_finish(meta: TxnMeta, decide):
     """``decide``'s transition, plus the final one when the transaction has no participants."""
     prepared = decide(meta)
-    if prepared is None or meta.partitions or meta.subscriptions:
+    if prepared is None:
         return prepared
     decided, op = prepared
+    if decided.partitions or decided.subscriptions:
+        return prepared
     action = TxnAction.COMMIT if decided.status is TxnStatus.COMMITTING else TxnAction.ABORT
     return [(decided, op), (decided.transition(action.final_status, now_ms()), MetadataOp.UPDATE)], op
 

@@ -8,6 +8,11 @@ compare-and-set, so the rules hold across processes too.
 Offsets <= ``mark_delete`` are acknowledged; ``acked`` holds those acknowledged individually above
 it. Each transaction's individual pending acks are a RangeSet; one transaction at a time may hold
 a pending cumulative ack.
+
+``deadlines`` holds, for a transaction whose TC log did not hold it when it acknowledged here (a
+lazily begun transaction that has only acknowledged: it registers this subscription with its
+decision), its deadline (start + timeout, ms): what recovery needs to tell an open one from a dead
+one without its registration (docs/semantics.md, "An acknowledgement-only transaction").
 """
 from __future__ import annotations
 
@@ -26,10 +31,20 @@ class CursorState:
     pending_cumulative: tuple[int, int] | None = None  # (txn key, position)
     redelivery: dict[int, int] = field(default_factory=dict)
     deleted: bool = False
+    deadlines: dict[int, int] = field(default_factory=dict)  # txn key -> deadline ms, unregistered ones only
 
     def copy(self) -> CursorState:
         return CursorState(self.mark_delete, self.acked.copy(), {k: v.copy() for k, v in self.pending.items()},
-                           self.pending_cumulative, dict(self.redelivery), self.deleted)
+                           self.pending_cumulative, dict(self.redelivery), self.deleted, dict(self.deadlines))
+
+    def note_deadline(self, txn: int, deadline_ms: int) -> None:
+        """Record the deadline of a transaction the TC log does not hold yet, beside its pending acks."""
+        if txn in self.pending or (self.pending_cumulative is not None and self.pending_cumulative[0] == txn):
+            self.deadlines[txn] = max(deadline_ms, self.deadlines.get(txn, deadline_ms))
+
+    def _drop_deadline(self, txn: int) -> None:
+        if txn not in self.pending and not (self.pending_cumulative is not None and self.pending_cumulative[0] == txn):
+            self.deadlines.pop(txn, None)
 
     # ---- queries ---------------------------------------------------------------------------------
     def is_acked(self, offset: int) -> bool:
@@ -181,6 +196,7 @@ class CursorState:
                 del self.pending[txn]
         if cumulative is not None and self.pending_cumulative == (txn, cumulative):
             self.pending_cumulative = None
+        self._drop_deadline(txn)
 
     def commit(self, txn: int) -> bool:
         """TC commit: the transaction's pending acks become acknowledgements. Idempotent."""
@@ -195,6 +211,7 @@ class CursorState:
             self.pending_cumulative = None
             self.ack_cumulative(pos)
             changed = True
+        self._drop_deadline(txn)
         self._compact()
         return changed
 
@@ -209,6 +226,7 @@ class CursorState:
             pos = self.pending_cumulative[1]
             self.pending_cumulative = None
             back.extend(o for o in range(self.mark_delete + 1, pos + 1) if not self.is_acked(o) and not self.is_pending(o))
+        self._drop_deadline(txn)
         back = sorted(set(back))  # acked individually and cumulatively in the txn: one redelivery, not two
         self.bump_redelivery(back)
         return back
@@ -224,6 +242,7 @@ class CursorState:
         self.pending = {}
         self.pending_cumulative = None
         self.redelivery = {}
+        self.deadlines = {}
 
     def _compact(self) -> None:
         """Fold individually acked ranges that touch the mark-delete position into it."""

@@ -7,11 +7,18 @@ or one that was decided without this subscription among its participants. Whoeve
 subscription (a consumer, or a streaming batch about to acknowledge) asks the TCs and applies the
 decided abort here, idempotently, as the TC's participant call would have. Otherwise those
 messages stay held, and a pending cumulative ack blocks every later batch of the subscription.
+
+An acknowledgement-only transaction writes its pending acks before its TC log holds it (its NEW
+entry, its subscriptions and its decision are one entry). Its pending acks carry its deadline
+(``CursorState.deadlines``): while the log does not hold it, it is open until that deadline (plus
+the clock-skew allowance), and dead after it, when resolution fences its id in the log
+(``TransactionCoordinator.fence_unregistered``) and then returns its acks, unless its owner's
+decision landed first, which is then followed.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pulsartx.buffer.reads import _lookup
@@ -50,8 +57,22 @@ def trimmed(root: StorageRoot, key: int, strict: bool = False) -> bool:
     return fresh.get(least) is None and least <= fresh.counter
 
 
+def _fence(coordinators: Any, key: int, deadline_ms: int, strict: bool) -> Any:
+    """The log's entry for an unregistered transaction holding pending acks with ``deadline_ms``
+    (a fence once it is past it), or None while it may be open or its TC cannot be read."""
+    txn_id = TxnID(*key_txn(key))
+    try:
+        return coordinators.tc(txn_id.most_bits).fence_unregistered(txn_id, deadline_ms)
+    except PulsarException as e:
+        if strict:
+            raise
+        log.debug("cannot fence %s to resolve its pending acks: %s", txn_id, e)
+        return None
+
+
 def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscription: str, keys: set[int],
-                    roll_forward: bool = False, strict: bool = False) -> int:
+                    roll_forward: bool = False, strict: bool = False,
+                    deadlines: Mapping[int, int] | None = None) -> int:
     """Abort, on this subscription, the pending acks of the transactions in ``keys`` that their TC
     aborted (an expired one is aborted now), decided without this subscription among its
     participants (the list is fixed once COMMITTING is logged), or forgot (finished and trimmed:
@@ -62,7 +83,11 @@ def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscripti
     transaction's cumulative ack must not conflict with a predecessor that has already committed.
 
     ``strict``: a transaction whose TC cannot be read now raises StorageError instead of staying
-    pending until the next pass (a redelivery must return an aborted transaction's acks now)."""
+    pending until the next pass (a redelivery must return an aborted transaction's acks now).
+
+    ``deadlines``: the cursor's deadlines of transactions that acknowledged before their TC log
+    held them. Such a transaction the log still does not hold is open until its deadline, and is
+    fenced after it (see the module's docstring), never taken for a trimmed one."""
     if not keys:
         return 0
     mine = Subscription(topic, subscription)
@@ -72,7 +97,11 @@ def resolve_pending(root: StorageRoot, coordinators: Any, topic: str, subscripti
         raise StorageError(f"the TCs of transactions {sorted(TxnID(*key_txn(k)) for k in keys - metas.keys())} "
                            "cannot be read now to resolve their pending acks; retry")
     for k, meta in metas.items():
-        if meta is None and not trimmed(root, k, strict):
+        if meta is None and deadlines and k in deadlines:
+            meta = _fence(coordinators, k, deadlines[k], strict)
+            if meta is None:
+                continue  # open until its deadline, or its TC cannot be read now
+        elif meta is None and not trimmed(root, k, strict):
             continue
         if meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED) or (
                 meta.status is not TxnStatus.OPEN and mine not in meta.subscriptions):

@@ -78,7 +78,8 @@ def _state(r: dict[str, Any]) -> dict[str, Any]:
 def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
     """The cursor as a row. ``state``: ``acked`` ranges ``[first, last]``, ``pending`` acks
     ``[txn most bits, txn least bits, first, last]`` (PENDING_ACK), ``pending_cumulative``
-    ``[most, least, position]``, ``redelivery`` ``[offset, count]``."""
+    ``[most, least, position]``, ``redelivery`` ``[offset, count]``, and only when some
+    transaction acknowledged before its TC log held it, ``deadlines`` ``[most, least, deadline ms]``."""
     cum = c.pending_cumulative
     state = {
         "acked": [[a, b] for a, b in c.acked.ranges()],
@@ -86,6 +87,8 @@ def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
         "pending_cumulative": None if cum is None else [*_bits(cum[0]), cum[1]],
         "redelivery": [[o, n] for o, n in sorted(c.redelivery.items())],
     }
+    if c.deadlines:
+        state["deadlines"] = [[*_bits(k), d] for k, d in sorted(c.deadlines.items())]
     return _row(seq, CURSOR, state, mark_delete=c.mark_delete, deleted=c.deleted)
 
 
@@ -99,6 +102,7 @@ def row_to_cursor(r: dict[str, Any]) -> CursorState:
     if cum is not None:
         c.pending_cumulative = (_key(cum[0], cum[1]), cum[2])
     c.redelivery = {o: n for o, n in st.get("redelivery") or ()}
+    c.deadlines = {_key(most, least): d for most, least, d in st.get("deadlines") or ()}
     return c
 
 

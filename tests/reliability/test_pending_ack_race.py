@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import pulsartx
 from pulsartx.client.consumer import ConsumerType, InitialPosition
 from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.exceptions import ExpiredTransactionError
 
-CFG = CoordinatorConfig(recovery_grace_ms=0)
+CFG = CoordinatorConfig(recovery_grace_ms=0, max_clock_skew_ms=200)
 
 
-def test_ack_after_its_transaction_was_aborted_is_returned(root):
+@pytest.mark.parametrize("registered", [True, False])
+def test_ack_after_its_transaction_was_aborted_is_returned(root, registered):
+    """``registered``: the TC log holds the transaction before its first ack, so that ack registers
+    the subscription. Else (an acknowledgement-only transaction, which registers with its decision)
+    the other client's sweep does not know it; the second ack then finds it expired, and the first
+    one's pending ack is fenced and returned once its deadline has passed."""
     c = pulsartx.Client(root, coordinator_config=CFG)
     c.admin.create_topic("t", 1)
     p = c.create_producer("t")
@@ -23,10 +30,16 @@ def test_ack_after_its_transaction_was_aborted_is_returned(root):
     cons = c.subscribe("t", "s", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
     m0, m1 = cons.receive(5000), cons.receive(5000)
     txn = c.new_transaction(timeout_ms=300)
-    cons.acknowledge(m0, txn=txn)  # registers the subscription with the TC
+    if registered:
+        c._coordinators().for_txn(txn.id).persist(txn.id)
+    cons.acknowledge(m0, txn=txn)  # registers the subscription with the TC (or defers it)
     time.sleep(0.5)
     pulsartx.Client(root, coordinator_config=CFG).admin.transactions.sweep(grace_ms=0)  # aborts it (timeout)
-    cons.acknowledge(m1, txn=txn)  # already registered: lands as PENDING_ACK of an ABORTED transaction
+    if registered:
+        cons.acknowledge(m1, txn=txn)  # already registered: lands as PENDING_ACK of an ABORTED transaction
+    else:
+        with pytest.raises(ExpiredTransactionError):
+            cons.acknowledge(m1, txn=txn)
     try:
         txn.commit()
         raise AssertionError("commit of a timed-out transaction succeeded")
