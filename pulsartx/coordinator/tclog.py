@@ -141,6 +141,12 @@ class TransactionLog:
         r = self.log.get(str(least_bits)) if least_bits != LEASE_KEY else None
         return None if r is None else self._meta(r)
 
+    def peek(self, least_bits: int) -> TxnMeta | None:
+        """The transaction as last read, without reading what is pending (no I/O): a hint for
+        fields that never change, never a basis for a decision."""
+        r = self.log.peek(str(least_bits)) if least_bits != LEASE_KEY else None
+        return None if r is None else self._meta(r)
+
     def all(self) -> list[TxnMeta]:
         rows = self.log.rows
         if len(self._parsed) > 2 * len(rows) + 1024:  # trimmed rows' entries

@@ -138,8 +138,12 @@ class GroupCommit:
 
     def __init__(self, name: str, lock: threading.RLock, write: Callable[[list[Any]], None],
                  refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP,
-                 before_group: Callable[[], Any] | None = None, exhausted: str | None = None):
+                 before_group: Callable[[], Any] | None = None, exhausted: str | None = None,
+                 start_plan: Callable[[], Any] | None = None):
         self.name = name
+        # Before each planning round of a group (each attempt): plans that depend on the ones
+        # before them in the same commit (a producer's appends) reset what they carry over.
+        self._start_plan = start_plan
         self._exhausted = exhausted or f"{name}: could not write after {max_attempts} concurrent conflicts"
         # Once per group that holds a request run with before=True, ahead of planning (e.g. catch up
         # on others' commits first).
@@ -156,9 +160,20 @@ class GroupCommit:
 
     def run(self, key: Hashable, plan: Callable[[], Done | Write], kind: Hashable = None,
             before: bool = False) -> Any:
+        return self.wait(self.submit(key, plan, kind, before))
+
+    def submit(self, key: Hashable, plan: Callable[[], Done | Write], kind: Hashable = None,
+               before: bool = False) -> _Request:
+        """Queue a request without waiting (pipelining): requests a caller submits in order are
+        planned in that order, in one commit or in commits one after the other, so a caller may
+        release its own lock before the round trip and let the next request queue behind it."""
         req = _Request(key, plan, kind, before)
         with self._queue_lock:
             self._queue.append(req)
+        return req
+
+    def wait(self, req: _Request) -> Any:
+        """The answer to a submitted request, leading commits until it is written."""
         if in_background():
             _linger(req.done)
         with self._lock:
@@ -193,6 +208,8 @@ class GroupCommit:
                 return
         for attempt in range(self._max_attempts):
             writes: list[tuple[_Request, Write]] = []
+            if self._start_plan is not None:
+                self._start_plan()
             for r in group:
                 if r.done.is_set():
                     continue

@@ -214,6 +214,11 @@ class KeyedLog:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
+    def settled(self) -> bool:
+        """Whether the rows in memory are the log as of :attr:`version` (nothing stepped over is
+        left unread, no reload is due): then :meth:`peek` answers as of that version."""
+        return self._appender is not None and not self._pending and not self._reopen
+
     def peek(self, key: str) -> dict[str, Any] | None:
         """The key's row as last read, without reading what is pending: a hint that costs no I/O,
         never a basis for a decision (those go through :meth:`cas`)."""
