@@ -256,7 +256,30 @@ class PartitionLog:
         The group first catches up on others' appends (:meth:`sync_writer`): a marker surely follows
         its transaction's data, appended by other writers since our last look."""
         item = _AppendItem(records, None, None, guard_app_id, None)
-        return self._group.run(guard_app_id, lambda: self._plan(item), before=True).result
+        return self._group.run(guard_app_id, lambda: self._plan(item), before=self._behind()).result
+
+    def _behind(self) -> bool:
+        """Whether a marker's group must catch up first (:meth:`sync_writer`), probed without the
+        append lock: a commit in flight holds it for its round trips, and the probe's reads under
+        it made every append of the partition wait for them, while in one process appending alone
+        they find nothing. A commit that lands after the probe only costs the marker's group a
+        lost race (re-read, re-planned), as it did after a sync."""
+        writer = self._writer
+        if writer is None:
+            return True
+        try:
+            if not writer.same_table():
+                return True
+            for _ in range(2):
+                nxt = writer.next_commit()
+                if not nxt.arrived():
+                    return False
+                if writer.version == nxt.version:
+                    return True  # a commit this writer has not applied: another writer's
+                # our own group committed meanwhile: probe past it once more
+            return True
+        except Exception:
+            return True  # the sync under the lock reads again, and reports a storage error itself
 
     def _plan(self, item: _AppendItem) -> Done | Write:
         """An append's own checks against the state the group's commit is based on."""

@@ -34,6 +34,10 @@ from pulsartx.storage import delta
 R = TypeVar("R")
 MAX_GROUP = 64
 LINGER_S = 0.01
+# A waiting request re-checks this often whether it must lead: only a safety net, as a leader that
+# is done hands the lead on at once (a leader that is not a waiter, e.g. a thread that held the
+# log's lock already, hands nothing on).
+WAKE_POLL_S = 0.05
 _BACKGROUND = threading.local()
 _LINGER = threading.Condition()  # lingering requests wait on it; urgent() and finished requests wake them
 _urgent = 0  # threads waiting for background work right now
@@ -125,10 +129,14 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
+    # Set when the request is done or its thread is handed the lead (GroupCommit.wait).
+    wake: threading.Event = field(default_factory=threading.Event)
+    waiting: bool = False  # its thread waits in GroupCommit.wait (it can take the lead)
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
+        self.wake.set()
         _wake_lingering()
 
 
@@ -155,6 +163,7 @@ class GroupCommit:
         self._max_group = max_group
         self._queue: list[_Request] = []
         self._queue_lock = threading.Lock()
+        self._leading = False  # a thread leads (or is about to take the lock to lead); see wait()
         self.commits = 0  # commits written (a group's retries count once each)
         self.requests = 0  # requests that wrote rows
 
@@ -173,15 +182,49 @@ class GroupCommit:
         return req
 
     def wait(self, req: _Request) -> Any:
-        """The answer to a submitted request, leading commits until it is written."""
+        """The answer to a submitted request, leading commits until it is written.
+
+        One thread leads at a time (``_leading``); the others wait on their own request, not on
+        the log's lock: when the leader's commit has written theirs they return at once, instead of
+        each taking the lock in turn only to find its request done while the next group waits
+        behind them (a convoy that cost a thread switch per finished request). A leader whose own
+        request is written hands the lead to the oldest waiting request still queued."""
         if in_background():
             _linger(req.done)
-        with self._lock:
-            while not req.done.is_set():
-                self._commit_group(self._take())
+        with self._queue_lock:
+            req.waiting = True
+        while not req.done.is_set():
+            req.wake.clear()
+            with self._queue_lock:
+                lead = not self._leading
+                if lead:
+                    self._leading = True
+            if lead:
+                try:
+                    with self._lock:
+                        self._lead(req)
+                finally:
+                    with self._queue_lock:
+                        self._leading = False
+                        heir = next((r for r in self._queue if r.waiting), None)
+                    if heir is not None:
+                        heir.wake.set()
+            elif self._lock.acquire(blocking=False):
+                # The lock is free, or this thread holds it already (a caller inside the log's
+                # lock): lead without the flag; the flagged leader waits for the lock meanwhile.
+                try:
+                    self._lead(req)
+                finally:
+                    self._lock.release()
+            elif not req.done.is_set():
+                req.wake.wait(WAKE_POLL_S)
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _lead(self, req: _Request) -> None:
+        while not req.done.is_set():
+            self._commit_group(self._take())
 
     def _take(self) -> list[_Request]:
         """The queued requests of distinct keys and one kind, oldest first (the others wait)."""
