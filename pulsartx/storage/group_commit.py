@@ -6,7 +6,8 @@ compare-and-set semantics because it is planned, under the lock, against the log
 is based on: a lost race (ConcurrentCommit) re-reads the log and re-plans every request of the
 group, so a request whose check no longer holds fails alone and the others are written in the
 retried commit. Two requests on the same key never share a commit (the second is planned on the
-first's result, in the next one).
+first's result, in the next one). Only the leader takes the lock: the others wait on their own
+request and return as soon as a commit has written it (docs/design/group-commit-across-transactions.md).
 
 A request's plan returns :class:`Done` (nothing to write: the request's answer is already known) or
 :class:`Write` (items for the commit, and the answer once they are durable).
