@@ -281,20 +281,29 @@ class _CountingLock:
         self.release()
 
 
-def test_requests_written_by_another_threads_commit_return_without_taking_the_lock():
+@pytest.mark.parametrize("combiner", ["group commit", "cursor combiner"])
+def test_requests_written_by_another_threads_commit_return_without_taking_the_lock(combiner):
     """Flat combining: of eight requests queued behind a commit in flight, one thread leads the next
     commit and the other seven return once it has written theirs, without taking the log's lock
     one after the other (that convoy put a thread switch per request between two commits)."""
-    from pulsartx.storage.group_commit import GroupCommit, Write
+    from pulsartx.storage.group_commit import Combiner, GroupCommit, Write
 
     lock = _CountingLock()
     commits: list[list] = []
-    group = GroupCommit("test", lock, commits.append, lambda: None)
+    if combiner == "group commit":
+        group = GroupCommit("test", lock, commits.append, lambda: None)
+        request = lambda i: group.run(i, lambda: Write([i], i))  # noqa: E731
+    else:
+        def apply_all(changes: list) -> list:
+            commits.append(changes)
+            return [(True, c) for c in changes]
+        group = Combiner(lock, apply_all)
+        request = group.run
     names = [f"request-{i}" for i in range(8)]
     out: list = [None] * 8
 
     def run(i: int) -> None:
-        out[i] = group.run(i, lambda: Write([i], i))
+        out[i] = request(i)
 
     threads = [threading.Thread(target=run, args=(i,), name=names[i]) for i in range(8)]
     with lock:

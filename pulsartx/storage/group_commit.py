@@ -141,7 +141,51 @@ class _Request:
         _wake_lingering()
 
 
-class GroupCommit:
+class _Leadership:
+    """Who writes the queued requests of a flat combiner: one thread leads at a time
+    (``_leading``), under the log's lock; the others wait on their own request, not on the lock.
+    When the leader's commit has written theirs they return at once, instead of each taking the
+    lock in turn only to find its request done while the next group waits behind them (a convoy
+    that cost a thread switch per finished request). A leader whose own request is written hands
+    the lead to the oldest waiting request still queued."""
+
+    _lock: Any
+    _queue: list[Any]
+    _queue_lock: threading.Lock
+    _leading: bool
+
+    def _wait_led(self, req: Any, lead: Callable[[], None]) -> None:
+        """Return once ``req.done``; ``lead()`` writes groups until it is, under the lock."""
+        with self._queue_lock:
+            req.waiting = True
+        while not req.done.is_set():
+            req.wake.clear()
+            with self._queue_lock:
+                flagged = not self._leading
+                if flagged:
+                    self._leading = True
+            if flagged:
+                try:
+                    with self._lock:
+                        lead()
+                finally:
+                    with self._queue_lock:
+                        self._leading = False
+                        heir = next((r for r in self._queue if r.waiting), None)
+                    if heir is not None:
+                        heir.wake.set()
+            elif self._lock.acquire(blocking=False):
+                # The lock is free, or this thread holds it already (a caller inside the log's
+                # lock): lead without the flag; the flagged leader waits for the lock meanwhile.
+                try:
+                    lead()
+                finally:
+                    self._lock.release()
+            elif not req.done.is_set():
+                req.wake.wait(WAKE_POLL_S)
+
+
+class GroupCommit(_Leadership):
     """``lock`` guards the log's state (the same lock its readers take); ``write`` makes the requests'
     items one atomic commit (raising ConcurrentCommit on a lost race); ``refresh`` re-reads the log."""
 
@@ -183,42 +227,10 @@ class GroupCommit:
         return req
 
     def wait(self, req: _Request) -> Any:
-        """The answer to a submitted request, leading commits until it is written.
-
-        One thread leads at a time (``_leading``); the others wait on their own request, not on
-        the log's lock: when the leader's commit has written theirs they return at once, instead of
-        each taking the lock in turn only to find its request done while the next group waits
-        behind them (a convoy that cost a thread switch per finished request). A leader whose own
-        request is written hands the lead to the oldest waiting request still queued."""
+        """The answer to a submitted request, leading commits until it is written (see _Leadership)."""
         if in_background():
             _linger(req.done)
-        with self._queue_lock:
-            req.waiting = True
-        while not req.done.is_set():
-            req.wake.clear()
-            with self._queue_lock:
-                lead = not self._leading
-                if lead:
-                    self._leading = True
-            if lead:
-                try:
-                    with self._lock:
-                        self._lead(req)
-                finally:
-                    with self._queue_lock:
-                        self._leading = False
-                        heir = next((r for r in self._queue if r.waiting), None)
-                    if heir is not None:
-                        heir.wake.set()
-            elif self._lock.acquire(blocking=False):
-                # The lock is free, or this thread holds it already (a caller inside the log's
-                # lock): lead without the flag; the flagged leader waits for the lock meanwhile.
-                try:
-                    self._lead(req)
-                finally:
-                    self._lock.release()
-            elif not req.done.is_set():
-                req.wake.wait(WAKE_POLL_S)
+        self._wait_led(req, lambda: self._lead(req))
         if req.error is not None:
             raise req.error
         return req.result
@@ -301,9 +313,11 @@ class _Change:
     change: Any
     done: threading.Event = field(default_factory=threading.Event)
     outcome: tuple[bool, Any] | None = None
+    wake: threading.Event = field(default_factory=threading.Event)  # done, or handed the lead
+    waiting: bool = False
 
 
-class Combiner:
+class Combiner(_Leadership):
     """Group commit for read-modify-writes of one key (a subscription's cursor, which holds its
     pending acks): whoever holds ``lock`` hands every queued change to ``apply_all`` at once, which
     runs them in order on one state, writes once, and returns ``(ok, result or exception)`` per
@@ -316,6 +330,7 @@ class Combiner:
         self._max_group = max_group
         self._queue: list[_Change] = []
         self._queue_lock = threading.Lock()
+        self._leading = False
         self.commits = 0  # apply_all calls
         self.changes = 0
 
@@ -325,22 +340,25 @@ class Combiner:
             self._queue.append(req)
         if in_background():
             _linger(req.done)
-        with self._lock:
-            while not req.done.is_set():
-                with self._queue_lock:
-                    group, self._queue = self._queue[:self._max_group], self._queue[self._max_group:]
-                try:
-                    outcomes = self._apply_all([r.change for r in group])
-                except BaseException as e:  # one commit: the same outcome for all
-                    outcomes = [(False, e)] * len(group)
-                self.commits += 1
-                self.changes += len(group)
-                for r, o in zip(group, outcomes, strict=True):
-                    r.outcome = o
-                    r.done.set()
-                _wake_lingering()
+        self._wait_led(req, lambda: self._lead(req))
         assert req.outcome is not None
         ok, value = req.outcome
         if not ok:
             raise value
         return value
+
+    def _lead(self, req: _Change) -> None:
+        while not req.done.is_set():
+            with self._queue_lock:
+                group, self._queue = self._queue[:self._max_group], self._queue[self._max_group:]
+            try:
+                outcomes = self._apply_all([r.change for r in group])
+            except BaseException as e:  # one commit: the same outcome for all
+                outcomes = [(False, e)] * len(group)
+            self.commits += 1
+            self.changes += len(group)
+            for r, o in zip(group, outcomes, strict=True):
+                r.outcome = o
+                r.done.set()
+                r.wake.set()
+            _wake_lingering()
