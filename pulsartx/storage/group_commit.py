@@ -169,11 +169,7 @@ class _Leadership:
                     with self._lock:
                         lead()
                 finally:
-                    with self._queue_lock:
-                        self._leading = False
-                        heir = next((r for r in self._queue if r.waiting), None)
-                    if heir is not None:
-                        heir.wake.set()
+                    self._hand_on(clear=True)
             elif self._lock.acquire(blocking=False):
                 # The lock is free, or this thread holds it already (a caller inside the log's
                 # lock): lead without the flag; the flagged leader waits for the lock meanwhile.
@@ -181,8 +177,22 @@ class _Leadership:
                     lead()
                 finally:
                     self._lock.release()
+                    self._hand_on(clear=False)
             elif not req.done.is_set():
                 req.wake.wait(WAKE_POLL_S)
+
+    def _hand_on(self, clear: bool) -> None:
+        """Wake the oldest waiting request to lead next: after the flagged leader (``clear``), or
+        after one that led without the flag while no one holds it (the flagged one may have
+        finished meanwhile, handing the lead to a request this one then wrote)."""
+        with self._queue_lock:
+            if clear:
+                self._leading = False
+            elif self._leading:
+                return  # the flagged leader hands on when it is done
+            heir = next((r for r in self._queue if r.waiting), None)
+        if heir is not None:
+            heir.wake.set()
 
 
 class GroupCommit(_Leadership):
