@@ -253,8 +253,9 @@ class PartitionLog:
     def append_marker(self, records: pa.Table, guard_app_id: str) -> AppendResult:
         """Append one transaction's marker row, at most once ever (``guard_app_id``), sharing the
         commit of whatever else is being appended here (a marker's payload is empty: any codec).
-        The group first catches up on others' appends (:meth:`sync_writer`): a marker surely follows
-        its transaction's data, appended by other writers since our last look."""
+        When a probe finds others' appends since our last look, the group first catches up on them
+        (:meth:`sync_writer`): a marker surely follows its transaction's data, which other writers
+        may have appended."""
         item = _AppendItem(records, None, None, guard_app_id, None)
         return self._group.run(guard_app_id, lambda: self._plan(item), before=self._behind()).result
 
