@@ -2,7 +2,8 @@
 one Delta commit by the next holder, and each keeps its own check (a failing one fails alone).
 
 Each test holds the lock itself, starts 8 threads, waits until all 8 requests are queued, then
-lets go: what follows is deterministic (one group), unlike racing threads.
+lets go: what follows is deterministic (one group), unlike racing threads. The last section runs
+transactions in flight together and bounds their commits instead.
 """
 from __future__ import annotations
 
