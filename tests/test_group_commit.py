@@ -414,3 +414,28 @@ def test_many_threads_requests_are_each_written_once_whoever_leads():
     assert errors == []
     assert sorted(written) == [(t, j) for t in range(16) for j in range(100)]
     assert group.requests == 1600
+
+
+def test_an_unknown_outcome_reaches_every_request_of_its_commit_and_a_failed_check_only_its_own():
+    """Whoever leads, each waiter gets its own request's answer: the commit's unknown outcome for
+    every request written in it, a failed check's own error for that one request alone."""
+    from pulsartx.storage import delta
+    from pulsartx.storage.group_commit import GroupCommit, Write
+
+    lock = threading.RLock()
+    unknown = delta.OutcomeUnknown("planted: the commit may or may not have landed")
+
+    def write(items: list) -> None:
+        raise unknown
+
+    group = GroupCommit("test", lock, write, lambda: None)
+
+    def plan(i: int):
+        if i == 2:
+            raise InvalidTxnStatusError("planted: request 2's own check")
+        return Write([i], i)
+
+    out = run_queued(lock, lambda: len(group._queue), [lambda i=i: group.run(i, lambda: plan(i)) for i in range(8)])
+    assert isinstance(out[2], InvalidTxnStatusError)
+    assert all(out[i] is unknown for i in range(8) if i != 2)
+    assert group.commits == 0
