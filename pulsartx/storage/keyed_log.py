@@ -228,7 +228,8 @@ class KeyedLog:
 
     def peek(self, key: str) -> dict[str, Any] | None:
         """The key's row as last read, without reading what is pending: a hint that costs no I/O,
-        never a basis for a decision (those go through :meth:`cas`)."""
+        never a basis for a decision (those go through :meth:`cas`). Between two :meth:`settled`
+        checks at one :attr:`version`, it is the row as of that version (a read, still no decision)."""
         return self._rows.get(key)
 
     def _landed(self, rows: list[dict[str, Any]]) -> bool | None:
