@@ -439,3 +439,55 @@ def test_an_unknown_outcome_reaches_every_request_of_its_commit_and_a_failed_che
     assert isinstance(out[2], InvalidTxnStatusError)
     assert all(out[i] is unknown for i in range(8) if i != 2)
     assert group.commits == 0
+
+
+def test_markers_asking_together_share_one_catch_up_probe(client, monkeypatch):
+    """A marker probes, outside the append lock, whether other writers appended since our last look
+    (two requests). Markers that ask while a probe is running wait for the next one and share it:
+    eight markers at once cost two probes, not eight."""
+    import types
+
+    from pulsartx.log import partition as partition_mod
+
+    client.admin.create_topic("pr", 1)
+    plog = shared_log(client.root, TopicName.parse("persistent://public/default/pr-partition-0"))
+    plog.append(build_records([b"x"]))  # opens the writer
+    waiting = [0]
+
+    class CountingEvent(threading.Event):
+        def wait(self, timeout=None):
+            waiting[0] += 1
+            return super().wait(timeout)
+
+    monkeypatch.setattr(partition_mod, "threading", types.SimpleNamespace(Lock=threading.Lock, Event=CountingEvent))
+    release, probes = threading.Event(), []
+    plain = partition_mod.PartitionLog._probe_behind
+
+    def probe(self):
+        probes.append(threading.current_thread().name)
+        if len(probes) == 1:
+            assert release.wait(30)
+        return plain(self)
+
+    monkeypatch.setattr(partition_mod.PartitionLog, "_probe_behind", probe)
+    out: list = [None] * 8
+
+    def ask(i: int) -> None:
+        out[i] = plog._behind()
+
+    first = threading.Thread(target=ask, args=(0,), name="marker-0")
+    first.start()
+    deadline = time.monotonic() + 30
+    while not probes:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    others = [threading.Thread(target=ask, args=(i,), name=f"marker-{i}") for i in range(1, 8)]
+    for t in others:
+        t.start()
+    while waiting[0] < 7:  # all seven wait on the running probe, which began before they asked
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    release.set()
+    for t in [first, *others]:
+        t.join()
+    assert len(probes) == 2 and out == [False] * 8  # nobody else appended: no catch-up needed

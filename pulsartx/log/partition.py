@@ -186,6 +186,10 @@ class PartitionLog:
         # A producer's last sequence id as planned so far in the group being planned: its appends
         # queued one after the other share a commit, each deduplicated behind the ones before it.
         self._planned: dict[str, int] = {}
+        # Markers' shared catch-up probe (_behind): the last one's (start, answer), the one running.
+        self._probe_lock = threading.Lock()
+        self._probed: tuple[float, bool] = (float("-inf"), True)
+        self._probing: threading.Event | None = None
         # Appends and markers of this process's threads share commits (group commit).
         self._group = GroupCommit(
             f"{topic} appends", self._append_lock, self._write_group, lambda: self._catch_up(self._appender()),
@@ -264,7 +268,35 @@ class PartitionLog:
         append lock: a commit in flight holds it for its round trips, and the probe's reads under
         it made every append of the partition wait for them, while in one process appending alone
         they find nothing. A commit that lands after the probe only costs the marker's group a
-        lost race (re-read, re-planned), as it did after a sync."""
+        lost race (re-read, re-planned), as it did after a sync.
+
+        Markers asking together share a probe: any probe that began after a marker asked answers
+        for it (the many markers of transactions in flight made two requests each)."""
+        asked = time.monotonic()
+        while True:
+            with self._probe_lock:
+                began, answer = self._probed
+                if began >= asked:
+                    return answer
+                running = self._probing
+                if running is None:
+                    running = self._probing = threading.Event()
+                    mine, began = True, time.monotonic()
+                else:
+                    mine = False
+            if not mine:
+                running.wait()  # then its answer, if it began after we asked, or a probe of our own
+                continue
+            answer = True  # should the probe itself fail: catch up, as a failed probe does
+            try:
+                answer = self._probe_behind()
+            finally:
+                with self._probe_lock:
+                    self._probed, self._probing = (began, answer), None
+                running.set()
+            return answer
+
+    def _probe_behind(self) -> bool:
         writer = self._writer
         if writer is None:
             return True
