@@ -2,7 +2,8 @@
 one Delta commit by the next holder, and each keeps its own check (a failing one fails alone).
 
 Each test holds the lock itself, starts 8 threads, waits until all 8 requests are queued, then
-lets go: what follows is deterministic (one group), unlike racing threads.
+lets go: what follows is deterministic (one group), unlike racing threads. The last section runs
+transactions in flight together and bounds their commits instead.
 """
 from __future__ import annotations
 
@@ -209,3 +210,284 @@ def test_back_to_back_transactional_acks_fold_the_previous_completion_into_the_n
     assert store._cursor_updates.commits - cursor_commits <= 40 + 10
     [st] = client.admin.transactions.get_pending_ack_stats("ft", "s")
     assert (st["markDeletePosition"], st["pendingAckCount"]) == (40, 0)
+
+
+# ---- transactions in flight together share commits ------------------------------------------------------
+def test_one_producers_batches_queued_together_share_a_commit_each_deduplicated_behind_the_ones_before(client):
+    """A producer's batches of different transactions, queued one after the other while a commit
+    is in flight, are written in the next commit together; each is deduplicated against the ones
+    before it in that commit as if they had been committed one by one."""
+    client.admin.create_topic("pp", 1)
+    plog = shared_log(client.root, TopicName.parse("persistent://public/default/pp-partition-0"))
+    plog.append(build_records([b"x"], producer_name="p", sequence_ids=[0]), producer_name="p")
+    commits = plog._group.commits
+    batches = [([b"a1", b"a2"], [1, 2]), ([b"b2", b"b3"], [2, 3]), ([b"c3"], [3]), ([b"d4"], [4])]
+    with plog._append_lock:  # a commit in flight: the batches queue behind it
+        requests = [plog.submit_append(build_records(v, producer_name="p", sequence_ids=s), producer_name="p")
+                    for v, s in batches]
+    out = [plog.wait_append(r) for r in requests]
+    assert plog._group.commits == commits + 1
+    assert [(r.offsets, r.duplicates) for r in out] == [([1, 2], 0), ([None, 3], 1), ([None], 1), ([4], 0)]
+    assert out[0].version == out[1].version == out[3].version and out[2].version is None
+    assert plog.last_sequence_id("p") == 4
+    values = plog.read(0, plog.end_offset(), columns=["value"]).column("value").to_pylist()
+    assert values == [b"x", b"a1", b"a2", b"b3", b"d4"]
+
+
+def test_many_transactions_through_one_producer_share_partition_commits(client):
+    """Eight transactions sending through one producer to one partition at once: their data
+    appends queue together behind a commit in flight and are written in one commit (a producer's
+    appends used to wait for each other's round trips, one commit each)."""
+    client.admin.create_topic("mt", 1)
+    producer = client.create_producer("mt", batching_max_publish_delay_ms=60_000)
+    plog = shared_log(client.root, TopicName.parse("persistent://public/default/mt-partition-0"))
+    txns = [client.new_transaction() for _ in range(8)]
+    for i, txn in enumerate(txns):
+        producer.send_async(f"m{i}".encode(), None, txn=txn)
+        txn._register_partitions({str(plog.topic)})  # registered now: the flushes below only append
+    commits = plog._group.commits
+    jobs = [lambda t=t: producer.flush_transaction(t, registered=True) for t in txns]
+    out = run_queued(plog._append_lock, lambda: len(plog._group._queue), jobs)
+    assert out == [None] * 8
+    assert plog._group.commits == commits + 1
+    for txn in txns:
+        txn.commit()
+    client.flush()
+    reader = client.create_reader("mt", pulsartx.MessageId.earliest)
+    got = []
+    while reader.has_message_available():
+        got.append(reader.read_next(5000).data())
+    assert sorted(got) == [f"m{i}".encode() for i in range(8)]
+
+
+class _CountingLock:
+    """An RLock that counts the threads that took it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.taken: Counter = Counter()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        ok = self._lock.acquire(blocking, timeout)
+        if ok:
+            self.taken[threading.current_thread().name] += 1
+        return ok
+
+    def release(self) -> None:
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize("combiner", ["group commit", "cursor combiner"])
+def test_requests_written_by_another_threads_commit_return_without_taking_the_lock(combiner):
+    """Flat combining: of eight requests queued behind a commit in flight, one thread leads the next
+    commit and the other seven return once it has written theirs, without taking the log's lock
+    one after the other (that convoy put a thread switch per request between two commits)."""
+    from pulsartx.storage.group_commit import Combiner, GroupCommit, Write
+
+    lock = _CountingLock()
+    commits: list[list] = []
+    if combiner == "group commit":
+        group = GroupCommit("test", lock, commits.append, lambda: None)
+        request = lambda i: group.run(i, lambda: Write([i], i))  # noqa: E731
+    else:
+        def apply_all(changes: list) -> list:
+            commits.append(changes)
+            return [(True, c) for c in changes]
+        group = Combiner(lock, apply_all)
+        request = group.run
+    names = [f"request-{i}" for i in range(8)]
+    out: list = [None] * 8
+
+    def run(i: int) -> None:
+        out[i] = request(i)
+
+    threads = [threading.Thread(target=run, args=(i,), name=names[i]) for i in range(8)]
+    with lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(group._queue) < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert out == list(range(8)) and commits == [list(range(8))]
+    # the leader; at most one more if a waiter's safety-net poll found the lock free first
+    assert 1 <= sum(lock.taken[n] for n in names) <= 2
+
+
+def test_transactions_in_flight_together_share_tc_and_partition_commits(tmp_path):
+    """Sixteen threads running transactions back to back through one client, under a store latency
+    that makes their requests overlap (as on an object store): their registrations, decisions and
+    final records share TC-log commits, their data and markers partition commits, and every message
+    is read exactly once. Bounds, not exact counts (threads race): one commit per transaction
+    written alone is 3 on the TC log and 2 per partition."""
+    from pulsartx.storage import faults
+
+    c = pulsartx.Client(str(tmp_path / "root"), num_coordinators=1)
+    try:
+        for t in ("fa", "fb"):
+            c.admin.create_topic(t, 1)
+        producers = [c.create_producer(t) for t in ("fa", "fb")]
+        tc = c._coordinators().tc(0)
+        tc.open()
+        logs = [shared_log(c.root, TopicName.parse(f"persistent://public/default/{t}-partition-0")) for t in ("fa", "fb")]
+        for p in producers:  # open the partitions' writers
+            p.send(b"warm")
+        before = tc._group.commits, [lg._group.commits for lg in logs]
+        sent: list[bytes] = []
+
+        def loop(i: int) -> None:
+            for j in range(3):
+                txn = c.new_transaction()
+                for k in range(4):
+                    body = f"{i}:{j}:{k}".encode()
+                    producers[k % 2].send_async(body, None, txn=txn)
+                    sent.append(body)
+                txn.commit()
+
+        faults.install(faults.store_latency(10, 30))
+        try:
+            threads = [threading.Thread(target=loop, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            c.flush()
+        finally:
+            faults.clear()
+        txns = 16 * 3
+        tc_commits = tc._group.commits - before[0]
+        part_commits = [lg._group.commits - b for lg, b in zip(logs, before[1], strict=True)]
+        assert tc_commits <= txns, tc_commits  # 3 per transaction alone
+        assert all(n <= txns for n in part_commits), part_commits  # 2 per transaction alone
+        got = Counter()
+        for t in ("fa", "fb"):
+            reader = c.create_reader(t, pulsartx.MessageId.earliest)
+            while reader.has_message_available():
+                got[reader.read_next(5000).data()] += 1
+        assert got == Counter(sent + [b"warm", b"warm"])
+    finally:
+        c.close()
+
+
+def test_many_threads_requests_are_each_written_once_whoever_leads():
+    """Leadership under churn: threads submitting back to back (some from inside the log's lock,
+    as a TC's own locked paths do) each get their answer, and each request is written exactly once."""
+    import random
+
+    from pulsartx.storage.group_commit import GroupCommit, Write
+
+    lock = threading.RLock()
+    written: list = []
+
+    def write(items: list) -> None:
+        time.sleep(random.random() / 1000)
+        written.extend(items)
+
+    group = GroupCommit("test", lock, write, lambda: None)
+    errors: list = []
+
+    def loop(t: int) -> None:
+        for j in range(100):
+            key = (t, j)
+            try:
+                if j % 10 == 0:
+                    with lock:
+                        got = group.run(key, lambda k=key: Write([k], k))
+                else:
+                    got = group.run(key, lambda k=key: Write([k], k))
+                assert got == key
+            except Exception as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(written) == [(t, j) for t in range(16) for j in range(100)]
+    assert group.requests == 1600
+
+
+def test_an_unknown_outcome_reaches_every_request_of_its_commit_and_a_failed_check_only_its_own():
+    """Whoever leads, each waiter gets its own request's answer: the commit's unknown outcome for
+    every request written in it, a failed check's own error for that one request alone."""
+    from pulsartx.storage import delta
+    from pulsartx.storage.group_commit import GroupCommit, Write
+
+    lock = threading.RLock()
+    unknown = delta.OutcomeUnknown("planted: the commit may or may not have landed")
+
+    def write(items: list) -> None:
+        raise unknown
+
+    group = GroupCommit("test", lock, write, lambda: None)
+
+    def plan(i: int):
+        if i == 2:
+            raise InvalidTxnStatusError("planted: request 2's own check")
+        return Write([i], i)
+
+    out = run_queued(lock, lambda: len(group._queue), [lambda i=i: group.run(i, lambda: plan(i)) for i in range(8)])
+    assert isinstance(out[2], InvalidTxnStatusError)
+    assert all(out[i] is unknown for i in range(8) if i != 2)
+    assert group.commits == 0
+
+
+def test_markers_asking_together_share_one_catch_up_probe(client, monkeypatch):
+    """A marker probes, outside the append lock, whether other writers appended since our last look
+    (two requests). Markers that ask while a probe is running wait for the next one and share it:
+    eight markers at once cost two probes, not eight."""
+    import types
+
+    from pulsartx.log import partition as partition_mod
+
+    client.admin.create_topic("pr", 1)
+    plog = shared_log(client.root, TopicName.parse("persistent://public/default/pr-partition-0"))
+    plog.append(build_records([b"x"]))  # opens the writer
+    waiting = [0]
+
+    class CountingEvent(threading.Event):
+        def wait(self, timeout=None):
+            waiting[0] += 1
+            return super().wait(timeout)
+
+    monkeypatch.setattr(partition_mod, "threading", types.SimpleNamespace(Lock=threading.Lock, Event=CountingEvent))
+    release, probes = threading.Event(), []
+    plain = partition_mod.PartitionLog._probe_behind
+
+    def probe(self):
+        probes.append(threading.current_thread().name)
+        if len(probes) == 1:
+            assert release.wait(30)
+        return plain(self)
+
+    monkeypatch.setattr(partition_mod.PartitionLog, "_probe_behind", probe)
+    out: list = [None] * 8
+
+    def ask(i: int) -> None:
+        out[i] = plog._behind()
+
+    first = threading.Thread(target=ask, args=(0,), name="marker-0")
+    first.start()
+    deadline = time.monotonic() + 30
+    while not probes:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    others = [threading.Thread(target=ask, args=(i,), name=f"marker-{i}") for i in range(1, 8)]
+    for t in others:
+        t.start()
+    while waiting[0] < 7:  # all seven wait on the running probe, which began before they asked
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    release.set()
+    for t in [first, *others]:
+        t.join()
+    assert len(probes) == 2 and out == [False] * 8  # nobody else appended: no catch-up needed

@@ -354,7 +354,7 @@ def test_add_partition_precedes_data(client, monkeypatch):
     k = keys_for(3)
     admin = client.admin.transactions
     seen: list[tuple[str, bool]] = []
-    orig = PartitionLog.append
+    orig = PartitionLog.submit_append  # what append and the producers' pipelined appends go through
 
     def spy(self, records, producer_name=None, guard_app_id=None, **kw):
         most = records.column("txn_most_bits")[0].as_py()
@@ -364,7 +364,7 @@ def test_add_partition_precedes_data(client, monkeypatch):
             seen.append((str(self.topic), str(self.topic) in meta["partitions"]))
         return orig(self, records, producer_name, guard_app_id, **kw)
 
-    monkeypatch.setattr(PartitionLog, "append", spy)
+    monkeypatch.setattr(PartitionLog, "submit_append", spy)
     p = client.create_producer("t")
     txn = client.new_transaction()
     assert admin.get_transaction_metadata(txn.id)["partitions"] == []

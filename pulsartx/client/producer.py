@@ -299,25 +299,23 @@ class Producer(TableSending):
                 self._append(key, batch, registered)
 
     def _append(self, key: tuple[int, Any], batch: list[_Pending], registered: bool = False) -> None:
-        """Append one queue's batch. Batches of one partition go one at a time, numbered as they go:
-        the queues of several transactions (and the plain one) flush concurrently, and a batch whose
-        sequence ids were below a batch appended before it would be dropped by deduplication as
-        already persisted, a lost message."""
-        with self._append_locks[key[0]]:
+        """Append one queue's batch. Batches of one partition are numbered as they are queued for
+        its commit (``_write``): the queues of several transactions (and the plain one) flush
+        concurrently, and a batch whose sequence ids were below a batch appended before it would be
+        dropped by deduplication as already persisted, a lost message."""
+        def number() -> None:
             with self._lock:
                 for p in batch:
                     if p.sequence_id is None:
                         self._last_seq += 1
                         p.sequence_id = self._last_seq
-            self._append_numbered(key, batch, registered)
 
-    def _append_numbered(self, key: tuple[int, Any], batch: list[_Pending], registered: bool) -> None:
         part, txn = key
         try:
             res = self._write(part, txn, registered, lambda txn_bits: build_records(
                 [p.content for p in batch], keys=[p.key for p in batch], properties=[p.properties for p in batch],
                 event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
-                sequence_ids=[p.sequence_id for p in batch], txn=txn_bits))
+                sequence_ids=[p.sequence_id for p in batch], txn=txn_bits), number)
         except PulsarException as e:
             self._fail(batch, e)
             return
@@ -328,18 +326,26 @@ class Producer(TableSending):
             if p.callback is not None:
                 self._run_callback(p.callback, Result.Ok, mid)
 
-    def _write(self, part: int, txn: Any, registered: bool, build: Callable[[tuple[int, int] | None], Any]
-               ) -> AppendResult:
+    def _write(self, part: int, txn: Any, registered: bool, build: Callable[[tuple[int, int] | None], Any],
+               number: Callable[[], None]) -> AppendResult:
         """Append the records ``build(txn_bits)`` makes as one commit: the one append path of
         ``send``, ``send_async`` and ``send_table`` (the transaction's partition registered first,
         deduplicated by this producer's name and sequence ids, its entries recorded for the
-        commit marker). Called under the partition's append lock, with sequence ids assigned."""
+        commit marker).
+
+        Under the partition's append lock the batch is numbered (``number``) and queued for the
+        partition's group commit, and the commit is waited for outside it: batches queue in
+        sequence-id order, and the next batch (another transaction's) joins the next commit, or
+        this one, instead of waiting for this one's round trip (pipelining)."""
         plog = self._logs[part]
         try:
             txn_bits = None
             if txn is not None:
                 txn_bits = txn._before_append(plog.topic, registered)
-            res = plog.append(build(txn_bits), producer_name=self._name, compression=self._compression)
+            with self._append_locks[part]:
+                number()
+                request = plog.submit_append(build(txn_bits), producer_name=self._name, compression=self._compression)
+            res = plog.wait_append(request)
             if txn is not None:
                 txn._after_append(plog.topic, res)
             return res

@@ -227,11 +227,15 @@ class TableSending:
         else:
             index = pa.array(rows)
             picked = {name: col.take(index) for name, col in cols.items()}
-        with self._append_locks[part]:
+        first = 0
+
+        def number() -> None:
+            nonlocal first
             with self._lock:
                 first = self._last_seq + 1
                 self._last_seq += len(picked["value"])
-            return self._write(part, txn, registered, lambda txn_bits: records_from_arrow(
-                picked["value"], keys=picked.get("__key"), properties=picked.get("__messageProperties"),
-                event_times=picked.get("__eventTime"), producer_name=self._name, first_sequence_id=first,
-                txn=txn_bits))
+
+        return self._write(part, txn, registered, lambda txn_bits: records_from_arrow(
+            picked["value"], keys=picked.get("__key"), properties=picked.get("__messageProperties"),
+            event_times=picked.get("__eventTime"), producer_name=self._name, first_sequence_id=first,
+            txn=txn_bits), number)

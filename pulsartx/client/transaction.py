@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from pulsartx.log.partition import AppendResult
 
 log = logging.getLogger(__name__)
-_HELPERS = ProcessPool(4, "pulsartx-txn")
+# Sized for many transactions in flight: a helper mostly waits on storage, and a transaction waiting
+# for a free helper serialises behind others' round trips (threads start only when needed).
+_HELPERS = ProcessPool(64, "pulsartx-txn")
 
 
 def helper_pool() -> ThreadPoolExecutor:
@@ -296,8 +298,13 @@ class Transaction:
         if len(producers) == 1:
             producers[0].flush_transaction(self, registered=bool(parts))
             return
-        futures = [helper_pool().submit(p.flush_transaction, self, bool(parts)) for p in producers]
-        errors = [e for f in futures if (e := f.exception()) is not None]
+        futures = [helper_pool().submit(p.flush_transaction, self, bool(parts)) for p in producers[1:]]
+        errors = []
+        try:  # the first on this thread: one helper fewer per commit
+            producers[0].flush_transaction(self, registered=bool(parts))
+        except Exception as e:
+            errors.append(e)
+        errors += [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]
 

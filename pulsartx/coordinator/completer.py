@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pulsartx.coordinator.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
-THREADS = 4
+THREADS = 32  # completions mostly wait on storage: as many as transactions commonly in flight
 ATTEMPTS = 4  # then recovery (any process that sweeps the TC log) takes over
 THREAD_PREFIX = "pulsartx-txn-complete"
 

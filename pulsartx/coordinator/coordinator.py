@@ -82,12 +82,13 @@ class TransactionCoordinator:
         self._key_home = key_home
         self._lock = threading.RLock()
         self._group = GroupCommit(f"TC {tc_id}", self._lock, self.txlog.write_many, self.txlog.refresh,
-                                  max_attempts=MAX_CAS_ATTEMPTS)
+                                  max_attempts=MAX_CAS_ATTEMPTS, before_group=self.txlog.refresh)
         self._opened = False
         # Transactions begun here that have registered nothing yet: their NEW entry is written with
         # the first ADD_PARTITION/ADD_SUBSCRIPTION (or the end), so beginning one costs no write.
         self._unwritten: dict[int, TxnMeta] = {}
         self._ids: tuple[int, int] | None = None  # the rest of this process's TxnID block: (next, last)
+        self._ids_lock = threading.Lock()  # guards _ids; taken before _lock, never inside it
         self._made = forks.stamp()  # the block is this process's: a forked child issuing from it would repeat ids
         self.completer = completer  # background completion for end_transaction(background=True)
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
@@ -137,8 +138,9 @@ class TransactionCoordinator:
             return Write(rows, final, written)
 
         new = self._group.run(txn_id, plan)
-        with self._lock:
-            self._maybe_compact()
+        if self.txlog.log.needs_compaction():  # a hint read unlocked: most requests need no lock again
+            with self._lock:
+                self._maybe_compact()
         return new
 
     def _require(self, txn_id: TxnID) -> TxnMeta:
@@ -169,12 +171,16 @@ class TransactionCoordinator:
 
     # ---- requests (PIP-31 "TC Request Processing") -----------------------------------------------
     def _next_id(self) -> TxnID:
-        """The next TxnID of this process's block, leasing a new block when it runs out."""
+        """The next TxnID of this process's block, leasing a new block when it runs out. Only the
+        lease takes the TC's lock, which a commit in flight holds for its round trip: beginning a
+        transaction does not wait for other transactions' commits."""
         forks.check(self._made, lambda: f"TC {self.tc_id} of {self.root.url} (its TxnID block)")
-        if self._ids is None or self._ids[0] > self._ids[1]:
-            self._ids = self.txlog.lease_block(self.config.id_block_size)
-        least, last = self._ids
-        self._ids = (least + 1, last)
+        with self._ids_lock:
+            if self._ids is None or self._ids[0] > self._ids[1]:
+                with self._lock:
+                    self._ids = self.txlog.lease_block(self.config.id_block_size)
+            least, last = self._ids
+            self._ids = (least + 1, last)
         return TxnID(self.tc_id, least)
 
     def new_transaction(self, timeout_ms: int, owner: str | None = None, transaction_key: str | None = None,
@@ -186,18 +192,19 @@ class TransactionCoordinator:
         ``lazy``: write nothing now; the NEW entry goes with the first registration (or the end).
         Until then only this process knows the transaction, which is safe because nothing of it
         exists anywhere else yet: data and acknowledgements are written only after a registration."""
-        with self._lock:
-            t = now_ms()
-            meta = TxnMeta(self._next_id(), TxnStatus.OPEN, int(timeout_ms), t, t,
-                           partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
-                           epoch=epoch, properties=dict(properties or {}))
-            if lazy and not meta.partitions:
-                self._unwritten[meta.txn_id.least_bits] = meta
-            else:
-                self._write_new(meta)
-                self._maybe_compact()
-            self._emit("created", meta)
-            return meta
+        t = now_ms()
+        meta = TxnMeta(self._next_id(), TxnStatus.OPEN, int(timeout_ms), t, t,
+                       partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
+                       epoch=epoch, properties=dict(properties or {}))
+        if lazy and not meta.partitions:
+            self._unwritten[meta.txn_id.least_bits] = meta  # no lock: one dict store, of an id no one else has
+        else:
+            self._write_new(meta)
+            if self.txlog.log.needs_compaction():
+                with self._lock:
+                    self._maybe_compact()
+        self._emit("created", meta)
+        return meta
 
     def _write_new(self, meta: TxnMeta) -> None:
         """The NEW entry alone. A conflict can only be another key of the same bucket, as the id
@@ -293,12 +300,40 @@ class TransactionCoordinator:
             return self._require(txn_id)
 
     def check_usable(self, txn_id: TxnID) -> TxnMeta:
-        """Fail fast when a transaction can no longer take sends or acks (fenced, timed out, ended)."""
-        meta = self.get(txn_id, refresh=True)
-        _check_usable(meta)
-        if meta.status is not TxnStatus.OPEN:
-            raise InvalidTxnStatusError(f"transaction {txn_id} is {meta.status.value}; only OPEN transactions accept "
-                                        "sends and acks")
+        """Fail fast when a transaction can no longer take sends or acks (fenced, timed out, ended).
+        Usually answered without the TC's lock (:meth:`_latest`); else a request of the group
+        commit that writes nothing: the checks of transactions in flight together share one
+        re-read of the log (``before``)."""
+        meta = self._latest(txn_id)
+        if meta is not None:
+            return _usable(meta)
+
+        def plan() -> Done:
+            return Done(_usable(self._require(txn_id)))
+
+        return self._group.run(txn_id, plan, before=True)
+
+    def _latest(self, txn_id: TxnID) -> TxnMeta | None:
+        """The transaction as the log holds it now, read without the TC's lock (which a commit in
+        flight holds for its round trip), or None when that cannot be told so: the rows in memory
+        are the log as of version V, and the next version's absence, probed after reading them,
+        makes V the latest then. One probe, the cost of the refresh it replaces."""
+        if txn_id.most_bits != self.tc_id:
+            return None
+        log_ = self.txlog.log
+        version = log_.version
+        if not log_.settled():
+            return None
+        least = txn_id.least_bits
+        meta = self.txlog.peek(least) or self._unwritten.get(least)
+        nxt = log_.next_commit()
+        if meta is None or nxt is None or nxt.version != version or not log_.settled():
+            return None  # a commit landed meanwhile (ours or a read one): the locked path
+        try:
+            if nxt.arrived():
+                return None
+        except Exception:
+            return None  # the locked path re-reads, and reports a storage error itself
         return meta
 
     def add_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> TxnMeta:
@@ -464,6 +499,11 @@ class TransactionCoordinator:
         producer epoch). A newer claim fences the transaction on this same TC entry, and the commit's
         decision is a compare-and-set on it, so at most one of the two wins; this check also refuses a
         commit whose fence has not run yet (the claimant died, or its fence failed)."""
+        # A transaction's key never changes, so the row as last read tells a keyless one without
+        # the TC's lock (which a commit in flight holds for its round trip).
+        hint = self._unwritten.get(txn_id.least_bits) or self.txlog.peek(txn_id.least_bits)
+        if hint is not None and hint.txn_id == txn_id and hint.transaction_key is None:
+            return
         with self._lock:
             meta = self._require(txn_id)
         if meta.transaction_key is None or meta.epoch is None or meta.status is not TxnStatus.OPEN:
@@ -605,6 +645,15 @@ def _expired(meta: TxnMeta, why: str) -> ExpiredTransactionError:
         return TransactionFenced(f"transaction {meta.txn_id} was fenced ({why}) and aborted: a newer client or run "
                                  "holds its transaction key; this one may not commit")
     return ExpiredTransactionError(f"transaction {meta.txn_id} is expired: {why}; begin a new transaction")
+
+
+def _usable(meta: TxnMeta) -> TxnMeta:
+    """``meta`` when it can take sends and acks; raises why not."""
+    _check_usable(meta)
+    if meta.status is not TxnStatus.OPEN:
+        raise InvalidTxnStatusError(f"transaction {meta.txn_id} is {meta.status.value}; only OPEN transactions "
+                                    "accept sends and acks")
+    return meta
 
 
 def _check_usable(meta: TxnMeta) -> None:

@@ -17,7 +17,7 @@ from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.pendingack import end_transaction_on_subscription
 
 log = logging.getLogger(__name__)
-MAX_PARALLEL = 16
+MAX_PARALLEL = 64  # participants of many completions in flight; each mostly waits on storage
 POOL_THREADS = "pulsartx-tc-end"
 
 
@@ -56,7 +56,9 @@ def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> 
     # One participant, or called from a pool thread (which must not wait on the pool): inline.
     inline = len(jobs) == 1 or threading.current_thread().name.startswith(POOL_THREADS)
     lingering = group_commit.in_background()  # the pool threads write as the caller's thread would
-    futures = [None if inline else _pool().submit(_as_caller, lingering, fn, *args) for _, fn, args in jobs]
+    # The first job runs on the caller's thread (before it waits for the others), which would only wait.
+    futures = [None if inline or i == 0 else _pool().submit(_as_caller, lingering, fn, *args)
+               for i, (_, fn, args) in enumerate(jobs)]
     for (name, fn, args), fut in zip(jobs, futures, strict=True):
         try:
             if fut is None:

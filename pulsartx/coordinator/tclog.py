@@ -141,6 +141,16 @@ class TransactionLog:
         r = self.log.get(str(least_bits)) if least_bits != LEASE_KEY else None
         return None if r is None else self._meta(r)
 
+    def peek(self, least_bits: int) -> TxnMeta | None:
+        """The transaction as last read, without reading what is pending (no I/O), and safe
+        without the TC's lock: it only reads the parse cache, which the lock's holders fill and
+        prune (an insert from here could break a prune's iteration)."""
+        r = self.log.peek(str(least_bits)) if least_bits != LEASE_KEY else None
+        if r is None:
+            return None
+        hit = self._parsed.get(least_bits)
+        return hit[1] if hit is not None and hit[0] is r else row_to_meta(r)
+
     def all(self) -> list[TxnMeta]:
         rows = self.log.rows
         if len(self._parsed) > 2 * len(rows) + 1024:  # trimmed rows' entries

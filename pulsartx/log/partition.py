@@ -192,12 +192,20 @@ class PartitionLog:
         self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.RLock()
+        # A producer's last sequence id as planned so far in the group being planned: its appends
+        # queued one after the other share a commit, each deduplicated behind the ones before it.
+        self._planned: dict[str, int] = {}
+        # Markers' shared catch-up probe (_behind): the last one's (start, answer), the one running.
+        self._probe_lock = threading.Lock()
+        self._probed: tuple[float, bool] = (float("-inf"), True)
+        self._probing: threading.Event | None = None
         # Appends and markers of this process's threads share commits (group commit).
         self._group = GroupCommit(
             f"{topic} appends", self._append_lock, self._write_group, lambda: self._catch_up(self._appender()),
             max_attempts=MAX_APPEND_ATTEMPTS, before_group=self.sync_writer,
             exhausted=f"append to {topic} lost the commit race {MAX_APPEND_ATTEMPTS} times in a row; too many "
-                      "concurrent writers on one partition: add partitions or retry later")
+                      "concurrent writers on one partition: add partitions or retry later",
+            start_plan=self._planned.clear)
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic})"
@@ -234,21 +242,86 @@ class PartitionLog:
 
         Appends and markers that threads of this process make concurrently share one commit (group
         commit): each keeps its own dedup or guard check, planned against the state the commit is
-        based on, and a lost race re-plans each alone. A producer's appends never share a commit.
+        based on, and a lost race re-plans each alone. A producer's appends queued one after the
+        other (:meth:`submit_append`) may share a commit: each is deduplicated behind the ones
+        before it, as if they had been committed one by one.
         """
+        return self.wait_append(self.submit_append(records, producer_name, guard_app_id, compression))
+
+    def submit_append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None,
+                      compression: CompressionType | str | None = None) -> Any:
+        """Queue :meth:`append` without waiting; :meth:`wait_append` answers it. A producer submits
+        its batches in sequence-id order under its own lock and waits outside it, so its next batch
+        joins the commit under way's successor instead of waiting for that commit to finish."""
         codecs = {"value": CompressionType.parse(compression).parquet_codec}
         item = _AppendItem(records, producer_app_id(producer_name) if producer_name else None,
                            records.column("sequence_id").to_numpy() if producer_name else None, guard_app_id, codecs)
-        key = item.app_id or guard_app_id or id(item)
-        return self._group.run(key, lambda: self._plan(item), kind=codecs["value"]).result
+        # One producer's appends have distinct keys: planned in queue order (see _plan), they may share a commit.
+        key = guard_app_id or id(item)
+        return self._group.submit(key, lambda: self._plan(item), kind=codecs["value"])
+
+    def wait_append(self, request: Any) -> AppendResult:
+        return self._group.wait(request).result
 
     def append_marker(self, records: pa.Table, guard_app_id: str) -> AppendResult:
         """Append one transaction's marker row, at most once ever (``guard_app_id``), sharing the
         commit of whatever else is being appended here (a marker's payload is empty: any codec).
-        The group first catches up on others' appends (:meth:`sync_writer`): a marker surely follows
-        its transaction's data, appended by other writers since our last look."""
+        When a probe finds others' appends since our last look, the group first catches up on them
+        (:meth:`sync_writer`): a marker surely follows its transaction's data, which other writers
+        may have appended."""
         item = _AppendItem(records, None, None, guard_app_id, None)
-        return self._group.run(guard_app_id, lambda: self._plan(item), before=True).result
+        return self._group.run(guard_app_id, lambda: self._plan(item), before=self._behind()).result
+
+    def _behind(self) -> bool:
+        """Whether a marker's group must catch up first (:meth:`sync_writer`), probed without the
+        append lock: a commit in flight holds it for its round trips, and the probe's reads under
+        it made every append of the partition wait for them, while in one process appending alone
+        they find nothing. A commit that lands after the probe only costs the marker's group a
+        lost race (re-read, re-planned), as it did after a sync.
+
+        Markers asking together share a probe: any probe that began after a marker asked answers
+        for it (the many markers of transactions in flight made two requests each)."""
+        asked = time.monotonic()
+        while True:
+            with self._probe_lock:
+                began, answer = self._probed
+                if began >= asked:
+                    return answer
+                running = self._probing
+                if running is None:
+                    running = self._probing = threading.Event()
+                    mine, began = True, time.monotonic()
+                else:
+                    mine = False
+            if not mine:
+                running.wait()  # then its answer, if it began after we asked, or a probe of our own
+                continue
+            answer = True  # should the probe itself fail: catch up, as a failed probe does
+            try:
+                answer = self._probe_behind()
+            finally:
+                with self._probe_lock:
+                    self._probed, self._probing = (began, answer), None
+                running.set()
+            return answer
+
+    def _probe_behind(self) -> bool:
+        writer = self._writer
+        if writer is None:
+            return True
+        try:
+            if not writer.same_table():
+                return True
+            for _ in range(2):
+                nxt = writer.next_commit()
+                if not nxt.arrived():
+                    return False
+                if writer.version == nxt.version:
+                    return True  # a commit this writer has not applied: another writer's
+                # our own group committed meanwhile: probe past it once more
+            return True
+        except Exception:
+            return True  # the sync under the lock reads again, and reports a storage error itself
 
     def _plan(self, item: _AppendItem) -> Done | Write:
         """An append's own checks against the state the group's commit is based on."""
@@ -260,11 +333,16 @@ class PartitionLog:
             return Done(item)
         item.keep = None
         if item.app_id is not None:
-            keep = new_message_keep(item.seqs, writer.txn_version(item.app_id))
+            last = writer.txn_version(item.app_id)
+            before = self._planned.get(item.app_id)  # the producer's appends ahead of this one in the commit
+            if before is not None and (last is None or before > last):
+                last = before
+            keep = new_message_keep(item.seqs, last)
             if not keep.any():
                 item.result = AppendResult([None] * n, None, attempts=item.attempts, duplicates=n)
                 return Done(item)
             item.keep = None if keep.all() else keep
+            self._planned[item.app_id] = int(item.seqs[keep].max())
         item.rows = item.records if item.keep is None else item.records.filter(pa.array(item.keep))
         return Write([item], item)
 
@@ -281,7 +359,8 @@ class PartitionLog:
         at = next_offset
         for i in items:
             if i.app_id is not None:
-                apps[i.app_id] = int(i.seqs.max() if i.keep is None else i.seqs[i.keep].max())
+                high = int(i.seqs.max() if i.keep is None else i.seqs[i.keep].max())
+                apps[i.app_id] = max(high, apps.get(i.app_id, high))
             if i.guard_app_id is not None:
                 apps[i.guard_app_id] = at
             at += i.rows.num_rows

@@ -6,7 +6,8 @@ compare-and-set semantics because it is planned, under the lock, against the log
 is based on: a lost race (ConcurrentCommit) re-reads the log and re-plans every request of the
 group, so a request whose check no longer holds fails alone and the others are written in the
 retried commit. Two requests on the same key never share a commit (the second is planned on the
-first's result, in the next one).
+first's result, in the next one). Only the leader takes the lock: the others wait on their own
+request and return as soon as a commit has written it (docs/design/group-commit-across-transactions.md).
 
 A request's plan returns :class:`Done` (nothing to write: the request's answer is already known) or
 :class:`Write` (items for the commit, and the answer once they are durable).
@@ -34,6 +35,10 @@ from pulsartx.storage import delta
 R = TypeVar("R")
 MAX_GROUP = 64
 LINGER_S = 0.01
+# A waiting request re-checks this often whether it must lead: only a safety net, as a leader that
+# is done hands the lead on at once (a leader that is not a waiter, e.g. a thread that held the
+# log's lock already, hands nothing on).
+WAKE_POLL_S = 0.05
 _BACKGROUND = threading.local()
 _LINGER = threading.Condition()  # lingering requests wait on it; urgent() and finished requests wake them
 _urgent = 0  # threads waiting for background work right now
@@ -125,21 +130,83 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
+    # Set when the request is done or its thread is handed the lead (GroupCommit.wait).
+    wake: threading.Event = field(default_factory=threading.Event)
+    waiting: bool = False  # its thread waits in GroupCommit.wait (it can take the lead)
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
+        self.wake.set()
         _wake_lingering()
 
 
-class GroupCommit:
+class _Leadership:
+    """Who writes the queued requests of a flat combiner: one thread leads at a time
+    (``_leading``), under the log's lock; the others wait on their own request, not on the lock.
+    When the leader's commit has written theirs they return at once, instead of each taking the
+    lock in turn only to find its request done while the next group waits behind them (a convoy
+    that cost a thread switch per finished request). A leader whose own request is written hands
+    the lead to the oldest waiting request still queued."""
+
+    _lock: Any
+    _queue: list[Any]
+    _queue_lock: threading.Lock
+    _leading: bool
+
+    def _wait_led(self, req: Any, lead: Callable[[], None]) -> None:
+        """Return once ``req.done``; ``lead()`` writes groups until it is, under the lock."""
+        with self._queue_lock:
+            req.waiting = True
+        while not req.done.is_set():
+            req.wake.clear()
+            with self._queue_lock:
+                flagged = not self._leading
+                if flagged:
+                    self._leading = True
+            if flagged:
+                try:
+                    with self._lock:
+                        lead()
+                finally:
+                    self._hand_on(clear=True)
+            elif self._lock.acquire(blocking=False):
+                # The lock is free, or this thread holds it already (a caller inside the log's
+                # lock): lead without the flag; the flagged leader waits for the lock meanwhile.
+                try:
+                    lead()
+                finally:
+                    self._lock.release()
+                    self._hand_on(clear=False)
+            elif not req.done.is_set():
+                req.wake.wait(WAKE_POLL_S)
+
+    def _hand_on(self, clear: bool) -> None:
+        """Wake the oldest waiting request to lead next: after the flagged leader (``clear``), or
+        after one that led without the flag while no one holds it (the flagged one may have
+        finished meanwhile, handing the lead to a request this one then wrote)."""
+        with self._queue_lock:
+            if clear:
+                self._leading = False
+            elif self._leading:
+                return  # the flagged leader hands on when it is done
+            heir = next((r for r in self._queue if r.waiting), None)
+        if heir is not None:
+            heir.wake.set()
+
+
+class GroupCommit(_Leadership):
     """``lock`` guards the log's state (the same lock its readers take); ``write`` makes the requests'
     items one atomic commit (raising ConcurrentCommit on a lost race); ``refresh`` re-reads the log."""
 
     def __init__(self, name: str, lock: threading.RLock, write: Callable[[list[Any]], None],
                  refresh: Callable[[], Any], max_attempts: int = 500, max_group: int = MAX_GROUP,
-                 before_group: Callable[[], Any] | None = None, exhausted: str | None = None):
+                 before_group: Callable[[], Any] | None = None, exhausted: str | None = None,
+                 start_plan: Callable[[], Any] | None = None):
         self.name = name
+        # Before each planning round of a group (each attempt): plans that depend on the ones
+        # before them in the same commit (a producer's appends) reset what they carry over.
+        self._start_plan = start_plan
         self._exhausted = exhausted or f"{name}: could not write after {max_attempts} concurrent conflicts"
         # Once per group that holds a request run with before=True, ahead of planning (e.g. catch up
         # on others' commits first).
@@ -151,22 +218,36 @@ class GroupCommit:
         self._max_group = max_group
         self._queue: list[_Request] = []
         self._queue_lock = threading.Lock()
+        self._leading = False  # a thread leads (or is about to take the lock to lead); see wait()
         self.commits = 0  # commits written (a group's retries count once each)
         self.requests = 0  # requests that wrote rows
 
     def run(self, key: Hashable, plan: Callable[[], Done | Write], kind: Hashable = None,
             before: bool = False) -> Any:
+        return self.wait(self.submit(key, plan, kind, before))
+
+    def submit(self, key: Hashable, plan: Callable[[], Done | Write], kind: Hashable = None,
+               before: bool = False) -> _Request:
+        """Queue a request without waiting (pipelining): requests a caller submits in order are
+        planned in that order, in one commit or in commits one after the other, so a caller may
+        release its own lock before the round trip and let the next request queue behind it."""
         req = _Request(key, plan, kind, before)
         with self._queue_lock:
             self._queue.append(req)
+        return req
+
+    def wait(self, req: _Request) -> Any:
+        """The answer to a submitted request, leading commits until it is written (see _Leadership)."""
         if in_background():
             _linger(req.done)
-        with self._lock:
-            while not req.done.is_set():
-                self._commit_group(self._take())
+        self._wait_led(req, lambda: self._lead(req))
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _lead(self, req: _Request) -> None:
+        while not req.done.is_set():
+            self._commit_group(self._take())
 
     def _take(self) -> list[_Request]:
         """The queued requests of distinct keys and one kind, oldest first (the others wait)."""
@@ -193,6 +274,8 @@ class GroupCommit:
                 return
         for attempt in range(self._max_attempts):
             writes: list[tuple[_Request, Write]] = []
+            if self._start_plan is not None:
+                self._start_plan()
             for r in group:
                 if r.done.is_set():
                     continue
@@ -240,9 +323,11 @@ class _Change:
     change: Any
     done: threading.Event = field(default_factory=threading.Event)
     outcome: tuple[bool, Any] | None = None
+    wake: threading.Event = field(default_factory=threading.Event)  # done, or handed the lead
+    waiting: bool = False
 
 
-class Combiner:
+class Combiner(_Leadership):
     """Group commit for read-modify-writes of one key (a subscription's cursor, which holds its
     pending acks): whoever holds ``lock`` hands every queued change to ``apply_all`` at once, which
     runs them in order on one state, writes once, and returns ``(ok, result or exception)`` per
@@ -255,6 +340,7 @@ class Combiner:
         self._max_group = max_group
         self._queue: list[_Change] = []
         self._queue_lock = threading.Lock()
+        self._leading = False
         self.commits = 0  # apply_all calls
         self.changes = 0
 
@@ -264,22 +350,25 @@ class Combiner:
             self._queue.append(req)
         if in_background():
             _linger(req.done)
-        with self._lock:
-            while not req.done.is_set():
-                with self._queue_lock:
-                    group, self._queue = self._queue[:self._max_group], self._queue[self._max_group:]
-                try:
-                    outcomes = self._apply_all([r.change for r in group])
-                except BaseException as e:  # one commit: the same outcome for all
-                    outcomes = [(False, e)] * len(group)
-                self.commits += 1
-                self.changes += len(group)
-                for r, o in zip(group, outcomes, strict=True):
-                    r.outcome = o
-                    r.done.set()
-                _wake_lingering()
+        self._wait_led(req, lambda: self._lead(req))
         assert req.outcome is not None
         ok, value = req.outcome
         if not ok:
             raise value
         return value
+
+    def _lead(self, req: _Change) -> None:
+        while not req.done.is_set():
+            with self._queue_lock:
+                group, self._queue = self._queue[:self._max_group], self._queue[self._max_group:]
+            try:
+                outcomes = self._apply_all([r.change for r in group])
+            except BaseException as e:  # one commit: the same outcome for all
+                outcomes = [(False, e)] * len(group)
+            self.commits += 1
+            self.changes += len(group)
+            for r, o in zip(group, outcomes, strict=True):
+                r.outcome = o
+                r.done.set()
+                r.wake.set()
+            _wake_lingering()

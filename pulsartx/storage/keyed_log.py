@@ -59,6 +59,7 @@ class KeyedLog:
         self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
         self._active: set[str] | None = None  # the table's data files as of our version (None: unknown)
         self._reopen = False  # our writer lost track of the table (see _lost_track)
+        self._moving = False  # a put or refresh is under way: the version may be ahead of the rows
         self.files_since_compaction = 0
         self.appended = 0
         # Two-level compaction: the files as of the last compaction (None: unknown, the next one is
@@ -165,10 +166,14 @@ class KeyedLog:
 
     def refresh(self) -> list[dict[str, Any]]:
         """Apply commits made since our snapshot (by anyone); returns the rows that changed."""
-        if self._appender is None or self._reopen or not self._appender.catch_up():
-            self.open()
-            return list(self._rows.values())
-        return self._flush()
+        self._moving = True
+        try:
+            if self._appender is None or self._reopen or not self._appender.catch_up():
+                self.open()
+                return list(self._rows.values())
+            return self._flush()
+        finally:
+            self._moving = False
 
     def _writer(self) -> DeltaAppender:
         if self._appender is None:
@@ -214,9 +219,17 @@ class KeyedLog:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
+    def settled(self) -> bool:
+        """Whether the rows in memory are the log as of :attr:`version` (nothing stepped over is
+        left unread, no reload is due, no write or refresh is between moving the version and
+        applying its rows): then :meth:`peek` answers as of that version. Read without the
+        owner's lock, so a caller checks it before and after its peeks, with the version."""
+        return self._appender is not None and not self._pending and not self._reopen and not self._moving
+
     def peek(self, key: str) -> dict[str, Any] | None:
         """The key's row as last read, without reading what is pending: a hint that costs no I/O,
-        never a basis for a decision (those go through :meth:`cas`)."""
+        never a basis for a decision (those go through :meth:`cas`). Between two :meth:`settled`
+        checks at one :attr:`version`, it is the row as of that version (a read, still no decision)."""
         return self._rows.get(key)
 
     def _landed(self, rows: list[dict[str, Any]]) -> bool | None:
@@ -243,6 +256,14 @@ class KeyedLog:
         writer = self._writer()
         # No rows: a commit of app ids alone (fast path; an empty file through delta-rs otherwise).
         data = pa.Table.from_pylist(rows, schema=self.schema) if rows or not writer.fast else None
+        self._moving = True  # the writer's version moves before the rows are applied (see settled)
+        try:
+            self._put(writer, rows, data, apps, metadata)
+        finally:
+            self._moving = False
+
+    def _put(self, writer: DeltaAppender, rows: list[dict[str, Any]], data: pa.Table | None,
+             apps: Mapping[str, int], metadata: Mapping[str, str] | None) -> None:
         try:
             writer.append(data, apps, metadata)
         except delta.ConcurrentCommit:

@@ -152,17 +152,19 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
         coordinator_mod.TransactionCoordinator.add_partitions = add_then_stop
     elif point == "mid_produce":
         stop_after = rng.randint(1, max(1, len(values) - 1))
-        orig_append = partition_mod.PartitionLog.append
+        # Where an append is durable: producers queue theirs (submit_append) and wait here, and
+        # PartitionLog.append waits here too.
+        orig_wait = partition_mod.PartitionLog.wait_append
         appended = [0]
 
-        def append_then_maybe_stop(self, records, *a, **kw):
-            res = orig_append(self, records, *a, **kw)
+        def append_then_maybe_stop(self, request):
+            res = orig_wait(self, request)
             if str(self.topic).split("/")[-1].startswith(out_topic + "-partition-"):
                 appended[0] += 1
                 if appended[0] >= stop_after:
                     stop(appended=appended[0])
             return res
-        partition_mod.PartitionLog.append = append_then_maybe_stop
+        partition_mod.PartitionLog.wait_append = append_then_maybe_stop
     elif point in ("decided", "markers_done"):
         orig_all = coordinator_mod.end_on_participants
 
