@@ -290,7 +290,7 @@ def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns
     ms of CPU this way against 9.8-10.1 ms through a dataset (8.6-8.9 against 12-13.4 ms when the
     range cuts the first and last file), and a fresh process no longer imports the two modules
     (10-15 ms). On an object store the files are fetched in parallel, as a dataset scan would
-    (each with coalesced ranged GETs)."""
+    (each with coalesced ranged GETs). docs/design/reads-file-by-file.md"""
     import pyarrow.parquet as pq
 
     cols = list(columns) if columns is not None else schema.names
