@@ -133,6 +133,8 @@ class TaskAppender:
 
     def _fallback(self, rows: pa.Table, n: int) -> np.ndarray:
         """Each row's partition by its key; rows without a key share the batch's partition."""
+        if n == 1:
+            return np.zeros(rows.num_rows, dtype=np.int64)  # no key to hash
         if not self._has_values(rows, "__key"):
             return np.full(rows.num_rows, self._batch_partition(n), dtype=np.int64)
         keyed = partitions_for_keys(rows.column("__key"), n)
