@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value-size", type=int, default=100, help="bytes per value")
     ap.add_argument("--empty-batches", type=int, default=12, help="empty micro-batches per overhead side")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every pulsartx topic")
+    ap.add_argument("--keys", type=int, default=64,
+                    help="distinct __key values of the input rows; 0: no __key column (unkeyed rows, routed "
+                         "round-robin by batch)")
     ap.add_argument("--dir", default=None, help="work directory (default: a fresh temp dir, removed afterwards)")
     ap.add_argument("--min-entries-per-task", type=int, default=None,
                     help="the ctp source's minEntriesPerTask option (packing of small ranges; 0 disables; "
@@ -260,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- untimed set-up: the same input for every side ------------------------------------------
     t0 = time.perf_counter()
-    data = spark.range(n, numPartitions=files).select(
-        F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * max(0, args.value_size - 12)))
-        .cast("binary").alias("value"),
-        F.concat(F.lit("k"), (F.col("id") % 64).cast("string")).alias("__key"))
+    value = (F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * max(0, args.value_size - 12)))
+             .cast("binary").alias("value"))
+    keyed = [F.concat(F.lit("k"), (F.col("id") % args.keys).cast("string")).alias("__key")] if args.keys else []
+    data = spark.range(n, numPartitions=files).select(value, *keyed)
     src_dir = os.path.join(work, "input")
     data.write.parquet(src_dir)
     data.write.format("pulsartx").mode("append").option("service.url", root).option("topic", "ctp-in").save()
@@ -275,13 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     timing_log = os.path.join(work, "breakdown.jsonl")
     if args.breakdown:
         spark.dataSource.register(timed_source(timing_log))
+    if not args.keys and args.ctp_columns == CTP_COLUMNS:
+        args.ctp_columns = "value binary"  # what the transform uses
     phases: dict[str, dict[str, tuple[int, float, float]]] = {}
 
     def from_parquet(path: str, per_trigger: int) -> Any:
         return spark.readStream.schema(schema).option("maxFilesPerTrigger", str(per_trigger)).parquet(path)
 
     def transform(df: Any) -> Any:
-        return df.select(F.concat(F.col("value"), F.lit(b"!")).alias("value"), F.col("__key"))
+        return df.select(F.concat(F.col("value"), F.lit(b"!")).alias("value"), *([F.col("__key")] if args.keys else []))
 
     def to_pulsartx(df: Any, topic: str, ck: str) -> Any:
         return (df.writeStream.format("pulsartx").option("service.url", root).option("topic", topic)

@@ -9,6 +9,7 @@ never listed in a marker, so they stay invisible).
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -51,7 +52,10 @@ class TaskAppender:
         self.buffers: dict[str, _Buffer] = {}
         self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)
         self.sequence = 0
-        self.round_robin = task_id
+        # The partition of the task's next unkeyed Arrow batch: rotating by batch from a start that
+        # differs between the tasks of a job and from job to job (each micro-batch is a new
+        # transaction), as Pulsar's router starts each producer at a random partition.
+        self.round_robin = task_id + zlib.crc32(f"{job.producer_prefix}-{job.txn_id or 'plain'}".encode())
 
     # ---- routing ----------------------------------------------------------------------------------
     def _partitions_of(self, topic: str) -> int:
@@ -71,7 +75,7 @@ class TaskAppender:
 
     def _route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.Table]]:
         """Split a batch into per-partition tables: ``__partition`` if given, else the key's hash
-        (Pulsar's router), else round-robin."""
+        (Pulsar's router), else the batch's round-robin partition (:meth:`_batch_partition`)."""
         table = pa.Table.from_batches([batch])
         if "__topic" in table.column_names:
             topics = table.column("__topic")
@@ -88,7 +92,7 @@ class TaskAppender:
             name = str(topic)
             n = self._partitions_of(name)
             if self._unrouted(rows):
-                yield from self._round_robin_slices(topic, rows, n)
+                yield str(topic.with_partition(self._batch_partition(n))), rows  # whole, no copy
                 continue
             idx = self._partition_index(rows, n, name)
             for p in np.unique(idx):
@@ -100,21 +104,18 @@ class TaskAppender:
         return column in rows.column_names and rows.column(column).null_count < rows.num_rows
 
     def _unrouted(self, rows: pa.Table) -> bool:
-        """No row names a partition or has a key: every row is routed round-robin."""
+        """No row names a partition or has a key: the whole batch goes to one partition."""
         return not (self._has_values(rows, "__partition") or self._has_values(rows, "__key"))
 
-    def _round_robin_slices(self, topic: TopicName, rows: pa.Table, n: int) -> Iterator[tuple[str, pa.Table]]:
-        """Round-robin without copying: each partition gets a contiguous slice of the batch (as
-        Pulsar's round-robin router sends whole batches to one partition), the slices as even as
-        the row count allows and the starting partition rotating from batch to batch."""
-        m = rows.num_rows
-        first = self.round_robin % n
-        self.round_robin += m
-        lo = 0
-        for k in range(min(n, m)):
-            size = m // n + (1 if k < m % n else 0)
-            yield str(topic.with_partition((first + k) % n)), rows.slice(lo, size)
-            lo += size
+    def _batch_partition(self, n: int) -> int:
+        """The partition of this Arrow batch's unkeyed rows, the next one for the next batch.
+        Pulsar's round-robin router with batching does the same: "round-robin is not done per
+        individual message but rather it's set to the same boundary of batching delay". Spreading
+        row by row instead cut every batch into a slice per partition, so each task appended to
+        every partition (a data file and a Delta commit each) however few rows it had."""
+        p = self.round_robin % n
+        self.round_robin += 1
+        return p
 
     def _partition_index(self, rows: pa.Table, n: int, topic: str) -> np.ndarray:
         if self._has_values(rows, "__partition"):
@@ -131,15 +132,16 @@ class TaskAppender:
         return self._fallback(rows, n)
 
     def _fallback(self, rows: pa.Table, n: int) -> np.ndarray:
-        m = rows.num_rows
+        """Each row's partition by its key; rows without a key share the batch's partition."""
         if n == 1:
-            return np.zeros(m, dtype=np.int64)
-        rr = (np.arange(m, dtype=np.int64) + self.round_robin) % n
-        self.round_robin += m
+            return np.zeros(rows.num_rows, dtype=np.int64)  # no key to hash
         if not self._has_values(rows, "__key"):
-            return rr
+            return np.full(rows.num_rows, self._batch_partition(n), dtype=np.int64)
         keyed = partitions_for_keys(rows.column("__key"), n)
-        return np.where(keyed < 0, rr, keyed)
+        unkeyed = keyed < 0
+        if unkeyed.any():
+            keyed[unkeyed] = self._batch_partition(n)
+        return keyed
 
     # ---- appending --------------------------------------------------------------------------------
     def add(self, batch: pa.RecordBatch) -> None:

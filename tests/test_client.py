@@ -487,6 +487,36 @@ def test_unkeyed_async_batches_spread_evenly(cl):
     assert sorted(got) == sorted(MessageId(part, i) for part in range(3) for i in range(10))
 
 
+def test_unkeyed_async_sends_go_round_robin_by_batch(cl):
+    # Pulsar's router with batching: every unkeyed message of a batch to one partition, the next
+    # batch to the next; a batch ends when full or when sent (publish delay, flush, a sync send).
+    cl.admin.create_topic("rb", partitions=3)
+    p = cl.create_producer("rb", batching_max_messages=4, batching_max_publish_delay_ms=60_000)
+    got: dict[bytes, MessageId] = {}
+
+    def send(data: bytes, key: str | None = None) -> None:
+        p.send_async(data, lambda r, m, data=data: got.__setitem__(data, m), partition_key=key)
+
+    for i in range(10):  # batches of 4, 4, then 2 ended by flush()
+        send(b"a%d" % i)
+    p.flush()
+    send(b"b0")
+    send(b"k", key="hello")  # a keyed message goes by its key and leaves the batch open
+    send(b"b1")
+    p.flush()
+    s0 = p.send(b"c0").partition()  # a sync send is a batch of its own
+    s1 = p.send(b"c1").partition()
+    p.close()
+    first = got[b"a0"].partition()
+    assert {d: m.partition() for d, m in got.items() if d.startswith(b"a")} == {
+        b"a%d" % i: (first + i // 4) % 3 for i in range(10)}
+    assert got[b"b0"].partition() == got[b"b1"].partition() == (first + 3) % 3
+    assert got[b"k"].partition() == partition_for_key("hello", 3)
+    assert (s0, s1) == ((first + 4) % 3, (first + 5) % 3)
+    assert Counter(m.data() for m in _read_all(cl, "rb")) == Counter(
+        [b"a%d" % i for i in range(10)] + [b"b0", b"k", b"b1", b"c0", b"c1"])
+
+
 def test_producer_to_single_partition_name(cl):
     cl.admin.create_topic("sp", partitions=3)
     p = cl.create_producer("sp-partition-2")

@@ -38,3 +38,36 @@ def test_opening_logs_does_not_import_pandas(root: str) -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT, root], env=env, capture_output=True, text=True, timeout=120,
                           check=True)
     assert done.stdout.split() == ["0", "False"], done.stdout + done.stderr
+
+
+RANGED_READ = """
+import sys
+from pulsartx.log.partition import PartitionLog, read_files
+from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
+
+root = StorageRoot.resolve(sys.argv[1])
+log = PartitionLog(root, TopicName.parse("many").with_partition(0))
+files = log.index.files
+print(len(files))
+for start, end in ((0, 12), (2, 10), (5, 6)):  # whole; cut at both ends; inside one file
+    print(read_files(root, log.segments, files, start, end, ["value"]).column("value").to_pylist())
+print("pyarrow.dataset" in sys.modules, "pyarrow.acero" in sys.modules)
+"""
+
+
+def test_ranged_reads_of_many_files_read_file_by_file(root: str) -> None:
+    """A Spark task's or a consumer's read of many data files goes file by file and filters the
+    range with a mask: through pyarrow.dataset, or a ``pc.field`` filter (pyarrow.acero), it cost
+    more CPU per read, and importing them more again in every fresh pyspark worker."""
+    with pulsartx.Client(root) as client:
+        client.admin.create_topic("many")
+        with client.create_producer("many") as producer:
+            for i in range(12):
+                producer.send(b"m%d" % i)  # one append, one data file, each
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", RANGED_READ, root], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    assert lines == ["12", str([b"m%d" % i for i in range(12)]), str([b"m%d" % i for i in range(2, 10)]),
+                     str([b"m5"]), "False False"], done.stdout + done.stderr

@@ -94,8 +94,18 @@ def test_round_robin():
     assert [rr.next() for _ in range(3)] == [0, 0, 0]
 
 
-def _task_routes(batches, n: int, task_id: int = 0):
-    """What a Spark write task (pulsartx.commit_protocol.task.TaskAppender) routes where, batch by batch."""
+def test_round_robin_moves_only_at_batch_boundaries():
+    rr = RoundRobin(3, start=1)
+    assert [rr.current() for _ in range(4)] == [1, 1, 1, 1]  # one batch: one partition
+    rr.advance()
+    assert rr.current() == 2
+    rr.advance()
+    assert (rr.current(), rr.next(), rr.current()) == (0, 0, 1)
+
+
+def _task_routes(batches, n: int, task_id: int = 0, prefix: str = "p"):
+    """What a Spark write task (pulsartx.commit_protocol.task.TaskAppender) routes where, batch by
+    batch, and the task's first round-robin partition."""
     import pyarrow as pa
     from pulsartx.commit_protocol.job import JobTransaction
     from pulsartx.commit_protocol.task import TaskAppender
@@ -104,29 +114,47 @@ def _task_routes(batches, n: int, task_id: int = 0):
     from pulsartx.storage.root import StorageRoot
 
     topic = TopicName.parse("t")
-    job = JobTransaction(StorageRoot.resolve("/nonexistent-root"), None, "p", 0)  # routing needs no storage
+    job = JobTransaction(StorageRoot.resolve("/nonexistent-root"), None, prefix, 0)  # routing needs no storage
     ta = TaskAppender(job, topic, {str(topic): n}, None, task_id, 0)
+    first = ta.round_robin % n
     out = []
     for cols in batches:
         batch = pa.RecordBatch.from_pydict(cols)
         out.append([(int(p.rsplit("-", 1)[1]), rows.column("value").to_pylist()) for p, rows in ta._route(batch)])
-    return out
+    return out, first
 
 
-def test_task_round_robin_sends_contiguous_slices_rotating_per_batch():
+def test_task_sends_each_unkeyed_batch_whole_to_one_partition_rotating_per_batch():
+    # Pulsar's round-robin router with batching: all of a batch to one partition, the next batch
+    # to the next partition (not a slice of every batch per partition).
     values = [b"%d" % i for i in range(10)]
-    first, second = _task_routes([{"value": values}, {"value": values[:3]}], 4, task_id=1)
-    # 10 rows over 4 partitions: slices of 3, 3, 2, 2, in order, starting at the task's partition
-    assert first == [(1, values[0:3]), (2, values[3:6]), (3, values[6:8]), (0, values[8:10])]
-    # the next batch starts where 10 rows of rotation leave off (1 + 10 = 11 -> 3); fewer rows than partitions
-    assert second == [(3, values[0:1]), (0, values[1:2]), (1, values[2:3])]
+    batches = [{"value": values}, {"value": values[:3]}, {"value": values[3:8]}, {"value": values[8:]},
+               {"value": values[:1], "__key": [None]}]
+    routed, s = _task_routes(batches, 4, task_id=1)
+    assert routed == [[(s, values)], [((s + 1) % 4, values[:3])], [((s + 2) % 4, values[3:8])],
+                      [((s + 3) % 4, values[8:])], [(s, values[:1])]]
+    # The job's other tasks start at the next partitions, so one wave of tasks spreads its batches.
+    assert [_task_routes(batches[:1], 4, task_id=t)[1] for t in range(4)] == [(s - 1 + t) % 4 for t in range(4)]
+    # And the start moves from job to job (each micro-batch is a job): not every job starts at one partition.
+    assert len({_task_routes(batches[:1], 4, prefix=f"job{j}")[1] for j in range(16)}) > 1
+    single, _ = _task_routes(batches[:2], 1)
+    assert single == [[(0, values)], [(0, values[:3])]]
 
 
-def test_task_routes_keys_and_explicit_partitions_row_by_row():
-    keyed = _task_routes([{"value": [b"a", b"b", b"c"], "__key": ["k1", None, "k1"]}], 4)[0]
-    p = partition_for_key("k1", 4)
-    routed = {part: vals for part, vals in keyed}
-    assert routed[p][:1] == [b"a"] and b"c" in routed[p]
-    assert sorted(v for vals in routed.values() for v in vals) == [b"a", b"b", b"c"]
-    given_parts = _task_routes([{"value": [b"x", b"y"], "__partition": [3, 0]}], 4)[0]
-    assert sorted(given_parts) == [(0, [b"y"]), (3, [b"x"])]
+def test_task_routes_keys_by_hash_and_the_unkeyed_rows_of_a_batch_together():
+    cols = {"value": [b"a", b"b", b"c", b"d", b"e"], "__key": ["k1", None, "k1", None, "k2"]}
+    [keyed], s = _task_routes([cols], 4)
+    p1, p2 = partition_for_key("k1", 4), partition_for_key("k2", 4)
+    expected: dict[int, list[bytes]] = {}
+    for part, v in [(p1, b"a"), (s, b"b"), (p1, b"c"), (s, b"d"), (p2, b"e")]:
+        expected.setdefault(part, []).append(v)
+    assert keyed == sorted(expected.items())
+    given_parts, _ = _task_routes([{"value": [b"x", b"y"], "__partition": [3, 0]}], 4)
+    assert sorted(given_parts[0]) == [(0, [b"y"]), (3, [b"x"])]
+    # A null __partition falls back to the key, then to the batch's partition.
+    [mixed], s = _task_routes([{"value": [b"x", b"y", b"z"], "__partition": [2, None, None],
+                                "__key": [None, "k1", None]}], 4)
+    expected = {}
+    for part, v in [(2, b"x"), (p1, b"y"), (s, b"z")]:
+        expected.setdefault(part, []).append(v)
+    assert mixed == sorted(expected.items())

@@ -87,7 +87,9 @@ def test_large_aborted_then_committed_over_20_partitions(spark: Any, client: Any
     """Kafka: an aborted transaction of 10,000 records over 20 partitions, then a committed one of
     1,000: READ_COMMITTED reads exactly the 1,000, READ_UNCOMMITTED 11,000."""
     client.admin.create_topic("big", 20)
-    p = client.create_producer("big", batching_max_messages=1000)
+    # Unkeyed sends go round-robin by batch: batches of 500 give the 10,000 aborted ones at least 20
+    # batches, one per partition in turn.
+    p = client.create_producer("big", batching_max_messages=500)
     aborted = client.new_transaction()
     for i in range(10_000):
         p.send_async(f"a{i}".encode(), None, txn=aborted)

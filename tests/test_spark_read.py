@@ -49,8 +49,10 @@ class Sent:
 
 
 def produce(client: Any, topic: str, n: int, *, prefix: str = "m", keyed: bool = True,
-            batch: int = 1000) -> list[Sent]:
-    """Send ``n`` messages with a mix of keys, properties and event times; return what landed where."""
+            batch: int = 1000, delay_ms: int = 10) -> list[Sent]:
+    """Send ``n`` messages with a mix of keys, properties and event times; return what landed where.
+    Unkeyed messages go round-robin by batch: a ``delay_ms`` longer than the sends makes full
+    batches of ``batch`` the only boundaries, so the split over partitions is known."""
     ids: dict[bytes, MessageId] = {}
     lock = threading.Lock()
 
@@ -62,7 +64,7 @@ def produce(client: Any, topic: str, n: int, *, prefix: str = "m", keyed: bool =
         return cb
 
     sent = []
-    with client.create_producer(topic, batching_max_messages=batch) as producer:
+    with client.create_producer(topic, batching_max_messages=batch, batching_max_publish_delay_ms=delay_ms) as producer:
         for i in range(n):
             value = f"{prefix}-{i}".encode()
             key = f"key-{i % 3}" if keyed and i % 2 == 0 else None
@@ -152,7 +154,7 @@ def test_read_everything_exactly(spark: Any, client: Any, root: str) -> None:
 
 def test_load_path_and_name_forms(spark: Any, client: Any, root: str) -> None:
     client.admin.create_topic("acme/prod/events", partitions=2)
-    sent = produce(client, "acme/prod/events", 10, keyed=False)
+    sent = produce(client, "acme/prod/events", 10, keyed=False, batch=5, delay_ms=600_000)  # 5 per partition
     for name in ("acme/prod/events", "persistent://acme/prod/events"):
         assert_read_equals(spark.read.format("pulsartx").option("service.url", root).load(name), spark, sent)
     # One partition by its partition name.
@@ -162,7 +164,7 @@ def test_load_path_and_name_forms(spark: Any, client: Any, root: str) -> None:
 
 def test_starting_and_ending_offsets(spark: Any, client: Any, root: str) -> None:
     client.admin.create_topic("t", partitions=2)
-    sent = produce(client, "t", 20, keyed=False, batch=3)
+    sent = produce(client, "t", 20, keyed=False, batch=5, delay_ms=600_000)  # 10 per partition, 2 files each
 
     def between(p: int, lo: int, hi: int) -> list[Sent]:
         return [s for s in sent if s.partition == p and lo <= s.offset < hi]
@@ -198,7 +200,7 @@ def test_topics_and_topics_pattern(spark: Any, client: Any, root: str) -> None:
 
 def test_large_partitions_are_split(spark: Any, client: Any, root: str) -> None:
     client.admin.create_topic("big", partitions=2)
-    sent = produce(client, "big", 20, keyed=False, batch=4)
+    sent = produce(client, "big", 20, keyed=False, batch=5, delay_ms=600_000)  # 10 per partition
     df = read(spark, root, topic="big", maxEntriesPerPartition="3")
     assert df.rdd.getNumPartitions() == 8  # 10 offsets per partition -> 4 ranges each
     assert_read_equals(df, spark, sent)

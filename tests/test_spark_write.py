@@ -101,7 +101,8 @@ def test_100k_rows_over_two_topics_read_back_exactly(spark: Any, client: Any, ro
     for r in routed.to_pylist():
         assert r["__partition_min"] == r["__partition_max"] == partition_for_key(r["__key"], 4), r
     assert sum(routed.column("__partition_count").to_pylist()) == n - len(range(0, n, 7))
-    # Rows without a key are spread round-robin over every partition of both topics.
+    # Rows without a key go round-robin by Arrow batch; the 8 tasks start at different partitions, so
+    # together they cover every partition of both topics.
     unkeyed = back.filter(pc.is_null(back.column("__key")))
     assert len(set(zip(unkeyed.column("__topic").to_pylist(), unkeyed.column("__partition").to_pylist(),
                        strict=True))) == 8

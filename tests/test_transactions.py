@@ -138,7 +138,9 @@ def test_large_aborted_then_committed_over_20_partitions(client):
     """Kafka: an aborted transaction of 10,000 records over 20 partitions, then a committed one of
     1,000: a READ_COMMITTED reader sees exactly the 1,000, READ_UNCOMMITTED all 11,000."""
     client.admin.create_topic("big", 20)
-    p = client.create_producer("big", batching_max_messages=1000)
+    # Unkeyed sends go round-robin by batch: batches of 50 give each transaction at least 20 batches,
+    # one per partition in turn.
+    p = client.create_producer("big", batching_max_messages=50)
     aborted = client.new_transaction()
     sent_async(p, bs("a", 10_000), aborted)  # flushed: the records are in the partitions
     aborted.abort()

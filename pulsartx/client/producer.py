@@ -6,6 +6,10 @@ when it holds ``batching_max_messages`` messages, when ``batching_max_publish_de
 passed, or on ``flush()``/``send()``. Sequence ids are assigned at send time, so a retried batch
 carries the same ids and the partition's dedup drops what already landed.
 
+A keyed message goes to its key's partition; unkeyed messages go round-robin by batch, as Pulsar's
+default router does with batching: all of one batch to one partition, the next batch to the next
+(so consecutive ``send()`` calls, each its own batch, rotate message by message).
+
 A producer stays with the process that made it: in a forked child it raises ForkedProcessError
 (its name and sequence ids would name two writers, and Pulsar refuses a second producer of one
 name; docs/design/clients-across-fork.md).
@@ -94,6 +98,10 @@ class Producer(TableSending):
         self._max_messages = batching_max_messages
         self._delay = batching_max_publish_delay_ms / 1000.0
         self._router = RoundRobin(len(self._partitions))
+        # The queues holding unkeyed messages routed to the router's current partition: when one of
+        # them is appended (full, publish delay, flush, a sync send), that batch has ended and the
+        # next unkeyed message goes to the next partition (Pulsar's round robin on batch boundaries).
+        self._round: set[tuple[int, Any]] = set()
         self._lock = threading.Lock()
         self._queues: dict[tuple[int, Any], list[_Pending]] = {}
         self._flush_locks: dict[tuple[int, Any], threading.Lock] = {}
@@ -236,8 +244,9 @@ class Producer(TableSending):
             # An id the caller chose counts from now; ours are numbered when appended (``_append``).
             if sequence_id is not None and sequence_id > self._last_seq:
                 self._last_seq = sequence_id
+            unkeyed = idx is None
             if idx is None:
-                idx = self._router.next()
+                idx = self._router.current()
             # A producer on one "-partition-i" name routes everything to that partition's index.
             part = self._partitions[idx].partition
             p = _Pending(content if type(content) is bytes else bytes(content), partition_key, properties,
@@ -253,7 +262,17 @@ class Producer(TableSending):
                     self._txn_keys.setdefault(txn, []).append(key)
             q.append(p)
             p.full = len(q) >= self._max_messages
+            if unkeyed:
+                if p.full:  # this batch is complete: the next unkeyed message starts the next one
+                    self._end_round()
+                else:
+                    self._round.add(key)
         return p
+
+    def _end_round(self) -> None:
+        """The batch of the router's current partition has ended (caller holds ``_lock``)."""
+        self._router.advance()
+        self._round.clear()
 
     @staticmethod
     def _queue_key(p: _Pending, txn: Any) -> tuple[int, Any]:
@@ -295,6 +314,8 @@ class Producer(TableSending):
             with self._lock:
                 batch = self._queues.pop(key, [])
                 self._first_enqueued.pop(key, None)
+                if batch and key in self._round:
+                    self._end_round()
             if batch:
                 self._append(key, batch, registered)
 

@@ -1,7 +1,6 @@
 """Message routing to partitions, as Pulsar's default router does it."""
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -36,12 +35,24 @@ def partitions_for_keys(keys: pa.Array | pa.ChunkedArray, num_partitions: int) -
 
 
 class RoundRobin:
-    """Spreads unkeyed messages over partitions in turn."""
+    """Pulsar's round-robin over partitions for unkeyed messages. With batching (always on here)
+    Pulsar's ``RoundRobinPartitionMessageRouter`` does not rotate per message: it "is set to the
+    same boundary of batching delay", so every unkeyed message of one batch goes to one partition
+    and the next batch to the next. The caller says where a batch ends: :meth:`current` is the
+    partition of the batch being filled, :meth:`advance` ends it, :meth:`next` is a batch of its own.
+    """
 
     def __init__(self, num_partitions: int, start: int = 0):
-        self._cycle = itertools.cycle(range(num_partitions))
-        for _ in range(start % max(num_partitions, 1)):
-            next(self._cycle)
+        self._n = max(num_partitions, 1)
+        self._i = start % self._n
+
+    def current(self) -> int:
+        return self._i
+
+    def advance(self) -> None:
+        self._i = (self._i + 1) % self._n
 
     def next(self) -> int:
-        return next(self._cycle)
+        i = self._i
+        self.advance()
+        return i

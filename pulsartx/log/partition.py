@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
 from pulsartx.log.compression import CompressionType
@@ -536,9 +535,12 @@ def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[Dat
     if "offset" not in cols:
         cols = ["offset", *cols]
     paths = [root.fs_path(*segments, f.path) for f in files]
-    keep = None
-    if files and (start > files[0].min_offset or end <= files[-1].max_offset):
-        keep = (pc.field("offset") >= start) & (pc.field("offset") < end)
+
+    def in_range(t: pa.Table) -> np.ndarray:  # a mask, not a pc.field expression (see delta.read_parquet)
+        off = t.column("offset").to_numpy()
+        return (off >= start) & (off < end)
+
+    keep = in_range if files and (start > files[0].min_offset or end <= files[-1].max_offset) else None
     where = f"partition {'/'.join(segments[1:])}"
     try:
         # A network fault is retried, then StorageUnavailable; only unreadable content is corruption.
