@@ -196,3 +196,24 @@ TestOperatorActions = OperatorMachine.TestCase
 TestOperatorActions.settings = settings(
     max_examples=int(os.environ.get("PULSARTX_OPERATOR_EXAMPLES", "80")), stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_owner_abort_after_an_operator_abort_that_compaction_trimmed():
+    """Found by the model: the owner's abort() of a transaction an operator aborted, whose entry a
+    later write's compaction then trimmed, raised TransactionNotFound. Only the owner commits, and
+    it never asked to, so the forgotten transaction ended ABORTED and abort() returns quietly."""
+    s = OperatorMachine()
+    s.setup()
+    try:
+        s.begin()
+        s.begin()
+        s.send_in_txn(part=0, which=0)
+        s.admin_abort(commit=False, kind="open", which=0)
+        s.readers_match_the_model()
+        s.end(commit=False, which=1)
+        s.end(commit=False, which=0)
+        s.readers_match_the_model()
+        s.end(commit=True, which=0)  # refused: it was aborted
+        assert s.status == ["aborted", "aborted"]
+    finally:
+        s.teardown()

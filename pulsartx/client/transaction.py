@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 from pulsartx import forks
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, TransactionConflict
+from pulsartx.exceptions import (
+    ExpiredTransactionError,
+    InvalidTxnStatusError,
+    TransactionConflict,
+    TransactionNotFound,
+)
 from pulsartx.naming import TopicName
 from pulsartx.storage.pools import ProcessPool
 
@@ -77,6 +82,9 @@ class Transaction:
         self._conflict: BaseException | None = None
         self._expired: ExpiredTransactionError | None = None  # fenced or timed out: said again on every use
         self._must_abort: BaseException | None = None  # a flush failed: this transaction may never commit
+        # Whether commit() ever reached the TC: until it has, a TC that forgot the transaction can
+        # only have seen it aborted (only its owner commits).
+        self._commit_tried = False
         # Whether the TC log holds the transaction (its NEW goes with the first registration):
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
@@ -310,10 +318,23 @@ class Transaction:
 
     def _end(self, action: TxnAction) -> None:
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
+        if action is TxnAction.COMMIT:
+            self._commit_tried = True
         try:
             # "" when the client has no owner: it may then end only owner-less transactions.
             meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "", background=True,
                                               subscriptions=self._deferred)
+        except TransactionNotFound:
+            if action is TxnAction.ABORT and not self._commit_tried:
+                # The TC has forgotten it: it ended and its entry was trimmed. Only this client can
+                # commit it, and it never asked to, so it ended ABORTED (an admin abort, a timeout).
+                log.info("abort of %s: it was already aborted (its TC entry is trimmed)", self.id)
+                self.state = TransactionState.ABORTED
+                for p in list(self._producers):
+                    p.forget_transaction(self)
+                return
+            self.state = TransactionState.ERROR
+            raise
         except ExpiredTransactionError as e:
             self._note_expired(e)
             raise

@@ -340,7 +340,10 @@ def test_credentials_never_in_logs_errors_or_reprs(moto, caplog):
     client.close()
 
     texts["logs"] = caplog.text + "\n".join(repr(r.args) for r in caplog.records)
-    assert len(caplog.records) > 20  # DEBUG logging really captured the libraries' chatter
+    # DEBUG logging really captured what the Python libraries say. pulsartx's own S3 requests go
+    # through obstore (Rust), which logs nothing here, so the chatter is ours and s3fs/botocore's.
+    assert logging.getLogger().getEffectiveLevel() == logging.DEBUG
+    assert any(r.name.startswith("pulsartx") for r in caplog.records)
     for what, text in texts.items():
         _assert_clean(what, text)
     assert "***" in texts["repr(StorageRoot)"] and "***" in texts["repr(PulsarTxOptions)"]
