@@ -56,8 +56,10 @@ def main() -> None:
     p.flush()
     cons = client.subscribe("ao", "s", initial_position=InitialPosition.Earliest)
 
-    def one() -> None:
-        msgs = [cons.receive(5000) for _ in range(args.per_txn)]
+    def receive() -> list:
+        return [cons.receive(5000) for _ in range(args.per_txn)]
+
+    def acknowledge_and_commit(msgs: list) -> None:
         txn = client.new_transaction()
         if args.cumulative:
             cons.acknowledge_cumulative(msgs[-1], txn=txn)
@@ -65,19 +67,17 @@ def main() -> None:
             cons.acknowledge(msgs, txn=txn)
         txn.commit()
 
+    def one() -> None:
+        acknowledge_and_commit(receive())
+
     one()  # warm: the TxnID block, the stores
     client.flush()
     paths = []
     for _ in range(args.isolated):
-        msgs = [cons.receive(5000) for _ in range(args.per_txn)]
+        msgs = receive()
         client.flush()
         mark = len(SEEN)
-        txn = client.new_transaction()
-        if args.cumulative:
-            cons.acknowledge_cumulative(msgs[-1], txn=txn)
-        else:
-            cons.acknowledge(msgs, txn=txn)
-        txn.commit()
+        acknowledge_and_commit(msgs)
         paths.append(",".join(SEEN[mark:]))
     client.flush()
     mark = len(SEEN)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _procs import Child, emit, hang, main, read_tc_log
+from test_consumer import redelivered, seed
 
 pytestmark = pytest.mark.timeout(180)
 HERE = os.path.abspath(__file__)
@@ -106,10 +107,7 @@ def _seed(root: str) -> None:
     from pulsartx import InitialPosition
 
     c = _client(root)
-    c.admin.create_topic(TOPIC, 1)
-    p = c.create_producer(TOPIC)
-    for i in range(N):
-        p.send(f"m{i}".encode())
+    seed(c, TOPIC, N)
     c.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest).close()
     c.close()
 
@@ -127,19 +125,6 @@ def _subscribe(client):
             time.sleep(0.05)
 
 
-def _drain(cons, timeout_ms: int = 1500) -> list[tuple[str, int]]:
-    import pulsartx
-
-    out = []
-    while True:
-        try:
-            m = cons.receive(timeout_ms)
-        except pulsartx.Timeout:
-            return out
-        out.append((m.data().decode(), m.redelivery_count()))
-        cons.acknowledge(m)
-
-
 def _wait_past(deadline_ms: int) -> None:
     time.sleep(max(0.0, (deadline_ms + CFG["max_clock_skew_ms"]) / 1000 - time.time()) + 0.1)
 
@@ -151,11 +136,11 @@ def _check_redelivered_once(root: str, info: dict, held_first: bool) -> None:
     client = _client(root)
     reader = _subscribe(client)
     if held_first:  # before its deadline, the transaction may still commit: its messages stay held
-        assert _drain(reader, 300) == []
+        assert redelivered(reader, 300) == []
         assert time.time() * 1000 < info["deadline"], "too slow to see the hold before the deadline"
     _wait_past(info["deadline"])
-    assert _drain(reader) == [(f"m{i}", 1) for i in range(N)]
-    assert _drain(reader, 500) == []
+    assert redelivered(reader) == [(f"m{i}", 1) for i in range(N)]
+    assert redelivered(reader, 500) == []
     entry = read_tc_log(client.root.url, 0)[info["txn"][1]]
     assert entry.status is TxnStatus.ABORTED and FENCE_PROPERTY in entry.properties
     [st] = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
@@ -173,47 +158,45 @@ def _check_acknowledged_once(root: str, info: dict, aborted: bool = False) -> No
     tc.sweep(grace_ms=0)  # whoever opens the TC log next finishes a decided transaction
     reader = _subscribe(client)
     if aborted:
-        assert _drain(reader) == [(f"m{i}", 1) for i in range(N)]
-    assert _drain(reader, 800) == []
+        assert redelivered(reader) == [(f"m{i}", 1) for i in range(N)]
+    assert redelivered(reader, 800) == []
     entry = read_tc_log(client.root.url, 0)[info["txn"][1]]
     assert entry.status is (TxnStatus.ABORTED if aborted else TxnStatus.COMMITTED)
     assert entry.subscriptions == frozenset([Subscription(P0, "s")])
     [st] = client.admin.transactions.get_pending_ack_stats(TOPIC, "s")
     assert (st["markDeletePosition"], st["pendingAckCount"], st["unregisteredTransactions"]) == (N - 1, 0, {})
     _wait_past(info["deadline"])  # nothing changes after the deadline either: no fence over a decision
-    assert _drain(reader, 500) == []
+    assert redelivered(reader, 500) == []
     assert read_tc_log(client.root.url, 0)[info["txn"][1]].status is entry.status
     reader.close()
     client.close()
 
 
-@pytest.mark.parametrize("stage", ["acked", "before_decision"])
-def test_killed_before_its_decision_it_is_fenced_after_its_deadline_and_redelivered_once(tmp_path, stage):
+def _killed_at(tmp_path, stage: str) -> tuple[str, dict[str, Any]]:
+    """A seeded root whose child was SIGKILLed at ``stage``, and what the child said of its transaction."""
     root = str(tmp_path / "root")
     _seed(root)
     child = Proc("ack_only", root=root, stage=stage)
     info = child.wait_event("stopped")
     child.sigkill()
+    return root, info
+
+
+@pytest.mark.parametrize("stage", ["acked", "before_decision"])
+def test_killed_before_its_decision_it_is_fenced_after_its_deadline_and_redelivered_once(tmp_path, stage):
+    root, info = _killed_at(tmp_path, stage)
     assert info["txn"][1] not in read_tc_log(root, 0)  # nothing of it in the TC log: only the pending acks
     _check_redelivered_once(root, info, held_first=True)
 
 
 @pytest.mark.parametrize("stage", ["after_decision", "before_final", "committed"])
 def test_killed_after_its_decision_it_is_acknowledged_once(tmp_path, stage):
-    root = str(tmp_path / "root")
-    _seed(root)
-    child = Proc("ack_only", root=root, stage=stage)
-    info = child.wait_event("stopped")
-    child.sigkill()
+    root, info = _killed_at(tmp_path, stage)
     _check_acknowledged_once(root, info)
 
 
 def test_killed_after_its_abort_decision_it_is_redelivered_once(tmp_path):
-    root = str(tmp_path / "root")
-    _seed(root)
-    child = Proc("ack_only", root=root, stage="after_abort_decision")
-    info = child.wait_event("stopped")
-    child.sigkill()
+    root, info = _killed_at(tmp_path, "after_abort_decision")
     _check_acknowledged_once(root, info, aborted=True)
 
 
@@ -231,7 +214,7 @@ def test_a_fenced_owner_cannot_commit_afterwards(tmp_path):
     assert out["error"] is not None and "ExpiredTransactionError" in out["error"], out
     client = _client(root)
     reader = _subscribe(client)
-    assert _drain(reader, 800) == []  # acknowledged by the reader after the redelivery: once
+    assert redelivered(reader, 800) == []  # acknowledged by the reader after the redelivery: once
     from pulsartx.coordinator.tclog import FENCE_PROPERTY
 
     entry = read_tc_log(root, 0)[info["txn"][1]]

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from _procs import read_tc_log
+from test_consumer import redelivered, seed
 
 import pulsartx
 from pulsartx import InitialPosition
@@ -38,10 +39,7 @@ def _client(root: str) -> pulsartx.Client:
 
 def _seed(root: str, n: int) -> None:
     c = _client(root)
-    c.admin.create_topic(TOPIC, 1)
-    p = c.create_producer(TOPIC)
-    for i in range(n):
-        p.send(f"m{i}".encode())
+    seed(c, TOPIC, n)
     c.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest).close()
     c.close()
 
@@ -124,17 +122,6 @@ def test_back_to_back_ack_only_transactions_fold_the_previous_completion(root, m
     client.close()
 
 
-def _receive_all(cons, timeout_ms: int = 1500) -> list[tuple[str, int]]:
-    out = []
-    while True:
-        try:
-            m = cons.receive(timeout_ms)
-        except pulsartx.Timeout:
-            return out
-        out.append((m.data().decode(), m.redelivery_count()))
-        cons.acknowledge(m)
-
-
 def test_an_abandoned_ack_only_transaction_is_held_until_its_deadline_then_fenced(root):
     """Another client meets pending acks of a transaction no TC log holds: open (held) until its
     deadline and the skew allowance, then fenced and its messages redelivered once each; the
@@ -154,17 +141,17 @@ def test_an_abandoned_ack_only_transaction_is_held_until_its_deadline_then_fence
     cons2.close()
     cons.close()
     reader = other.subscribe(TOPIC, "s")
-    assert _receive_all(reader, 300) == []  # held: the transaction may still commit
+    assert redelivered(reader, 300) == []  # held: the transaction may still commit
     assert time.time() * 1000 < deadline
     time.sleep(max(0.0, (deadline + CFG.max_clock_skew_ms) / 1000 - time.time()) + 0.1)
-    got = _receive_all(reader)
+    got = redelivered(reader)
     assert got == [("m0", 1), ("m1", 1), ("m2", 1)]
     fence = read_tc_log(other.root.url, 0)[txn.id.least_bits]
     assert fence.status is TxnStatus.ABORTED and FENCE_PROPERTY in fence.properties
     with pytest.raises(ExpiredTransactionError):
         txn.commit()
     assert read_tc_log(other.root.url, 0)[txn.id.least_bits].status is TxnStatus.ABORTED
-    assert _receive_all(reader, 500) == []
+    assert redelivered(reader, 500) == []
     [st] = other.admin.transactions.get_pending_ack_stats(TOPIC, "s")
     assert (st["markDeletePosition"], st["pendingAckCount"], st["unregisteredTransactions"]) == (2, 0, {})
     reader.close()
@@ -217,7 +204,7 @@ def test_an_aborted_or_expired_ack_only_transaction_returns_its_messages_once(ro
         expired.commit()
     client.flush()
     cons.redeliver_unacknowledged_messages()
-    assert sorted(_receive_all(cons)) == [("m0", 1), ("m1", 1)]
+    assert sorted(redelivered(cons)) == [("m0", 1), ("m1", 1)]
     client.close()
 
 
@@ -236,7 +223,7 @@ def test_a_kept_alive_ack_only_transaction_is_written_and_the_log_governs(root):
     other = _client(root)
     cons.close()
     reader = other.subscribe(TOPIC, "s")
-    assert _receive_all(reader, 500) == []  # still held: the log says open
+    assert redelivered(reader, 500) == []  # still held: the log says open
     assert read_tc_log(client.root.url, 0)[txn.id.least_bits].status is TxnStatus.OPEN
     txn.commit()
     client.flush()
@@ -271,7 +258,7 @@ def test_admin_views_and_abort_of_an_open_ack_only_transaction(root):
     with pytest.raises(pulsartx.exceptions.InvalidTxnStatusError):
         txn.commit()
     reader = admin.subscribe(TOPIC, "s")
-    assert _receive_all(reader) == [("m0", 1), ("m1", 1)]
+    assert redelivered(reader) == [("m0", 1), ("m1", 1)]
     [st] = admin.admin.transactions.get_pending_ack_stats(TOPIC, "s")
     assert (st["markDeletePosition"], st["pendingAckCount"], st["unregisteredTransactions"]) == (1, 0, {})
     reader.close()

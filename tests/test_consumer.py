@@ -44,6 +44,11 @@ def drain(consumer, idle_ms: int = 400, ack: bool = False) -> list:
             consumer.acknowledge(m)
 
 
+def redelivered(consumer, idle_ms: int = 1500) -> list[tuple[str, int]]:
+    """:func:`drain` acknowledging each message, as (value, redelivery count)."""
+    return [(m.data().decode(), m.redelivery_count()) for m in drain(consumer, idle_ms, ack=True)]
+
+
 def vals(msgs) -> list[str]:
     return [m.data().decode() for m in msgs]
 

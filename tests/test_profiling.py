@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_consumer import seed
+
 import pulsartx
 
 SCRIPT = """
@@ -26,10 +28,7 @@ print(summary(out, top=40, sort="cumulative"))
 
 def test_profile_dir_gets_one_profile_per_spark_facing_call(root: str, tmp_path: Path) -> None:
     with pulsartx.Client(root) as client:
-        client.admin.create_topic("t")
-        with client.create_producer("t") as producer:
-            for i in range(5):
-                producer.send(b"m%d" % i)
+        seed(client, "t", 5)
     out = tmp_path / "profiles"
     env = dict(os.environ, PULSARTX_PROFILE_DIR=str(out), PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", SCRIPT, root, str(out)], env=env, capture_output=True, text=True,

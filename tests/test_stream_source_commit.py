@@ -12,6 +12,7 @@ from typing import Any
 
 from pulsartx.datasource.options import parse_stream_options
 from pulsartx.datasource.stream_reader import PulsarTxStreamReader
+from test_consumer import seed
 
 import pulsartx
 from pulsartx.naming import TopicName
@@ -35,10 +36,7 @@ sys.addaudithook(_audit)
 
 def test_source_commit_writes_nothing_when_the_sink_already_acknowledged(root: str, tmp_path: Path) -> None:
     with pulsartx.Client(root) as client:
-        client.admin.create_topic("in")
-        with client.create_producer("in") as producer:
-            for i in range(6):
-                producer.send(b"m%d" % i)
+        seed(client, "in", 6)
     reader = PulsarTxStreamReader(parse_stream_options({"service.url": root, "topic": "in", "subscription": "s",
                                                         "startingOffsets": "earliest"}))
     start = reader.initialOffset()
