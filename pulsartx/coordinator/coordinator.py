@@ -28,7 +28,6 @@ from pulsartx.exceptions import (
     TransactionFenced,
     TransactionNotFound,
 )
-from pulsartx.storage import delta
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.group_commit import Done, GroupCommit, Write
 from pulsartx.storage.root import StorageRoot
@@ -274,24 +273,32 @@ class TransactionCoordinator:
                 return held
             if least > self.txlog.counter or now <= deadline_ms + self.config.max_clock_skew_ms:
                 return None
+        reason = (f"{REASON_TIMEOUT}: its pending acknowledgements outlived its deadline ({deadline_ms}) before it "
+                  "registered anything")
+        meta, fenced = self._log_fence(txn_id, reason, "pending-ack", "timeout")
+        if not fenced:
+            return meta  # its owner decided first (or another fence landed): follow it
+        log.info("TC %d: %s held pending acks past its deadline and was not in the log; logged ABORTED to "
+                 "fence its owner", self.tc_id, txn_id)
+        return meta
+
+    def _log_fence(self, txn_id: TxnID, reason: str | None, source: str, event: str) -> tuple[TxnMeta, bool]:
+        """Log ABORTED for an id the log does not hold, conditional on its still not holding it,
+        marked ``FENCE_PROPERTY`` (never trimmed: an owner that never wrote the id learns of the
+        fence only from it). The owner's first write is a compare-and-set on the same entry, so at
+        most one of the two lands. Returns the entry the log then holds, and whether it is the fence."""
         t = now_ms()
-        fence = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t,
-                        reason=f"{REASON_TIMEOUT}: its pending acknowledgements outlived its deadline "
-                               f"({deadline_ms}) before it registered anything",
-                        properties={FENCE_PROPERTY: "pending-ack"})
+        fence = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason, properties={FENCE_PROPERTY: source})
 
         def plan() -> Done | Write:
             self.txlog.refresh()
-            held = self.txlog.get(least)
+            held = self.txlog.get(txn_id.least_bits)
             if held is not None:
-                return Done(held)  # its owner decided first (or another fence landed): follow it
-            return Write([(fence, MetadataOp.NEW, None)], fence, lambda: self._emit("timeout", fence))
+                return Done(held)
+            return Write([(fence, MetadataOp.NEW, None)], fence, lambda: self._emit(event, fence))
 
         meta = self._group.run(txn_id, plan)
-        if meta is fence:
-            log.info("TC %d: %s held pending acks past its deadline and was not in the log; logged ABORTED to "
-                     "fence its owner", self.tc_id, txn_id)
-        return meta
+        return meta, meta is fence
 
     def get(self, txn_id: TxnID, refresh: bool = False) -> TxnMeta:
         with self._lock:
@@ -482,17 +489,12 @@ class TransactionCoordinator:
                     f"has trimmed finished transactions up to id {self.txlog.trimmed_through} "
                     "(finished_retention_ms), so its outcome is no longer the TC's to report; refusing to abort "
                     "it. The commit or abort markers in the partitions it wrote hold its outcome")
-            t = now_ms()
-            meta = TxnMeta(txn_id, TxnStatus.ABORTED, 0, t, t, reason=reason, properties={FENCE_PROPERTY: "admin"})
-            try:
-                self.txlog.write(meta, MetadataOp.NEW, None)
-            except delta.ConcurrentCommit:
-                self.txlog.refresh()
-                return None  # its owner registered meanwhile: end it the ordinary way
-            log.info("TC %d: %s was not in the log (it had registered nothing); logged ABORTED to fence its owner",
-                     self.tc_id, txn_id)
-            self._emit("aborted", meta)
-            return meta
+        meta, fenced = self._log_fence(txn_id, reason, "admin", "aborted")
+        if not fenced:
+            return None  # its owner registered meanwhile: end it the ordinary way
+        log.info("TC %d: %s was not in the log (it had registered nothing); logged ABORTED to fence its owner",
+                 self.tc_id, txn_id)
+        return meta
 
     def _check_epoch(self, txn_id: TxnID) -> None:
         """A keyed transaction commits only while its epoch is the key's current one (Kafka's
