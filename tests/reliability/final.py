@@ -7,6 +7,7 @@ events; :func:`blocked_at` samples maxReadPosition for the stuck-partition check
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ DATA_COLUMNS = ["offset", "type", "value", "txn_most_bits", "txn_least_bits"]
 # TC leases expire within the runs, so processes take over dead (SIGKILLed) processes' TC logs and
 # sweep them as they begin transactions, and a process whose clock is skewed loses or waits for one.
 LEASE_MS = 2000
+DRAIN_LEASE_WAIT_S = 15.0  # a consumer's default lease (10 s) and a margin
 
 
 def config(recovery_grace_ms: int = 0) -> Any:
@@ -99,9 +101,21 @@ def blocked_at(c: Any, topic: str) -> dict[int, int | None]:
 def drain(c: Any, topic: str, sub: str, idle_ms: int = 1500) -> list[str]:
     """Everything the subscription still delivers (nothing acknowledged), until idle."""
     from pulsartx.client.consumer import ConsumerType
+    from pulsartx.exceptions import ConsumerBusy
 
     out: list[str] = []
-    cons = c.subscribe(topic, sub, consumer_type=ConsumerType.Exclusive)
+    # A worker whose lease release failed under injected faults ("it will expire") still holds the
+    # subscription until its lease runs out (the consumers' default, 10 s): wait for it, as a
+    # restarted application would.
+    deadline = time.monotonic() + DRAIN_LEASE_WAIT_S
+    while True:
+        try:
+            cons = c.subscribe(topic, sub, consumer_type=ConsumerType.Exclusive)
+            break
+        except ConsumerBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     try:
         while True:
             got = cons.batch_receive(1000, timeout_millis=idle_ms)
