@@ -1,7 +1,7 @@
 """CPU per small transaction in one process, and where it goes. Prints figures; asserts nothing.
 
     .venv/bin/python bench/profile_txn.py [--txns 300] [--warmup 20] [--top 40] [--dir DIR]
-                                          [--profile] [--sort cumulative,tottime]
+                                          [--profile] [--sort cumulative,tottime] [--against DIR [--rounds 5]]
 
 The transaction is bench/scale.py's: 10 messages with ``send_async``, alternately to two topics of
 one partition each (5 each), then ``commit()``, back to back in one thread on a fresh local root.
@@ -18,6 +18,13 @@ cumulative and by own CPU time. It must be its own process: the worker pools are
 a thread started before the profiler is not seen. The profiler inflates the times; read the shares.
 Worker-pool threads idle in ``SimpleQueue.get`` show large times there that are not CPU (the
 plain run's process CPU bounds the total): read the pulsartx functions and what they call.
+
+Side by side with another checkout (``--against DIR``, e.g. a ``git worktree`` of an older
+commit): ``--rounds`` interleaved rounds, each running the plain measurement once per side in a
+fresh interpreter (this file, with ``PYTHONPATH`` set to this repository or to ``DIR``; the side
+that goes first alternates). It prints both sides' CPU per transaction and their ratio
+``this ÷ DIR`` per round, with its median, spread and target (<= 1/3 of the code the cost-per-core
+work started from).
 """
 from __future__ import annotations
 
@@ -99,6 +106,36 @@ def run(root: str, txns: int, warmup: int, profiles: ThreadProfiles | None) -> f
     return cpu / txns
 
 
+def side_by_side(other: str, rounds: int, txns: int, warmup: int, tmp: str | None) -> None:
+    """Each side in its own fresh interpreter per round, so neither inherits the other's pools,
+    caches or page cache of its root; the order alternates, so a drifting machine load is shared."""
+    import re
+    import subprocess
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import Rounds, print_rounds
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sides = {"this": repo, "other": os.path.abspath(other)}
+    cpu: dict[str, list[float]] = {k: [] for k in sides}
+    for i in range(rounds):
+        for name in (("this", "other") if i % 2 == 0 else ("other", "this")):
+            env = dict(os.environ, PYTHONPATH=sides[name])
+            cmd = [sys.executable, os.path.abspath(__file__), "--txns", str(txns), "--warmup", str(warmup)]
+            if tmp:
+                cmd += ["--dir", tmp]
+            out = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+                                 check=True).stdout
+            ms = float(re.search(r"CPU ([0-9.]+) ms/txn", out).group(1))
+            cpu[name].append(ms)
+            print(f"round {i + 1} {name:<5} ({sides[name]}): {out.strip()}", flush=True)
+    print_rounds(f"CPU per small transaction, this checkout ÷ {sides['other']}", [
+        Rounds("CPU per txn, this (ms)", cpu["this"]),
+        Rounds("CPU per txn, other (ms)", cpu["other"]),
+        Rounds("this ÷ other", [a / b for a, b in zip(cpu["this"], cpu["other"], strict=True)], "<=", 1 / 3),
+    ])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--txns", type=int, default=300)
@@ -108,7 +145,13 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sort", default="cumulative,tottime")
     ap.add_argument("--dump", default=None, help="write the merged profile here (pstats format)")
+    ap.add_argument("--against", default=None, metavar="DIR",
+                    help="another checkout to run side by side (CPU per transaction, this / DIR)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds with --against")
     a = ap.parse_args()
+    if a.against:
+        side_by_side(a.against, a.rounds, a.txns, a.warmup, a.dir)
+        return
     work = tempfile.mkdtemp(prefix="profile-txn-", dir=a.dir)
     try:
         if not a.profile:
