@@ -494,7 +494,7 @@ def check_step(producers: list[dict], seen: Counter, consumed: list[str]) -> tup
     ok = not (dup or missing or unexpected or partial or c_dup or c_missing)
     text = (f"{len(want)} messages of {len(committed)} committed txns: missing {missing}, duplicated {dup}, "
             f"unexpected {unexpected}; {len(failed)} failed commits ({partial} partly visible); consumer "
-            f"{len(got_a)}/{len(want_a)} of its topic, missing {c_missing}, duplicated {c_dup}")
+            f"{len(got_a)}/{len(want_a)} of its topics, missing {c_missing}, duplicated {c_dup}")
     return ok, text
 
 
