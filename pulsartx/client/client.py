@@ -130,7 +130,8 @@ class Client:
 
     @checked_keywords()
     def new_transaction(self, timeout_ms: int = 60000, properties: dict[str, str] | None = None) -> Transaction:
-        """Begin a transaction on a TC (by hash of the transaction key, else round-robin).
+        """Begin a transaction on a TC: by hash of the transaction key, else the TC this process leases
+        (docs/design/tc-leases.md; round-robin only with leases off).
 
         Keywords:
             timeout_ms=60000: abort the transaction if it is still open this many milliseconds after it began.
