@@ -454,11 +454,13 @@ def lease_holder(root: str, topic: str, go_file: str, cfg: dict | None = None, o
 
     _skew_clock(clock_offset_s)
     original = TransactionCoordinator._complete
-    stalled = threading.Event()
+    hang: dict[str, Any] = {"id": None}  # the TxnID whose completion hangs: our decided one only
 
     def stall(self, meta):
-        if not stalled.is_set():  # only the first decided transaction's completion hangs
-            stalled.set()
+        # Not "the first completion": a takeover sweep finishes the previous owner's decided
+        # transactions once they are older than recovery_grace_ms, which a slow start reaches.
+        if meta.txn_id == hang["id"]:
+            hang["id"] = None  # once
             time.sleep(600)
         return original(self, meta)
 
@@ -469,6 +471,7 @@ def lease_holder(root: str, topic: str, go_file: str, cfg: dict | None = None, o
     producer.send(b"open", txn=opened)
     decided = client.new_transaction(timeout_ms=600_000)
     producer.send(b"decided", txn=decided)
+    hang["id"] = decided.id
     decided.commit()
     emit("EVENT", "held", {"lease": _lease_of(client), "open": list(opened.id.as_tuple()),
                            "decided": list(decided.id.as_tuple())})

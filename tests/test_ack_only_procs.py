@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _procs import Child, emit, hang, main, read_tc_log
+from reliability.final import subscribe_when_free
 from test_consumer import redelivered, seed
 
 pytestmark = pytest.mark.timeout(180)
@@ -114,15 +115,7 @@ def _seed(root: str) -> None:
 
 def _subscribe(client):
     """The subscription, once the killed child's Exclusive lease has run out."""
-    from pulsartx.exceptions import ConsumerBusy
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return client.subscribe(TOPIC, "s", lease_ms=LEASE_MS)
-        except ConsumerBusy:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    return subscribe_when_free(client, TOPIC, "s", 30, lease_ms=LEASE_MS)
 
 
 def _wait_past(deadline_ms: int) -> None:

@@ -103,7 +103,8 @@ def test_a_paused_owner_that_lost_its_lease_is_refused_and_moves_on(tmp_path):
     os.kill(z.proc.pid, signal.SIGSTOP)  # a long GC pause, a VM migration
     try:
         time.sleep(1.2)
-        c = pulsartx.Client(root, coordinator_config=CoordinatorConfig(**cfg))
+        # C's own lease is long: Z, resumed however late, must find it held, not expired as well
+        c = pulsartx.Client(root, coordinator_config=CoordinatorConfig(**{**cfg, "lease_ms": 60_000}))
         c.new_transaction().abort()  # takes the expired lease over
         c_owner = c._coordinators().leased[1].owner
     finally:

@@ -98,24 +98,30 @@ def blocked_at(c: Any, topic: str) -> dict[int, int | None]:
     return out
 
 
-def drain(c: Any, topic: str, sub: str, idle_ms: int = 1500) -> list[str]:
-    """Everything the subscription still delivers (nothing acknowledged), until idle."""
-    from pulsartx.client.consumer import ConsumerType
+def subscribe_when_free(c: Any, topic: str, sub: str, wait_s: float, **options: Any) -> Any:
+    """``c.subscribe(topic, sub, **options)``, retrying ConsumerBusy for up to ``wait_s``: a consumer
+    that died (killed, or its release failed) holds its subscription until its lease runs out, and
+    a restarted application waits for that, as this does. Still busy after ``wait_s``: raises."""
     from pulsartx.exceptions import ConsumerBusy
 
-    out: list[str] = []
-    # A worker whose lease release failed under injected faults ("it will expire") still holds the
-    # subscription until its lease runs out (the consumers' default, 10 s): wait for it, as a
-    # restarted application would.
-    deadline = time.monotonic() + DRAIN_LEASE_WAIT_S
+    deadline = time.monotonic() + wait_s
     while True:
         try:
-            cons = c.subscribe(topic, sub, consumer_type=ConsumerType.Exclusive)
-            break
+            return c.subscribe(topic, sub, **options)
         except ConsumerBusy:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.05)
+
+
+def drain(c: Any, topic: str, sub: str, idle_ms: int = 1500) -> list[str]:
+    """Everything the subscription still delivers (nothing acknowledged), until idle."""
+    from pulsartx.client.consumer import ConsumerType
+
+    out: list[str] = []
+    # A worker whose lease release failed under injected faults ("it will expire") still holds the
+    # subscription until its lease runs out (the consumers' default, 10 s).
+    cons = subscribe_when_free(c, topic, sub, DRAIN_LEASE_WAIT_S, consumer_type=ConsumerType.Exclusive)
     try:
         while True:
             got = cons.batch_receive(1000, timeout_millis=idle_ms)
