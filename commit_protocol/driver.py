@@ -15,12 +15,23 @@ import socket
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.storage.root import StorageRoot
 
+_FOUND: dict[int, tuple[int, str]] = {}  # this process's pid -> its driver JVM, once found
+
 
 def driver_jvm() -> tuple[int, str]:
     """(pid, start time) of the JVM that started this Python worker: the nearest ``java`` ancestor.
     ``streamWriter()`` runs in different workers (planner workers, daemon-forked sink runners) from
-    batch to batch, but always under the one driver JVM of the query run."""
-    pid = os.getpid()
+    batch to batch, but always under the one driver JVM of the query run.
+
+    A process's JVM ancestor never changes, so it is looked up once per process (keyed by pid: a
+    forked child looks again): the walk reads one ``/proc`` file per ancestor, and a streaming
+    batch's commit asked four times (0.7 ms each). Without a JVM ancestor nothing is kept: the
+    fallback, the parent's pid, can change."""
+    me = os.getpid()
+    found = _FOUND.get(me)
+    if found is not None:
+        return found
+    pid = me
     for _ in range(16):
         try:
             stat = open(f"/proc/{pid}/stat").read()
@@ -29,7 +40,8 @@ def driver_jvm() -> tuple[int, str]:
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat.rsplit(")", 1)[1].split()
         if comm == "java":
-            return pid, fields[19]
+            found = _FOUND[me] = (pid, fields[19])
+            return found
         pid = int(fields[1])
         if pid <= 1:
             break

@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pulsartx.commit_protocol import handoff, keepalive
 from pulsartx.commit_protocol.driver import driver_coordinators, driver_jvm
@@ -34,16 +35,19 @@ from pulsartx.commit_protocol.job import JobTransaction
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pulsartx.buffer.state import txn_key
+from pulsartx.client.transaction import helper_pool
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, TransactionNotFound
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot, read_url_text
+from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
-from pulsartx.subscription.store import shared_store
+from pulsartx.subscription.store import SubscriptionStore, shared_store
 
 log = logging.getLogger("pulsartx.commit_protocol")
 BATCH_PROPERTY = "pulsartx.streaming.batch"  # "<query id>:<batch id>"
@@ -237,21 +241,56 @@ class MicroBatchTransaction:
         tcs = self._tcs()
         tc = tcs.for_txn(txn)
         k = txn_key(txn.most_bits, txn.least_bits)
-        for sub, stores in plans:
-            if stores:
-                tc.add_subscriptions(txn, [Subscription(str(partition), sub) for _, partition, _ in stores])
-            for store, partition, pos in stores:
-                # Another transaction's pending ack here (a fenced batch's, landed after its abort)
-                # would refuse this one: return the ones their TCs can no longer commit first.
-                cursor = store.cursor()
-                others = pending_keys(cursor, exclude=[k])
-                resolve_pending(root, tcs, str(partition), sub, others, deadlines=cursor.deadlines)
-                store.update(lambda c, pos=pos: c.txn_ack_cumulative(k, pos))
+        for sub, targets in plans:
+            tc.add_subscriptions(txn, [Subscription(str(t.partition), sub) for t in targets])
+            _in_parallel([partial(_ack_partition, root, tcs, sub, k, t) for t in targets])
 
 
-def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
-    """(store, partition, position) to acknowledge for one hand-off record; None when the
-    subscription is not at the batch's start, i.e. the record belongs to another query."""
+@dataclass(frozen=True)
+class _AckTarget:
+    """One input partition to acknowledge up to ``position``, with the cursor read to decide it."""
+
+    store: SubscriptionStore
+    partition: TopicName
+    position: int
+    cursor: CursorState
+
+
+def _ack_partition(root: StorageRoot, tcs: Coordinators, sub: str, k: int, t: _AckTarget) -> None:
+    """The transaction's pending cumulative ack on one input partition.
+
+    Another transaction's pending ack there (a fenced batch's, landed after its abort) would
+    refuse this one: those their TCs can no longer commit are returned first. They are found on
+    the cursor ``_ack_targets`` has just read fresh; the update itself is a compare-and-set that
+    re-reads on a lost race, and a pending ack landing in between makes it raise
+    TransactionConflict (the batch fails and is retried), exactly as with a second read."""
+    others = pending_keys(t.cursor, exclude=[k])
+    resolve_pending(root, tcs, str(t.partition), sub, others, deadlines=t.cursor.deadlines)
+    t.store.update(lambda c: c.txn_ack_cumulative(k, t.position))
+
+
+def _in_parallel(jobs: list[Callable[[], None]]) -> None:
+    """Run independent jobs (one per input partition: separate tables) side by side, the first on
+    this thread, and return once all have ended, raising the first error: nothing of this batch
+    is still being written when its commit fails and Spark aborts it."""
+    if len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    futures = [helper_pool().submit(job) for job in jobs[1:]]
+    errors: list[BaseException] = []
+    try:
+        jobs[0]()
+    except Exception as e:
+        errors.append(e)
+    errors += [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
+def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list[_AckTarget] | None:
+    """The input partitions to acknowledge for one hand-off record; None when the subscription is
+    not at the batch's start, i.e. the record belongs to another query."""
     targets = []
     for topic, parts in h.end.items():
         for p, end in parts.items():
@@ -264,6 +303,5 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list | None:
             if start is not None and cur.mark_delete + 1 not in (start, end):
                 return None
             if end - 1 > cur.mark_delete:
-                targets.append((store, partition, end - 1))
+                targets.append(_AckTarget(store, partition, end - 1, cur))
     return targets
-
