@@ -197,6 +197,59 @@ def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
     assert g.apply(bounded).column("offset").to_pylist() == apply_rows(g, bounded).column("offset").to_pylist()
 
 
+@st.composite
+def run_logs(draw) -> list[tuple]:
+    """Like :func:`logs`, but a transaction's data comes in runs (as it does in a Spark job's
+    files), and entry lists and markers cut into runs, so runs wholly visible, wholly hidden and
+    cut in two all occur."""
+    rows: list[tuple] = []
+    for _ in range(draw(st.integers(0, 12))):
+        op = draw(st.sampled_from(["p", "d", "d", "d", "c", "a", "ce"]))
+        txn = draw(st.sampled_from(TXNS))
+        if op in ("p", "d"):
+            rows.extend([("DATA", None if op == "p" else txn, None)] * draw(st.integers(1, 30)))
+        elif op == "a":
+            rows.append(("TXN_ABORT", txn, None))
+        elif op == "c":
+            rows.append(("TXN_COMMIT", txn, None))
+        else:
+            n = len(rows) + 1
+            starts = draw(st.lists(st.integers(0, n), max_size=4))
+            rows.append(("TXN_COMMIT", txn, [(a, a + draw(st.integers(-1, 12))) for a in starts]))
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(run_logs(), st.integers(0, 400), st.integers(1, 3), st.data())
+def test_filter_by_runs_equals_per_row_filter(rows, cut, chunks, data):
+    """apply() decides whole runs of one transaction from their first and last offsets; on long
+    runs that entry lists, markers (stragglers past them) and the read limit cut anywhere it keeps
+    exactly the rows the per-row definition keeps."""
+    cut = min(cut, len(rows))
+    s = BufferState().fold(table(rows[:cut]))
+    t = table(rows, chunks=chunks)
+    f = s.filter()
+    bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
+    assert f.apply(bounded).column("offset").to_pylist() == apply_rows(f, bounded).column("offset").to_pylist()
+    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
+    visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
+    g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}))
+    assert g.apply(t).column("offset").to_pylist() == apply_rows(g, t).column("offset").to_pylist()
+
+
+def test_filter_cuts_a_run_at_its_entry_list_and_at_its_marker():
+    """One transaction's run cut by its entry list (rows 5-9 of 0-19 listed), and a run that goes on
+    past its own marker (the rows after it are stragglers): only the listed rows, and the rows
+    before the marker, are shown."""
+    a, b = TXNS[0], TXNS[1]
+    rows = [("DATA", a, None)] * 20 + [("TXN_COMMIT", a, [(5, 9)])] + [("DATA", b, None)] * 5
+    rows += [("TXN_COMMIT", b, None)] + [("DATA", b, None)] * 5  # 27-31 past its marker at 26
+    f = BufferState().fold(table(rows)).filter()
+    t = table(rows)
+    assert f.apply(t).column("offset").to_pylist() == [5, 6, 7, 8, 9, 21, 22, 23, 24, 25]
+    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
+
+
 def test_filter_drops_stragglers_and_out_of_range_rows_of_a_large_read():
     """A concrete large case: 100k rows of three transactions (one ranged, one with stragglers)
     in runs of 7, one aborted, plus plain rows."""
