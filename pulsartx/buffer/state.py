@@ -371,22 +371,26 @@ class VisibilityFilter:
                 keep &= offs >= self.min_offset
             keys = txn_key_column(table)
             if keys.null_count != len(keys):
-                keep &= self._txn_rows_visible(offs, keys)
+                keep &= self._txn_rows_visible(offs, keys, keep)
                 if self.stragglers:
                     s = np.array(self.stragglers, np.int64)
                     i = np.searchsorted(s[:, 0], offs, side="right") - 1
                     keep &= ~((i >= 0) & (offs <= s[np.maximum(i, 0), 1]))
         return keep_rows(table, keep)
 
-    def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
         """Per row: a plain row, or a row of a transaction that is not aborted, passes the cut,
         is not a straggler (past its own marker) and lies in its commit's entries, if listed.
 
         Decided per run of rows of one transaction, from the run's lowest and highest offset: a
         run wholly visible or wholly hidden costs nothing per row, and only the rare run that an
         entry list or its marker cuts in two is checked row by row (a Spark read task checked
-        every row of every file against the entry lists: a third of its filtering time)."""
-        valid = _bools(pc.is_valid(keys))
+        every row of every file against the entry lists: a third of its filtering time). Only the
+        ``rows`` the caller still keeps count (a marker row would make its transaction's run reach
+        past the run's last entry: those rows are answered as plain, the caller drops them anyway)."""
+        valid = _bools(pc.is_valid(keys)) & rows
+        if not valid.any():
+            return np.ones(len(valid), dtype=bool)
         kf = _int64s(pc.fill_null(keys, 0))
         brk = np.flatnonzero((kf[1:] != kf[:-1]) | (valid[1:] != valid[:-1])) + 1
         starts = np.concatenate(([0], brk))
