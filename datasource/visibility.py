@@ -39,6 +39,7 @@ from pulsartx.log.schema import MessageType
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from pulsartx.log.index import DataFile
     from pulsartx.log.partition import PartitionLog
     from pulsartx.storage.root import StorageRoot
 
@@ -89,6 +90,16 @@ class Visibility:
         if self.filter is None:
             return ("type",)
         return ("type", "txn_most_bits", "txn_least_bits")
+
+    def shows_file(self, f: DataFile, start: int, end: int) -> bool:
+        """Whether every record of ``f`` in ``[start, end)`` is visible, known from the plan alone:
+        the file holds no transactional record (hence no marker) by its statistics, or its span
+        lies in one commit entry this filter shows (:meth:`VisibilityFilter.shows_all`). Such a
+        file is read without the filter's columns and mask."""
+        lo, hi = max(f.min_offset, start), min(f.max_offset, end - 1)
+        if f.txn_free:
+            return self.filter is None or lo >= self.filter.min_offset
+        return self.filter is not None and self.filter.shows_all(lo, hi)
 
     @property
     def read_limit(self) -> int | None:

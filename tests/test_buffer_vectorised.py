@@ -23,6 +23,7 @@ from pulsartx.buffer.state import (
     BufferState,
     Cut,
     VisibilityFilter,
+    _merged,
     keep_rows,
     txn_key,
     txn_key_column,
@@ -203,19 +204,24 @@ def run_logs(draw) -> list[tuple]:
     files), and entry lists and markers cut into runs, so runs wholly visible, wholly hidden and
     cut in two all occur."""
     rows: list[tuple] = []
+    runs: dict[tuple, list[tuple[int, int]]] = {}
     for _ in range(draw(st.integers(0, 12))):
-        op = draw(st.sampled_from(["p", "d", "d", "d", "c", "a", "ce"]))
-        txn = draw(st.sampled_from(TXNS))
+        op = draw(st.sampled_from(["p", "d", "d", "d", "c", "a", "ce", "ce"]))
+        txn = draw(st.sampled_from(TXNS[:4] if draw(st.booleans()) else TXNS))
         if op in ("p", "d"):
-            rows.extend([("DATA", None if op == "p" else txn, None)] * draw(st.integers(1, 30)))
+            n = draw(st.integers(1, 30))
+            if op == "d":
+                runs.setdefault(txn, []).append((len(rows), len(rows) + n - 1))
+            rows.extend([("DATA", None if op == "p" else txn, None)] * n)
         elif op == "a":
             rows.append(("TXN_ABORT", txn, None))
         elif op == "c":
             rows.append(("TXN_COMMIT", txn, None))
-        else:
+        else:  # entries: mostly its own runs (appends), some cut short or anywhere
             n = len(rows) + 1
-            starts = draw(st.lists(st.integers(0, n), max_size=4))
-            rows.append(("TXN_COMMIT", txn, [(a, a + draw(st.integers(-1, 12))) for a in starts]))
+            entries = [(a, b - draw(st.integers(0, 3))) for a, b in runs.get(txn, []) if draw(st.booleans())]
+            entries += [(a, a + draw(st.integers(-1, 12))) for a in draw(st.lists(st.integers(0, n), max_size=2))]
+            rows.append(("TXN_COMMIT", txn, entries))
     return rows
 
 
@@ -235,6 +241,51 @@ def test_filter_by_runs_equals_per_row_filter(rows, cut, chunks, data):
     visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
     g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}))
     assert g.apply(t).column("offset").to_pylist() == apply_rows(g, t).column("offset").to_pylist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(run_logs(), st.integers(0, 400), st.data())
+def test_a_span_shown_whole_is_kept_whole_by_apply(rows, cut, data):
+    """shows_all(lo, hi) lets a Spark read skip the filter of a file: wherever it says yes and the
+    span holds what a commit entry holds (DATA records of that one transaction), apply() keeps
+    every record of the span; with a cut across partitions and a retention horizon too."""
+    cut = min(cut, len(rows))
+    f = BufferState().fold(table(rows[:cut])).filter()
+    visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
+    g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}),
+                            min_offset=data.draw(st.integers(0, 10)))
+    t = table(rows)
+    for flt in (f, g):
+        kept = set(flt.apply(t).column("offset").to_pylist())
+        for lo in range(len(rows)):
+            for hi in range(lo, min(len(rows), lo + 40)):
+                span = rows[lo:hi + 1]
+                covering = {k for k, rs in flt.ranges.items() if any(a <= lo and hi <= b for a, b in _merged(rs))}
+                one_append = (span[0][1] is not None and covering == {txn_key(*span[0][1])}
+                              and all(r[0] == "DATA" and r[1] == span[0][1] for r in span))
+                if one_append and flt.shows_all(lo, hi):
+                    assert set(range(lo, hi + 1)) <= kept
+    assert not f.shows_all(0, len(rows) + 5) and not f.shows_all(3, 2)
+
+
+def test_a_span_is_shown_whole_only_inside_one_shown_entry():
+    """Rows 0-9 one append of a (listed), 10-14 an unlisted attempt of a, marker at 15; b's append
+    16-20, committed at 21 without entries."""
+    a, b = TXNS[0], TXNS[1]
+    ka = txn_key(*a)
+    rows = [("DATA", a, None)] * 15 + [("TXN_COMMIT", a, [(0, 9)])] + [("DATA", b, None)] * 5
+    rows += [("TXN_COMMIT", b, None)]
+    f = BufferState().fold(table(rows)).filter()
+    assert f.shows_all(0, 9) and f.shows_all(2, 5)
+    assert not f.shows_all(0, 10) and not f.shows_all(10, 14) and not f.shows_all(16, 20)  # unlisted; no entries
+    assert not dataclasses.replace(f, min_offset=3).shows_all(0, 9)
+    assert dataclasses.replace(f, min_offset=3).shows_all(3, 9)
+    assert not dataclasses.replace(f, stragglers=((4, 4),)).shows_all(0, 9)
+    assert not dataclasses.replace(f, read_limit=9).shows_all(0, 9)
+    assert not dataclasses.replace(f, ended={**f.ended, ka: 5}).shows_all(0, 9)
+    assert not dataclasses.replace(f, cut=Cut(frozenset(), frozenset({ka}), {0: 1000})).shows_all(0, 9)
+    assert dataclasses.replace(f, cut=Cut(frozenset({ka}), frozenset(), {0: 0})).shows_all(0, 9)
+    assert f.apply(table(rows)).column("offset").to_pylist() == [*range(10), *range(16, 21)]
 
 
 def test_filter_cuts_a_run_at_its_entry_list_and_at_its_marker():

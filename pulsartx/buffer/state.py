@@ -378,6 +378,23 @@ class VisibilityFilter:
                     keep &= ~((i >= 0) & (offs <= s[np.maximum(i, 0), 1]))
         return keep_rows(table, keep)
 
+    def shows_all(self, lo: int, hi: int) -> bool:
+        """Whether :meth:`apply` keeps every record at offsets ``lo..hi``, known without reading
+        them: the span lies inside one commit entry of a transaction this filter shows (not
+        aborted, in the cut, the span before its marker, not below the retention horizon, no
+        straggler in it). A commit entry is the offsets of one append of that transaction, so every
+        record in it is a DATA record of it (docs/semantics.md, "Commit markers carry their
+        entries"). A Spark read then reads such a file without the filter's columns and mask."""
+        if lo > hi or lo < self.min_offset or hi >= self.read_limit:
+            return False
+        if any(a <= hi and b >= lo for a, b in self.stragglers):
+            return False
+        for k, rs in self.ranges.items():
+            if any(a <= lo and hi <= b for a, b in _merged(rs)):
+                return (k not in self.aborted and hi <= self.ended.get(k, hi)
+                        and (self.cut is None or bool(self.cut.mask(pa.array([k], pa.int64()))[0].as_py())))
+        return False
+
     def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
         """Per row: a plain row, or a row of a transaction that is not aborted, passes the cut,
         is not a straggler (past its own marker) and lies in its commit's entries, if listed.
@@ -426,6 +443,17 @@ class VisibilityFilter:
         return ok
 
 
+def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges (inclusive; inverted ones are empty) merged into disjoint, sorted, non-adjacent ones."""
+    merged: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[0] <= r[1]):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
 def _range_bands(ranges: dict[int, list[tuple[int, int]]], lo: int, hi: int
                  ) -> tuple[np.ndarray, np.ndarray, int]:
     """Each id's ranges merged into disjoint sorted ones and placed in a band of their own
@@ -436,13 +464,7 @@ def _range_bands(ranges: dict[int, list[tuple[int, int]]], lo: int, hi: int
     starts: list[int] = []
     ends: list[int] = []
     for j in sorted(ranges):
-        merged: list[list[int]] = []
-        for a, b in sorted(r for r in ranges[j] if r[0] <= r[1]):
-            if merged and a <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        for a, b in merged:
+        for a, b in _merged(ranges[j]):
             starts.append(j * span + min(max(a - lo + 1, 0), span - 1))
             ends.append(j * span + min(max(b - lo + 1, 0), span - 1))
     return np.array(starts, np.int64), np.array(ends, np.int64), span
