@@ -268,6 +268,16 @@ def test_a_span_shown_whole_is_kept_whole_by_apply(rows, cut, data):
     assert not f.shows_all(0, len(rows) + 5) and not f.shows_all(3, 2)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(TXNS + [(0, 200), (5, 1)]), max_size=10), st.data())
+def test_cut_shows_one_key_as_its_mask_does(keys, data):
+    ks = [txn_key(*t) for t in keys]
+    visible = frozenset(k for k in ks if data.draw(st.booleans()))
+    invisible = frozenset(k for k in ks if k not in visible and data.draw(st.booleans()))
+    cut = Cut(visible, invisible, {0: 101, 1: 102, 3: 100})
+    assert [cut.shows(k) for k in ks] == cut.mask(pa.array(ks, pa.int64())).to_pylist()
+
+
 def test_a_span_is_shown_whole_only_inside_one_shown_entry():
     """Rows 0-9 one append of a (listed), 10-14 an unlisted attempt of a, marker at 15; b's append
     16-20, committed at 21 without entries."""

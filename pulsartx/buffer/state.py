@@ -323,6 +323,15 @@ class Cut:
     invisible: frozenset[int]
     counters: dict[int, int]  # TC id -> last TxnID counter at T0
 
+    def shows(self, key: int) -> bool:
+        """:meth:`mask` for one transaction, without arrays (a Spark read asks it per file)."""
+        if key in self.visible:
+            return True
+        if key in self.invisible:
+            return False
+        tc, least = key_txn(key)
+        return least <= self.counters.get(tc, -1)
+
     def mask(self, keys: pa.Array) -> pa.Array:
         if not len(keys):
             return pa.array([], pa.bool_())
@@ -392,7 +401,7 @@ class VisibilityFilter:
         for k, rs in self.ranges.items():
             if any(a <= lo and hi <= b for a, b in _merged(rs)):
                 return (k not in self.aborted and hi <= self.ended.get(k, hi)
-                        and (self.cut is None or bool(self.cut.mask(pa.array([k], pa.int64()))[0].as_py())))
+                        and (self.cut is None or self.cut.shows(k)))
         return False
 
     def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
