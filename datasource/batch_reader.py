@@ -168,7 +168,7 @@ def file_groups(files: Sequence[DataFile]) -> Iterator[list[DataFile]]:
 def read_steps(part: OffsetRangePartition, projection: Projection = FULL
                ) -> Iterator[tuple[list[DataFile], tuple[str, ...], bool]]:
     """The executor's reads: (files, stored columns, whether to filter). Runs of files the plan
-    shows whole (:meth:`Visibility.shows_file`: one committed append, or no transactional record)
+    shows whole (:meth:`Visibility.shows_file`: inside one committed append)
     are read with the output's columns only and no filter; the others with the filter's columns
     too, then filtered."""
     vis = part.visibility

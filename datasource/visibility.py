@@ -93,13 +93,13 @@ class Visibility:
 
     def shows_file(self, f: DataFile, start: int, end: int) -> bool:
         """Whether every record of ``f`` in ``[start, end)`` is visible, known from the plan alone:
-        the file holds no transactional record (hence no marker) by its statistics, or its span
-        lies in one commit entry this filter shows (:meth:`VisibilityFilter.shows_all`). Such a
-        file is read without the filter's columns and mask."""
-        lo, hi = max(f.min_offset, start), min(f.max_offset, end - 1)
-        if f.txn_free:
-            return self.filter is None or lo >= self.filter.min_offset
-        return self.filter is not None and self.filter.shows_all(lo, hi)
+        its span lies in one commit entry this filter shows (:meth:`VisibilityFilter.shows_all`).
+        Such a file is read without the filter's columns and mask. A file without transactional
+        records (``txn_free``) is still filtered: its statistics do not prove it holds no marker
+        row (a marker written without a TxnID is one, and is never returned)."""
+        if self.filter is None:
+            return False
+        return self.filter.shows_all(max(f.min_offset, start), min(f.max_offset, end - 1))
 
     @property
     def read_limit(self) -> int | None:
