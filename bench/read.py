@@ -313,9 +313,9 @@ def read_breakdown(root: str, topic: str, repeat: int = 1) -> None:
 
 
 def _read_breakdown(root: str, topic: str) -> None:
-    from pulsartx.datasource.batch_reader import file_groups, plan_partitions
+    from pulsartx.datasource.batch_reader import plan_partitions, read_steps
     from pulsartx.datasource.options import parse_options
-    from pulsartx.datasource.schema import FULL, spark_batches, to_spark_table
+    from pulsartx.datasource.schema import spark_batches, to_spark_table
     from pulsartx.datasource.visibility import visible_records
 
     from pulsartx.log.partition import read_files
@@ -326,22 +326,22 @@ def _read_breakdown(root: str, topic: str) -> None:
     plan = time.perf_counter() - t
     acc = {"read_files (pyarrow parquet)": 0.0, "visible_records (filter)": 0.0,
            "to_spark_table + batches": 0.0}
-    rows = files = 0
+    rows = files = filtered = 0
     for part in parts:
-        columns = tuple(dict.fromkeys((*FULL.stored, *part.visibility.columns)))
-        for group in file_groups(part.files):
+        for group, columns, filtering in read_steps(part):
             files += len(group)
+            filtered += len(group) if filtering else 0
             t = time.perf_counter()
             raw = read_files(opts.root, part.segments, group, part.start, part.end, columns)
             acc["read_files (pyarrow parquet)"] += time.perf_counter() - t
             t = time.perf_counter()
-            vis = visible_records(raw, part.visibility)
+            vis = visible_records(raw, part.visibility) if filtering else raw
             acc["visible_records (filter)"] += time.perf_counter() - t
             t = time.perf_counter()
             rows += sum(b.num_rows for b in spark_batches(to_spark_table(vis, part.topic, part.partition)))
             acc["to_spark_table + batches"] += time.perf_counter() - t
     print(f"\nbreakdown of the pulsartx read path in one process ({rows:,} rows, {len(parts)} input "
-          f"partitions, {files} files):")
+          f"partitions, {files} files, {filtered} of them filtered):")
     print(f"  {'plan_partitions (driver)':<34}{plan:>7.2f}s")
     for k, v in acc.items():
         print(f"  {k:<34}{v:>7.2f}s")

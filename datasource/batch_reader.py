@@ -9,6 +9,7 @@ with none still gets one (empty) input partition, so the task count is predictab
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -164,14 +165,28 @@ def file_groups(files: Sequence[DataFile]) -> Iterator[list[DataFile]]:
         yield group
 
 
+def read_steps(part: OffsetRangePartition, projection: Projection = FULL
+               ) -> Iterator[tuple[list[DataFile], tuple[str, ...], bool]]:
+    """The executor's reads: (files, stored columns, whether to filter). Runs of files the plan
+    shows whole (:meth:`Visibility.shows_file`: inside one committed append)
+    are read with the output's columns only and no filter; the others with the filter's columns
+    too, then filtered."""
+    vis = part.visibility
+    filtered = tuple(dict.fromkeys((*projection.stored, *vis.columns)))
+    whole = tuple(c for c in projection.stored if c not in vis.columns)
+    for group in file_groups(part.files):
+        for shown, files in itertools.groupby(group, key=lambda f: vis.shows_file(f, part.start, part.end)):
+            yield list(files), whole if shown else filtered, not shown
+
+
 def read_partition(root: StorageRoot, part: OffsetRangePartition, projection: Projection = FULL
                    ) -> Iterator[pa.RecordBatch]:
     """Executor side: raw records of the planned files → visible records → Spark rows (only the
     stored columns ``projection`` needs are read)."""
-    columns = tuple(dict.fromkeys((*projection.stored, *part.visibility.columns)))
-    for group in file_groups(part.files):
-        raw = read_files(root, part.segments, group, part.start, part.end, columns)
-        rows = visible_records(raw, part.visibility)
+    for files, columns, filtering in read_steps(part, projection):
+        rows = read_files(root, part.segments, files, part.start, part.end, columns)
+        if filtering:
+            rows = visible_records(rows, part.visibility)
         yield from spark_batches(to_spark_table(rows, part.topic, part.partition, projection))
 
 

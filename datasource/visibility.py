@@ -15,9 +15,16 @@ which would show the job in partition 1 only. Planning therefore fixes the TCs' 
 instant T0 between two folds (:func:`pulsartx.buffer.reads.consistent_cut`): all data of a
 transaction precedes its decision, so the second fold holds all data of every transaction decided
 by T0, which is read whole; transactions decided after T0 still block (read in a later query).
+
+The planner keeps each partition's :class:`TransactionBuffer` for the next read it plans (pyspark
+reuses its planner process), so a later query folds only what was appended since, as a consumer
+or the stream reader does, instead of the whole partition back to its last snapshot
+(docs/design/read-committed-planning.md).
 """
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,10 +39,42 @@ from pulsartx.log.schema import MessageType
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from pulsartx.log.index import DataFile
     from pulsartx.log.partition import PartitionLog
     from pulsartx.storage.root import StorageRoot
 
 READ_COMMITTED = "READ_COMMITTED"
+
+# (root url, storage options, partition, table id) -> the buffer the last plan folded. A re-created
+# table has another id, so it starts over. Plans of one process take turns: a cut advances the
+# buffers in place.
+_PLANNED: dict[tuple, TransactionBuffer] = {}
+_PLAN_LOCK = threading.Lock()
+
+
+def _planned_in_child() -> None:
+    """A forked child folds for itself (docs/design/clients-across-fork.md)."""
+    global _PLAN_LOCK
+    _PLANNED.clear()
+    _PLAN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_planned_in_child)
+
+
+def planned_buffer(root: StorageRoot, name: str, plog: PartitionLog) -> TransactionBuffer:
+    """The partition's buffer as the last plan in this process left it, now reading through
+    ``plog`` (this plan's log, whose file index the fold refreshes); a new one the first time.
+    Call with ``_PLAN_LOCK`` held."""
+    key = (root.url, tuple(sorted(root.storage_options.items())), name, plog.table_id)
+    buf = _PLANNED.get(key)
+    if buf is not None and buf.state(refresh=False).end_offset > plog.end_offset(refresh=False):
+        buf = None  # folded past what this plan's log lists: fold afresh, as far as it lists
+    if buf is None:
+        buf = _PLANNED[key] = TransactionBuffer(plog)
+    else:
+        buf.log = plog
+    return buf
 
 
 @dataclass(frozen=True)
@@ -52,6 +91,16 @@ class Visibility:
             return ("type",)
         return ("type", "txn_most_bits", "txn_least_bits")
 
+    def shows_file(self, f: DataFile, start: int, end: int) -> bool:
+        """Whether every record of ``f`` in ``[start, end)`` is visible, known from the plan alone:
+        its span lies in one commit entry this filter shows (:meth:`VisibilityFilter.shows_all`).
+        Such a file is read without the filter's columns and mask. A file without transactional
+        records (``txn_free``) is still filtered: its statistics do not prove it holds no marker
+        row (a marker written without a TxnID is one, and is never returned)."""
+        if self.filter is None:
+            return False
+        return self.filter.shows_all(max(f.min_offset, start), min(f.max_offset, end - 1))
+
     @property
     def read_limit(self) -> int | None:
         """Offsets at or past this are not visible yet (maxReadPosition + 1); None: no limit."""
@@ -65,10 +114,11 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
     if isolation_level != READ_COMMITTED:
         return {name: Visibility(isolation_level) for name in plogs}
 
-    buffers = {name: TransactionBuffer(plog) for name, plog in plogs.items()}
     tcs = Coordinators.shared(root)
-    filters = consistent_cut(tcs, buffers)
-    warn_held_back(tcs, buffers, filters)
+    with _PLAN_LOCK:
+        buffers = {name: planned_buffer(root, name, plog) for name, plog in plogs.items()}
+        filters = consistent_cut(tcs, buffers)
+        warn_held_back(tcs, buffers, filters)
     return {name: Visibility(isolation_level, filters[name]) for name in plogs}
 
 

@@ -23,6 +23,7 @@ from pulsartx.buffer.state import (
     BufferState,
     Cut,
     VisibilityFilter,
+    _merged,
     keep_rows,
     txn_key,
     txn_key_column,
@@ -195,6 +196,119 @@ def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
     cut = Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100})
     g = dataclasses.replace(f, cut=cut, min_offset=data.draw(st.integers(0, 10)))
     assert g.apply(bounded).column("offset").to_pylist() == apply_rows(g, bounded).column("offset").to_pylist()
+
+
+@st.composite
+def run_logs(draw) -> list[tuple]:
+    """Like :func:`logs`, but a transaction's data comes in runs (as it does in a Spark job's
+    files), and entry lists and markers cut into runs, so runs wholly visible, wholly hidden and
+    cut in two all occur."""
+    rows: list[tuple] = []
+    runs: dict[tuple, list[tuple[int, int]]] = {}
+    for _ in range(draw(st.integers(0, 12))):
+        op = draw(st.sampled_from(["p", "d", "d", "d", "c", "a", "ce", "ce"]))
+        txn = draw(st.sampled_from(TXNS[:4] if draw(st.booleans()) else TXNS))
+        if op in ("p", "d"):
+            n = draw(st.integers(1, 30))
+            if op == "d":
+                runs.setdefault(txn, []).append((len(rows), len(rows) + n - 1))
+            rows.extend([("DATA", None if op == "p" else txn, None)] * n)
+        elif op == "a":
+            rows.append(("TXN_ABORT", txn, None))
+        elif op == "c":
+            rows.append(("TXN_COMMIT", txn, None))
+        else:  # entries: mostly its own runs (appends), some cut short or anywhere
+            n = len(rows) + 1
+            entries = [(a, b - draw(st.integers(0, 3))) for a, b in runs.get(txn, []) if draw(st.booleans())]
+            entries += [(a, a + draw(st.integers(-1, 12))) for a in draw(st.lists(st.integers(0, n), max_size=2))]
+            rows.append(("TXN_COMMIT", txn, entries))
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(run_logs(), st.integers(0, 400), st.integers(1, 3), st.data())
+def test_filter_by_runs_equals_per_row_filter(rows, cut, chunks, data):
+    """apply() decides whole runs of one transaction from their first and last offsets; on long
+    runs that entry lists, markers (stragglers past them) and the read limit cut anywhere it keeps
+    exactly the rows the per-row definition keeps."""
+    cut = min(cut, len(rows))
+    s = BufferState().fold(table(rows[:cut]))
+    t = table(rows, chunks=chunks)
+    f = s.filter()
+    bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
+    assert f.apply(bounded).column("offset").to_pylist() == apply_rows(f, bounded).column("offset").to_pylist()
+    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
+    visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
+    g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}))
+    assert g.apply(t).column("offset").to_pylist() == apply_rows(g, t).column("offset").to_pylist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(run_logs(), st.integers(0, 400), st.data())
+def test_a_span_shown_whole_is_kept_whole_by_apply(rows, cut, data):
+    """shows_all(lo, hi) lets a Spark read skip the filter of a file: wherever it says yes and the
+    span holds what a commit entry holds (DATA records of that one transaction), apply() keeps
+    every record of the span; with a cut across partitions and a retention horizon too."""
+    cut = min(cut, len(rows))
+    f = BufferState().fold(table(rows[:cut])).filter()
+    visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
+    g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}),
+                            min_offset=data.draw(st.integers(0, 10)))
+    t = table(rows)
+    for flt in (f, g):
+        kept = set(flt.apply(t).column("offset").to_pylist())
+        for lo in range(len(rows)):
+            for hi in range(lo, min(len(rows), lo + 40)):
+                span = rows[lo:hi + 1]
+                covering = {k for k, rs in flt.ranges.items() if any(a <= lo and hi <= b for a, b in _merged(rs))}
+                one_append = (span[0][1] is not None and covering == {txn_key(*span[0][1])}
+                              and all(r[0] == "DATA" and r[1] == span[0][1] for r in span))
+                if one_append and flt.shows_all(lo, hi):
+                    assert set(range(lo, hi + 1)) <= kept
+    assert not f.shows_all(0, len(rows) + 5) and not f.shows_all(3, 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(TXNS + [(0, 200), (5, 1)]), max_size=10), st.data())
+def test_cut_shows_one_key_as_its_mask_does(keys, data):
+    ks = [txn_key(*t) for t in keys]
+    visible = frozenset(k for k in ks if data.draw(st.booleans()))
+    invisible = frozenset(k for k in ks if k not in visible and data.draw(st.booleans()))
+    cut = Cut(visible, invisible, {0: 101, 1: 102, 3: 100})
+    assert [cut.shows(k) for k in ks] == cut.mask(pa.array(ks, pa.int64())).to_pylist()
+
+
+def test_a_span_is_shown_whole_only_inside_one_shown_entry():
+    """Rows 0-9 one append of a (listed), 10-14 an unlisted attempt of a, marker at 15; b's append
+    16-20, committed at 21 without entries."""
+    a, b = TXNS[0], TXNS[1]
+    ka = txn_key(*a)
+    rows = [("DATA", a, None)] * 15 + [("TXN_COMMIT", a, [(0, 9)])] + [("DATA", b, None)] * 5
+    rows += [("TXN_COMMIT", b, None)]
+    f = BufferState().fold(table(rows)).filter()
+    assert f.shows_all(0, 9) and f.shows_all(2, 5)
+    assert not f.shows_all(0, 10) and not f.shows_all(10, 14) and not f.shows_all(16, 20)  # unlisted; no entries
+    assert not dataclasses.replace(f, min_offset=3).shows_all(0, 9)
+    assert dataclasses.replace(f, min_offset=3).shows_all(3, 9)
+    assert not dataclasses.replace(f, stragglers=((4, 4),)).shows_all(0, 9)
+    assert not dataclasses.replace(f, read_limit=9).shows_all(0, 9)
+    assert not dataclasses.replace(f, ended={**f.ended, ka: 5}).shows_all(0, 9)
+    assert not dataclasses.replace(f, cut=Cut(frozenset(), frozenset({ka}), {0: 1000})).shows_all(0, 9)
+    assert dataclasses.replace(f, cut=Cut(frozenset({ka}), frozenset(), {0: 0})).shows_all(0, 9)
+    assert f.apply(table(rows)).column("offset").to_pylist() == [*range(10), *range(16, 21)]
+
+
+def test_filter_cuts_a_run_at_its_entry_list_and_at_its_marker():
+    """One transaction's run cut by its entry list (rows 5-9 of 0-19 listed), and a run that goes on
+    past its own marker (the rows after it are stragglers): only the listed rows, and the rows
+    before the marker, are shown."""
+    a, b = TXNS[0], TXNS[1]
+    rows = [("DATA", a, None)] * 20 + [("TXN_COMMIT", a, [(5, 9)])] + [("DATA", b, None)] * 5
+    rows += [("TXN_COMMIT", b, None)] + [("DATA", b, None)] * 5  # 27-31 past its marker at 26
+    f = BufferState().fold(table(rows)).filter()
+    t = table(rows)
+    assert f.apply(t).column("offset").to_pylist() == [5, 6, 7, 8, 9, 21, 22, 23, 24, 25]
+    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
 
 
 def test_filter_drops_stragglers_and_out_of_range_rows_of_a_large_read():

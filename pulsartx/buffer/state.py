@@ -323,6 +323,15 @@ class Cut:
     invisible: frozenset[int]
     counters: dict[int, int]  # TC id -> last TxnID counter at T0
 
+    def shows(self, key: int) -> bool:
+        """:meth:`mask` for one transaction, without arrays (a Spark read asks it per file)."""
+        if key in self.visible:
+            return True
+        if key in self.invisible:
+            return False
+        tc, least = key_txn(key)
+        return least <= self.counters.get(tc, -1)
+
     def mask(self, keys: pa.Array) -> pa.Array:
         if not len(keys):
             return pa.array([], pa.bool_())
@@ -371,17 +380,43 @@ class VisibilityFilter:
                 keep &= offs >= self.min_offset
             keys = txn_key_column(table)
             if keys.null_count != len(keys):
-                keep &= self._txn_rows_visible(offs, keys)
+                keep &= self._txn_rows_visible(offs, keys, keep)
                 if self.stragglers:
                     s = np.array(self.stragglers, np.int64)
                     i = np.searchsorted(s[:, 0], offs, side="right") - 1
                     keep &= ~((i >= 0) & (offs <= s[np.maximum(i, 0), 1]))
         return keep_rows(table, keep)
 
-    def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    def shows_all(self, lo: int, hi: int) -> bool:
+        """Whether :meth:`apply` keeps every record at offsets ``lo..hi``, known without reading
+        them: the span lies inside one commit entry of a transaction this filter shows (not
+        aborted, in the cut, the span before its marker, not below the retention horizon, no
+        straggler in it). A commit entry is the offsets of one append of that transaction, so every
+        record in it is a DATA record of it (docs/semantics.md, "Commit markers carry their
+        entries"). A Spark read then reads such a file without the filter's columns and mask."""
+        if lo > hi or lo < self.min_offset or hi >= self.read_limit:
+            return False
+        if any(a <= hi and b >= lo for a, b in self.stragglers):
+            return False
+        for k, rs in self.ranges.items():
+            if any(a <= lo and hi <= b for a, b in _merged(rs)):
+                return (k not in self.aborted and hi <= self.ended.get(k, hi)
+                        and (self.cut is None or self.cut.shows(k)))
+        return False
+
+    def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
         """Per row: a plain row, or a row of a transaction that is not aborted, passes the cut,
-        is not a straggler (past its own marker) and lies in its commit's entries, if listed."""
-        valid = _bools(pc.is_valid(keys))
+        is not a straggler (past its own marker) and lies in its commit's entries, if listed.
+
+        Decided per run of rows of one transaction, from the run's lowest and highest offset: a
+        run wholly visible or wholly hidden costs nothing per row, and only the rare run that an
+        entry list or its marker cuts in two is checked row by row (a Spark read task checked
+        every row of every file against the entry lists: a third of its filtering time). Only the
+        ``rows`` the caller still keeps count (a marker row would make its transaction's run reach
+        past the run's last entry: those rows are answered as plain, the caller drops them anyway)."""
+        valid = _bools(pc.is_valid(keys)) & rows
+        if not valid.any():
+            return np.ones(len(valid), dtype=bool)
         kf = _int64s(pc.fill_null(keys, 0))
         brk = np.flatnonzero((kf[1:] != kf[:-1]) | (valid[1:] != valid[:-1])) + 1
         starts = np.concatenate(([0], brk))
@@ -389,45 +424,87 @@ class VisibilityFilter:
         run_valid = valid[starts]
         uniq, inv = np.unique(kf[starts][run_valid], return_inverse=True)
         ukeys = uniq.tolist()
-        run_ids = np.full(len(starts), -1, np.int64)
+        run_ids = np.zeros(len(starts), np.int64)
         run_ids[run_valid] = inv
-        rid = np.maximum(np.repeat(run_ids, lengths), 0)
         shown = np.array([k not in self.aborted for k in ukeys], dtype=bool)
         if self.cut is not None:
             shown &= _bools(self.cut.mask(pa.array(uniq)))
         big = np.iinfo(np.int64).max
         end = np.array([self.ended.get(k, big) for k in ukeys], np.int64)
-        ok = shown[rid] & (offs <= end[rid])
+        lo, hi = np.minimum.reduceat(offs, starts), np.maximum.reduceat(offs, starts)
+        run_shown, run_end = shown[run_ids], end[run_ids]
+        whole = run_shown & (hi <= run_end)
+        mixed = run_shown & (lo <= run_end) & ~whole
         ranged = {j: self.ranges[k] for j, k in enumerate(ukeys) if k in self.ranges}
         if ranged:
-            ok &= _in_ranges(offs, rid, ranged)
-        return ~valid | ok
+            inside = _in_one_range(lo, hi, run_ids, ranged)
+            mixed |= whole & ~inside
+            whole &= inside
+        ok = np.repeat(~run_valid | whole, lengths)
+        mixed &= run_valid
+        if mixed.any():
+            rows = np.flatnonzero(np.repeat(mixed, lengths))
+            rid, o = np.repeat(run_ids, lengths)[rows], offs[rows]
+            row_ok = shown[rid] & (o <= end[rid])
+            if ranged:
+                row_ok &= _in_ranges(o, rid, ranged)
+            ok[rows] = row_ok
+        return ok
 
 
-def _in_ranges(offsets: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> np.ndarray:
-    """For each row: ``any(a <= o <= b for a, b in ranges[id])``, True where ``id`` has no ranges.
+def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges (inclusive; inverted ones are empty) merged into disjoint, sorted, non-adjacent ones."""
+    merged: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[0] <= r[1]):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
 
-    Each id's ranges are merged into disjoint sorted ones and placed in a band of their own
-    (``id * span + offset``), so one binary search over all bands answers every row at once."""
-    lo, hi = int(offsets.min()), int(offsets.max())
-    span = hi - lo + 3  # offsets map to 1..span-2; 0 and span-1 stand for "below" and "above"
+
+def _range_bands(ranges: dict[int, list[tuple[int, int]]], lo: int, hi: int
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each id's ranges merged into disjoint sorted ones and placed in a band of their own
+    (``id * span + offset``), so one binary search over all bands answers many queries at once:
+    (band starts, band ends, span). Offsets from ``lo`` to ``hi`` map to 1..span-2; 0 and
+    span-1 stand for "below" and "above"."""
+    span = hi - lo + 3
     starts: list[int] = []
     ends: list[int] = []
     for j in sorted(ranges):
-        merged: list[list[int]] = []
-        for a, b in sorted(r for r in ranges[j] if r[0] <= r[1]):
-            if merged and a <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        for a, b in merged:
+        for a, b in _merged(ranges[j]):
             starts.append(j * span + min(max(a - lo + 1, 0), span - 1))
             ends.append(j * span + min(max(b - lo + 1, 0), span - 1))
-    limited = np.isin(ids, np.fromiter(ranges, np.int64, len(ranges)))
-    if not starts:
-        return ~limited
-    s, e = np.array(starts, np.int64), np.array(ends, np.int64)
-    pos = ids * span + (offsets - lo + 1)
+    return np.array(starts, np.int64), np.array(ends, np.int64), span
+
+
+def _band_index(s: np.ndarray, e: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Index of the merged range holding each band position, -1 where none does."""
     i = np.searchsorted(s, pos, side="right") - 1
     inside = (i >= 0) & (pos <= e[np.maximum(i, 0)])
-    return ~limited | inside
+    return np.where(inside, i, -1)
+
+
+def _in_ranges(offsets: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> np.ndarray:
+    """For each row: ``any(a <= o <= b for a, b in ranges[id])``, True where ``id`` has no ranges."""
+    limited = np.isin(ids, np.fromiter(ranges, np.int64, len(ranges)))
+    s, e, span = _range_bands(ranges, int(offsets.min()), int(offsets.max()))
+    if not len(s):
+        return ~limited
+    return ~limited | (_band_index(s, e, ids * span + (offsets - int(offsets.min()) + 1)) >= 0)
+
+
+def _in_one_range(lo: np.ndarray, hi: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]
+                  ) -> np.ndarray:
+    """For each run of rows with offsets from ``lo`` to ``hi``: True where ``id`` has no ranges or
+    one range holds all of ``lo..hi``. Merged ranges are disjoint and never adjacent, so that is
+    when both ends lie in the same one."""
+    limited = np.isin(ids, np.fromiter(ranges, np.int64, len(ranges)))
+    base = int(lo.min())
+    s, e, span = _range_bands(ranges, base, int(hi.max()))
+    if not len(s):
+        return ~limited
+    a = _band_index(s, e, ids * span + (lo - base + 1))
+    b = _band_index(s, e, ids * span + (hi - base + 1))
+    return ~limited | ((a >= 0) & (a == b))

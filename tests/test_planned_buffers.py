@@ -1,0 +1,80 @@
+"""A batch read's planner keeps each partition's transaction buffer for its next plan
+(datasource/visibility.py): a later plan folds only what was appended since, and must decide
+exactly what a plan with fresh buffers decides, across commits, aborts, still-open transactions
+and a re-created topic."""
+from __future__ import annotations
+
+from pulsartx.datasource import visibility
+from pulsartx.datasource.batch_reader import plan_partitions, read_partition
+from pulsartx.datasource.options import parse_options
+
+import pulsartx
+
+
+def read(root: str, fresh: bool = False) -> list[bytes]:
+    if fresh:
+        saved = dict(visibility._PLANNED)
+        visibility._PLANNED.clear()
+    try:
+        opts = parse_options({"service.url": root, "topic": "t"})
+        parts = plan_partitions(opts.root, opts)
+    finally:
+        if fresh:
+            visibility._PLANNED.clear()
+            visibility._PLANNED.update(saved)
+    return sorted(v for part in parts for b in read_partition(opts.root, part) for v in b.column("value").to_pylist())
+
+
+def mine(root: str) -> dict:
+    """This test's cached buffers (other tests in the process plan reads of their own roots)."""
+    url = parse_options({"service.url": root, "topic": "t"}).root.url
+    return {k: b for k, b in visibility._PLANNED.items() if k[0] == url}
+
+
+def test_a_later_plan_folds_on_from_the_last_and_decides_as_a_fresh_one(tmp_path):
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 2)
+    producer = client.create_producer("t")
+    a, b = client.new_transaction(), client.new_transaction()
+    for key in ("p0", "p1"):
+        producer.send(b"a-" + key.encode(), txn=a, partition_key=key)
+        producer.send(b"b-" + key.encode(), txn=b, partition_key=key)
+    a.commit()
+    producer.send(b"plain")
+    producer.flush()
+
+    # b is open and holds the read limit in both partitions: a's rows only, from before b's.
+    first = read(root)
+    assert first == read(root, fresh=True) == [b"a-p0", b"a-p1"]
+    buffers = mine(root)
+    ends = {k: buf.state(refresh=False).end_offset for k, buf in buffers.items()}
+    assert len(buffers) == 2 and all(ends.values())
+
+    b.abort()
+    c = client.new_transaction()
+    for key in ("p0", "p1"):
+        producer.send(b"c-" + key.encode(), txn=c, partition_key=key)
+    c.commit()
+    producer.send(b"plain-2")
+    producer.flush()
+
+    second = read(root)
+    assert second == read(root, fresh=True) == [b"a-p0", b"a-p1", b"c-p0", b"c-p1", b"plain", b"plain-2"]
+    # The same buffers, folded on from where the first plan left them.
+    assert mine(root) == buffers
+    assert all(buf.state(refresh=False).end_offset > ends[k] for k, buf in buffers.items())
+
+    # A re-created topic is a new table: its buffers start over, nothing of the old one shows.
+    producer.close()
+    client.admin.delete_topic("t")
+    client.admin.create_topic("t", 2)
+    producer = client.create_producer("t")
+    d = client.new_transaction()
+    producer.send(b"d", txn=d, partition_key="p0")
+    d.commit()
+    producer.send(b"plain-3", partition_key="p1")
+    producer.flush()
+    assert read(root) == read(root, fresh=True) == [b"d", b"plain-3"]
+    assert len(mine(root)) == 4
+    client.close()
