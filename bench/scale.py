@@ -171,6 +171,62 @@ def pids_cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class TenthSampler(threading.Thread):
+    """Process CPU seconds at each tenth of the window (11 samples, start to deadline), and the
+    values of ``counters`` (callables) at the same instants: what a transaction, a look or an ack
+    costs in each tenth, so a cost that grows with the history shows up as a trend."""
+
+    def __init__(self, start: float, deadline: float, counters: dict[str, Any] | None = None):
+        super().__init__(name="bench-tenths", daemon=True)
+        self.start_at, self.tenth = start, (deadline - start) / 10
+        self.counters = counters or {}
+        self.samples: list[dict[str, float]] = []
+        self.start()
+
+    def run(self) -> None:
+        for i in range(11):
+            time.sleep(max(0.0, self.start_at + i * self.tenth - time.time()))
+            self.samples.append({"cpu": cpu_seconds(), **{k: float(f()) for k, f in self.counters.items()},
+                                 **{f"thread {k}": v for k, v in thread_cpu_seconds().items()}})
+
+    def threads(self) -> dict[str, list[float]]:
+        """CPU seconds per tenth of each thread group (see :func:`thread_cpu_seconds`)."""
+        names = sorted({k for s in self.samples for k in s if k.startswith("thread ")})
+        out = {}
+        for k in names:
+            v = [s.get(k, 0.0) for s in self.samples]
+            out[k.removeprefix("thread ")] = [b - a for a, b in zip(v, v[1:], strict=False)]
+        return out
+
+    def per_tenth(self, key: str = "cpu") -> list[float]:
+        """Increments of ``key`` per tenth (fewer than 10 when called before the deadline)."""
+        self.join(timeout=max(0.0, self.start_at + 10 * self.tenth - time.time()) + 5)
+        v = [s[key] for s in self.samples]
+        return [b - a for a, b in zip(v, v[1:], strict=False)]
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's live threads, summed by name with digits
+    dropped (pool threads share a group), from /proc (Linux; empty elsewhere). A thread that
+    ended takes its seconds with it, so groups of short-lived threads read low."""
+    names = {t.native_id: "".join(c for c in t.name if not c.isdigit()).rstrip("-_") for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), "(native)")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def storage_calls() -> dict[str, int]:
     """Storage calls this process made so far, by kind, as counted by the --store-latency plan
     (empty without it): each one is a request to an object store."""
@@ -205,6 +261,7 @@ def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     go = wait_go(args)
     time.sleep(max(0.0, go["start"] - time.time()))
     cpu0, requests0 = cpu_seconds(), storage_calls()
+    tenths = TenthSampler(go["start"], go["deadline"])
     txns: list[list[float]] = []  # [seq, new_transaction() wall time, commit() seconds, commit() return wall time]
     failed: list[list[Any]] = []
 
@@ -233,7 +290,8 @@ def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     flushed = client.flush(120)  # the background completion of the last transactions: after the window
     return {"wid": wid, "txns": txns, "failed": failed, "warmup": WARMUP_TXNS, "cpu_s": cpu, "puts": puts,
-            "flush_s": time.perf_counter() - t0, "flushed": flushed, "requests": requests}
+            "flush_s": time.perf_counter() - t0, "flushed": flushed, "requests": requests,
+            "cpu_tenths": tenths.per_tenth(), "thread_tenths": tenths.threads()}
 
 
 def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
@@ -262,9 +320,11 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
 
     consumer._fill = timed_fill
     signal_ready(args)
-    wait_go(args)
+    go = wait_go(args)
     cpu0 = cpu_seconds()
     got: list[list[Any]] = []  # [payload, start and end of the look that fetched it, receive() return], wall
+    tenths = TenthSampler(go["start"], go["deadline"], {
+        "looks": lambda: len(fills), "look_cpu": lambda: sum(f[1] for f in list(fills)), "acks": lambda: len(got)})
     expected, give_up = None, 0.0
     while True:
         try:
@@ -288,7 +348,9 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile([f[0] for f in found], 0.5),
             "found_p99": percentile([f[0] for f in found], 0.99), "found_cpu_p50": percentile([f[1] for f in found], 0.5),
             "empty": len(empty), "empty_p50": percentile([f[0] for f in empty], 0.5),
-            "empty_held": sum(1 for f in empty if f[3])}
+            "empty_held": sum(1 for f in empty if f[3]),
+            "tenths": {k: tenths.per_tenth(k) for k in ("cpu", "looks", "look_cpu", "acks")},
+            "thread_tenths": tenths.threads()}
 
 
 def worker_main(args: dict[str, Any]) -> None:
@@ -469,7 +531,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace, inflight: int
                                 store.work, tag)
     start = time.time() + 0.2
     deadline = start + args.seconds
-    release(consumer_go)
+    release(consumer_go, {"start": start, "deadline": deadline})
     daemons = [p.pid for p in store.server.procs.values()] if store.server is not None else []
     release(go, {"start": start, "deadline": deadline})
     main0, daemons0 = cpu_seconds(), pids_cpu_seconds(daemons)
@@ -533,6 +595,9 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace, inflight: int
         "requests_per_txn": {op: sum(r["requests"].get(op, 0) for r in results) / n
                              for op in sorted({op for r in results for op in r["requests"]})},
         "flush_s": max(r["flush_s"] for r in results),
+        "cpu_tenths": [sum(v) for v in zip(*(r["cpu_tenths"] for r in results), strict=False)],
+        "consumer_tenths": consumer["tenths"],
+        "thread_tenths": {"producer": results[0]["thread_tenths"], "consumer": consumer["thread_tenths"]},
     }
 
 
@@ -574,6 +639,18 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"consumer {s['cpu_consumer']:.1f} s (with its drain after the window), plain appends "
           f"{s['cpu_main']:.1f} s{daemons}, of {budget:g} core-seconds; background completion after the window "
           f"{s['flush_s']:.1f} s")
+    per = " ".join(f"{1000 * c / max(1, n):.1f}" for c, n in zip(s["cpu_tenths"], s["tenths"], strict=False))
+    print(f"    producer CPU per transaction per tenth (ms): {per}")
+    ct = s["consumer_tenths"]
+    print("    consumer per tenth: CPU (s) " + " ".join(f"{c:.1f}" for c in ct["cpu"])
+          + "; messages received " + " ".join(f"{a:.0f}" for a in ct["acks"])
+          + "; CPU per message (ms) " + " ".join(f"{1000 * c / max(1, a):.2f}" for c, a in zip(ct["cpu"], ct["acks"], strict=False))
+          + "; looks " + " ".join(f"{n:.0f}" for n in ct["looks"])
+          + "; CPU per look (ms) " + " ".join(f"{1000 * c / max(1, n):.2f}" for c, n in zip(ct["look_cpu"], ct["looks"], strict=False)))
+    for who, groups in s["thread_tenths"].items():
+        busy = {k: v for k, v in groups.items() if sum(v) >= 0.5}
+        print(f"    {who} threads, CPU seconds per tenth: " + "; ".join(
+            f"{k} " + " ".join(f"{x:.1f}" for x in v) for k, v in sorted(busy.items(), key=lambda kv: -sum(kv[1]))))
     per = ", ".join(f"{k} {c:.2f} ({ms(secs)} ms)" for k, (c, secs) in s["puts_per_txn"].items())
     print(f"    Delta commit puts per txn (table/side/race, time in those puts): {per}")
     if s["requests_per_txn"]:
