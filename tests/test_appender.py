@@ -123,8 +123,17 @@ def test_checkpoints_space_out_as_they_grow(table, monkeypatch):
     log_dir = os.path.join(a.uri, "_delta_log")
     written = sorted(int(f.split(".")[0]) for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet"))
     assert written == [10, 20, 40, 80, 160]
+    # A process that has not checkpointed the table yet reads the last checkpoint's size before its
+    # first one: 162 actions (160 files, metadata, protocol) put the next at 320, not at 180.
+    appender_mod._CHECKPOINT_SIZE.clear()
+    a = appender(table)
+    for i in range(170, 330):
+        a.append(rows(i, i + 1))
+        wait_for_checkpoints()
+    written = sorted(int(f.split(".")[0]) for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet"))
+    assert written == [10, 20, 40, 80, 160, 320]
     t = dl.DeltaTable(a.uri)
-    assert (t.version(), t.to_pyarrow_table().num_rows) == (170, 170)
+    assert (t.version(), t.to_pyarrow_table().num_rows) == (330, 330)
     assert [appender_mod.checkpoint_interval(n) for n in (0, 10, 11, 20, 21, 1000)] == [10, 10, 20, 20, 40, 1280]
 
 

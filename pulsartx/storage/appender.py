@@ -144,6 +144,12 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)
         return
     try:
+        if uri not in _CHECKPOINT_SIZE:
+            # The first checkpoint this process asks for: the table may be large already, so its
+            # last checkpoint's size decides whether this version is due (read here, off the commit path).
+            _note_checkpoint_size(root, segments, uri)
+            if not checkpoint_due(uri, version):
+                return
         # A fresh open at the version, not a kept handle brought up to it: delta-rs 1.x's
         # update_incremental grows with the table's files (30 ms at 300 files, 95 ms at 1,100,
         # CPU, local disk), an open from the last checkpoint stays at 25-40 ms, and
@@ -166,8 +172,7 @@ def _note_checkpoint_size(root: StorageRoot, segments: tuple[str, ...], uri: str
         size = int(json.loads(hint)["size"]) if hint is not None else None
     except (ValueError, KeyError, TypeError):
         size = None
-    if size is not None:
-        _CHECKPOINT_SIZE[uri] = size
+    _CHECKPOINT_SIZE[uri] = size if size is not None else 0
 
 
 def wait_for_checkpoints() -> None:
