@@ -205,25 +205,30 @@ class TenthSampler(threading.Thread):
         return [b - a for a, b in zip(v, v[1:], strict=False)]
 
 
+_THREAD_CPU: dict[int, tuple[str, float]] = {}  # thread id -> (group, last CPU seconds seen)
+
+
 def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) of this process's live threads, summed by name with digits
-    dropped (pool threads share a group), from /proc (Linux; empty elsewhere). A thread that
-    ended takes its seconds with it, so groups of short-lived threads read low."""
+    """CPU seconds (user + system) of this process's threads, summed by name with digits dropped
+    (pool threads share a group), from /proc (Linux; empty elsewhere). A thread that ended keeps
+    the seconds it was last seen with, so its group does not go down."""
     names = {t.native_id: "".join(c for c in t.name if not c.isdigit()).rstrip("-_") for t in threading.enumerate()}
-    out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
-        return out
+        tids = []
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        name = names.get(int(tid), "(native)")
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        name = names.get(int(tid), _THREAD_CPU.get(int(tid), ("(native)", 0.0))[0])
+        _THREAD_CPU[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    out: dict[str, float] = {}
+    for name, secs in _THREAD_CPU.values():
+        out[name] = out.get(name, 0.0) + secs
     return out
 
 
