@@ -54,6 +54,9 @@ Figures:
   end-to-end latency of each message split into: until the consumer's look at the partition that
   fetched it began (its idle-poll backoff, or it was busy), that look (reading cursor, log and
   transaction states from storage), and the time it then sat in the consumer's local queue.
+  Per tenth of the window: the producers' CPU per transaction, the consumer's CPU per message and
+  per look, and each process's CPU by thread group (delta-rs's own threads are "(native)"), so a
+  cost that grows with the history shows as a trend and names its thread.
 
 Targets (ratios; "now" is what the multi-process scaling work started from):
 
