@@ -64,6 +64,9 @@ Figures:
   into: until the consumer's look at the partition that fetched it began (its idle-poll backoff,
   or it was busy), that look (reading cursor, log and transaction states from storage), and the
   time it then sat in the consumer's local queue.
+  Per tenth of the window: the producers' CPU per transaction, the consumer's CPU per message and
+  per look, and each process's CPU by thread group (delta-rs's own threads are "(native)"), so a
+  cost that grows with the history shows as a trend and names its thread.
 
 Targets (ratios; "now" is what the multi-process scaling work started from):
 
@@ -205,6 +208,67 @@ def machine_cpu_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+class TenthSampler(threading.Thread):
+    """Process CPU seconds at each tenth of the window (11 samples, start to deadline), and the
+    values of ``counters`` (callables) at the same instants: what a transaction, a look or an ack
+    costs in each tenth, so a cost that grows with the history shows up as a trend."""
+
+    def __init__(self, start: float, deadline: float, counters: dict[str, Any] | None = None):
+        super().__init__(name="bench-tenths", daemon=True)
+        self.start_at, self.tenth = start, (deadline - start) / 10
+        self.counters = counters or {}
+        self.samples: list[dict[str, float]] = []
+        self.start()
+
+    def run(self) -> None:
+        for i in range(11):
+            time.sleep(max(0.0, self.start_at + i * self.tenth - time.time()))
+            self.samples.append({"cpu": cpu_seconds(), **{k: float(f()) for k, f in self.counters.items()},
+                                 **{f"thread {k}": v for k, v in thread_cpu_seconds().items()}})
+
+    def threads(self) -> dict[str, list[float]]:
+        """CPU seconds per tenth of each thread group (see :func:`thread_cpu_seconds`)."""
+        names = sorted({k for s in self.samples for k in s if k.startswith("thread ")})
+        out = {}
+        for k in names:
+            v = [s.get(k, 0.0) for s in self.samples]
+            out[k.removeprefix("thread ")] = [b - a for a, b in zip(v, v[1:], strict=False)]
+        return out
+
+    def per_tenth(self, key: str = "cpu") -> list[float]:
+        """Increments of ``key`` per tenth (fewer than 10 when called before the deadline)."""
+        self.join(timeout=max(0.0, self.start_at + 10 * self.tenth - time.time()) + 5)
+        v = [s[key] for s in self.samples]
+        return [b - a for a, b in zip(v, v[1:], strict=False)]
+
+
+_THREAD_CPU: dict[int, tuple[str, float]] = {}  # thread id -> (group, last CPU seconds seen)
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads, summed by name with digits dropped
+    (pool threads share a group), from /proc (Linux; empty elsewhere). A thread that ended keeps
+    the seconds it was last seen with, so its group does not go down."""
+    names = {t.native_id: "".join(c for c in t.name if not c.isdigit()).rstrip("-_") for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), _THREAD_CPU.get(int(tid), ("(native)", 0.0))[0])
+        _THREAD_CPU[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    out: dict[str, float] = {}
+    for name, secs in _THREAD_CPU.values():
+        out[name] = out.get(name, 0.0) + secs
+    return out
+
+
 def storage_calls() -> dict[str, int]:
     """Storage calls this process made so far, by kind, as counted by the --store-latency plan
     (empty without it): each one is a request to an object store."""
@@ -259,6 +323,7 @@ def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     go = wait_go(args)
     time.sleep(max(0.0, go["start"] - time.time()))
     cpu0, requests0 = cpu_seconds(), storage_calls()
+    tenths = TenthSampler(go["start"], go["deadline"])
     txns: list[list[float]] = []  # [seq, new_transaction() wall time, commit() seconds, commit() return wall time]
     failed: list[list[Any]] = []
 
@@ -287,7 +352,8 @@ def producer_worker(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     flushed = client.flush(120)  # the background completion of the last transactions: after the window
     return {"wid": wid, "txns": txns, "failed": failed, "warmup": WARMUP_TXNS, "cpu_s": cpu, "puts": puts,
-            "flush_s": time.perf_counter() - t0, "flushed": flushed, "requests": requests, "tcs": dict(tcs)}
+            "flush_s": time.perf_counter() - t0, "flushed": flushed, "requests": requests, "tcs": dict(tcs),
+            "cpu_tenths": tenths.per_tenth(), "thread_tenths": tenths.threads()}
 
 
 def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
@@ -323,9 +389,11 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
 
     consumers = [subscribe(i, t) for i, t in enumerate(args["topics"])]
     signal_ready(args)
-    wait_go(args)
+    go = wait_go(args)
     cpu0 = cpu_seconds()
     got: list[list[Any]] = []  # [payload, start and end of the look that fetched it, receive() return], wall
+    tenths = TenthSampler(go["start"], go["deadline"], {
+        "looks": lambda: len(fills), "look_cpu": lambda: sum(f[1] for f in list(fills)), "acks": lambda: len(got)})
     done = threading.Event()
 
     def receive(i: int, consumer: Any) -> None:
@@ -360,7 +428,9 @@ def consumer_worker(args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got, "cpu_s": cpu, "fills": len(fills), "found_p50": percentile([f[0] for f in found], 0.5),
             "found_p99": percentile([f[0] for f in found], 0.99), "found_cpu_p50": percentile([f[1] for f in found], 0.5),
             "empty": len(empty), "empty_p50": percentile([f[0] for f in empty], 0.5),
-            "empty_held": sum(1 for f in empty if f[3])}
+            "empty_held": sum(1 for f in empty if f[3]),
+            "tenths": {k: tenths.per_tenth(k) for k in ("cpu", "looks", "look_cpu", "acks")},
+            "thread_tenths": tenths.threads()}
 
 
 def worker_main(args: dict[str, Any]) -> None:
@@ -544,7 +614,7 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace, inflight: int
                                 store.work, tag)
     start = time.time() + 0.2
     deadline = start + args.seconds
-    release(consumer_go)
+    release(consumer_go, {"start": start, "deadline": deadline})
     daemons = [p.pid for p in store.server.procs.values()] if store.server is not None else []
     release(go, {"start": start, "deadline": deadline})
     main0, daemons0, machine0 = cpu_seconds(), pids_cpu_seconds(daemons), machine_cpu_seconds()
@@ -611,6 +681,9 @@ def run_step(store: Storage, procs: int, args: argparse.Namespace, inflight: int
         "requests_per_txn": {op: sum(r["requests"].get(op, 0) for r in results) / n
                              for op in sorted({op for r in results for op in r["requests"]})},
         "flush_s": max(r["flush_s"] for r in results),
+        "cpu_tenths": [sum(v) for v in zip(*(r["cpu_tenths"] for r in results), strict=False)],
+        "consumer_tenths": consumer["tenths"],
+        "thread_tenths": {"producer": results[0]["thread_tenths"], "consumer": consumer["thread_tenths"]},
     }
 
 
@@ -655,6 +728,18 @@ def print_step(store: str, s: dict[str, Any], seconds: float, cores: int) -> Non
           f"{s['cpu_main']:.1f} s{daemons}, of {budget:g} core-seconds; the whole machine (other work included) "
           f"{s['cpu_machine']:.1f} s; background completion after the window "
           f"{s['flush_s']:.1f} s")
+    per = " ".join(f"{1000 * c / max(1, n):.1f}" for c, n in zip(s["cpu_tenths"], s["tenths"], strict=False))
+    print(f"    producer CPU per transaction per tenth (ms): {per}")
+    ct = s["consumer_tenths"]
+    print("    consumer per tenth: CPU (s) " + " ".join(f"{c:.1f}" for c in ct["cpu"])
+          + "; messages received " + " ".join(f"{a:.0f}" for a in ct["acks"])
+          + "; CPU per message (ms) " + " ".join(f"{1000 * c / max(1, a):.2f}" for c, a in zip(ct["cpu"], ct["acks"], strict=False))
+          + "; looks " + " ".join(f"{n:.0f}" for n in ct["looks"])
+          + "; CPU per look (ms) " + " ".join(f"{1000 * c / max(1, n):.2f}" for c, n in zip(ct["look_cpu"], ct["looks"], strict=False)))
+    for who, groups in s["thread_tenths"].items():
+        busy = {k: v for k, v in groups.items() if sum(v) >= 0.5}
+        print(f"    {who} threads, CPU seconds per tenth: " + "; ".join(
+            f"{k} " + " ".join(f"{x:.1f}" for x in v) for k, v in sorted(busy.items(), key=lambda kv: -sum(kv[1]))))
     per = ", ".join(f"{k} {c:.2f} ({ms(secs)} ms)" for k, (c, secs) in s["puts_per_txn"].items())
     lost = sum(c for k, (c, _) in s["puts_per_txn"].items() if k.endswith("/lost"))
     print(f"    Delta commit puts per txn (table/side/race, time in those puts): {per}; lost (the version "

@@ -107,6 +107,36 @@ def test_every_hundredth_version_gets_a_checkpoint(table):
     assert (t.version(), t.to_pyarrow_table().num_rows, t.transaction_version("app.0")) == (100, 100, 99)
 
 
+def test_checkpoints_space_out_as_they_grow(table, monkeypatch):
+    """A checkpoint rewrites every action the table keeps, so at a fixed interval its cost per
+    commit grew with the table's history. The interval doubles until the last checkpoint holds at
+    most CHECKPOINT_ACTIONS_PER_VERSION actions per version of it: here (10 versions, one action a
+    version) one file per commit puts the checkpoints at 10, 20, 40, 80 and 160, not every 10th."""
+    from pulsartx.storage import appender as appender_mod
+
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_ACTIONS_PER_VERSION", 1)
+    a = appender(table)
+    for i in range(170):
+        a.append(rows(i, i + 1))
+        wait_for_checkpoints()  # each checkpoint's size is known before the next version asks
+    log_dir = os.path.join(a.uri, "_delta_log")
+    written = sorted(int(f.split(".")[0]) for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet"))
+    assert written == [10, 20, 40, 80, 160]
+    # A process that has not checkpointed the table yet reads the last checkpoint's size before its
+    # first one: 162 actions (160 files, metadata, protocol) put the next at 320, not at 180.
+    appender_mod._CHECKPOINT_SIZE.clear()
+    a = appender(table)
+    for i in range(170, 330):
+        a.append(rows(i, i + 1))
+        wait_for_checkpoints()
+    written = sorted(int(f.split(".")[0]) for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet"))
+    assert written == [10, 20, 40, 80, 160, 320]
+    t = dl.DeltaTable(a.uri)
+    assert (t.version(), t.to_pyarrow_table().num_rows) == (330, 330)
+    assert [appender_mod.checkpoint_interval(n) for n in (0, 10, 11, 20, 21, 1000)] == [10, 10, 20, 20, 40, 1280]
+
+
 def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(table):
     root, segments = table
     t = delta.open_table(root, *segments)

@@ -10,7 +10,8 @@ Written directly that costs about 2 ms locally, flat, and two requests on S3 ins
 The tables stay plain Delta tables: the commit is the same ``commitInfo``/``txn``/``add`` JSON
 delta-rs writes (with per-file statistics for the table's ``delta.dataSkippingStatsColumns``), and
 every ``CHECKPOINT_INTERVAL``-th version the writer that made it has delta-rs write a checkpoint
-(in the background), as delta-rs's post-commit hook would. Only tables at protocol (1, 2) with no column invariants take
+(in the background), as delta-rs's post-commit hook would, and less often as the checkpoints grow
+(:func:`checkpoint_interval`). Only tables at protocol (1, 2) with no column invariants take
 this path (what pulsartx creates); any other table, or a store without put-if-absent, is written
 through ``write_deltalake`` instead.
 
@@ -68,6 +69,30 @@ _CHECKPOINTS = ProcessPool(1, "pulsartx-checkpoint")
 CLEANUP_EVERY = 10
 _CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
 _CHECKPOINT_LOCK = threading.Lock()
+# A checkpoint rewrites every action the table keeps (live files, tombstones and app ids not yet
+# expired), so its cost follows the table's size while the versions between two checkpoints stayed
+# CHECKPOINT_INTERVAL: a busy partition of small files spent more CPU per commit on checkpoints the
+# longer it ran (docs/design/checkpoints-follow-table-size.md). The interval doubles until the
+# last checkpoint holds at most this many actions per version of the interval.
+CHECKPOINT_ACTIONS_PER_VERSION = 20
+_CHECKPOINT_SIZE: dict[str, int] = {}  # table URI -> actions in its last checkpoint, as this process read it
+
+
+def checkpoint_interval(actions: int) -> int:
+    """Versions between two checkpoints of a table whose last checkpoint held ``actions``:
+    CHECKPOINT_INTERVAL doubled until the checkpoint's rewrite, spread over the commits of one
+    interval, is at most CHECKPOINT_ACTIONS_PER_VERSION actions a commit. Always a multiple of
+    CHECKPOINT_INTERVAL, so writers that estimate a table's size differently still checkpoint
+    at versions the others' rule also picks (a multiple of the smaller interval)."""
+    interval = CHECKPOINT_INTERVAL
+    while actions > interval * CHECKPOINT_ACTIONS_PER_VERSION:
+        interval *= 2
+    return interval
+
+
+def checkpoint_due(uri: str, version: int) -> bool:
+    """Whether the writer of ``version`` checkpoints the table at ``uri`` (see :func:`checkpoint_interval`)."""
+    return version % checkpoint_interval(_CHECKPOINT_SIZE.get(uri, 0)) == 0
 
 
 def _checkpoints_in_child() -> None:
@@ -76,6 +101,7 @@ def _checkpoints_in_child() -> None:
     thread."""
     global _CHECKPOINT_LOCK
     _CHECKPOINT_QUEUED.clear()
+    _CHECKPOINT_SIZE.clear()
     _CHECKPOINT_LOCK = threading.Lock()
 
 
@@ -118,6 +144,12 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)
         return
     try:
+        if uri not in _CHECKPOINT_SIZE:
+            # The first checkpoint this process asks for: the table may be large already, so its
+            # last checkpoint's size decides whether this version is due (read here, off the commit path).
+            _note_checkpoint_size(root, segments, uri)
+            if not checkpoint_due(uri, version):
+                return
         # A fresh open at the version, not a kept handle brought up to it: delta-rs 1.x's
         # update_incremental grows with the table's files (30 ms at 300 files, 95 ms at 1,100,
         # CPU, local disk), an open from the last checkpoint stays at 25-40 ms, and
@@ -125,10 +157,22 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         t = delta.open_table(root, *segments, version=version)
         if t is not None:
             t.create_checkpoint()
+            _note_checkpoint_size(root, segments, uri)
             if version % (CHECKPOINT_INTERVAL * CLEANUP_EVERY) == 0:
                 t.cleanup_metadata()
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
+
+
+def _note_checkpoint_size(root: StorageRoot, segments: tuple[str, ...], uri: str) -> None:
+    """Remember how many actions the table's last checkpoint holds (``size`` in ``_last_checkpoint``,
+    which delta-rs writes with it), which sets the interval to the next one."""
+    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
+    try:
+        size = int(json.loads(hint)["size"]) if hint is not None else None
+    except (ValueError, KeyError, TypeError):
+        size = None
+    _CHECKPOINT_SIZE[uri] = size if size is not None else 0
 
 
 def wait_for_checkpoints() -> None:
@@ -505,11 +549,13 @@ class DeltaAppender:
 
     def _checkpoint(self, version: int) -> None:
         """What delta-rs's post-commit hook does every 100 versions: a checkpoint, so opening the
-        table reads one parquet file plus fewer than 100 commits, and (every CLEANUP_EVERY-th
-        time) expired-log cleanup. In the background: it costs 60-80 ms of CPU (open and
-        checkpoint, each replaying the commits since the last checkpoint), which on the appender's
-        path would add 0.6-0.8 ms to every protocol step."""
-        schedule_checkpoint(self.root, self.segments, version)
+        table reads one parquet file plus the commits of less than one interval, and (every
+        CLEANUP_EVERY-th time) expired-log cleanup; less often on a large table
+        (:func:`checkpoint_interval`). In the background: it costs 60-80 ms of CPU on a small
+        table (open and checkpoint, each replaying the commits since the last checkpoint), which
+        on the appender's path would add 0.6-0.8 ms to every protocol step."""
+        if checkpoint_due(self.uri, version):
+            schedule_checkpoint(self.root, self.segments, version)
 
     def write_with_deltalake(self, data: pa.Table, *, mode: str = "append", apps: Mapping[str, int] | None = None,
                              metadata: Mapping[str, str] | None = None) -> int:
