@@ -134,7 +134,43 @@ def test_checkpoints_space_out_as_they_grow(table, monkeypatch):
     assert written == [10, 20, 40, 80, 160, 320]
     t = dl.DeltaTable(a.uri)
     assert (t.version(), t.to_pyarrow_table().num_rows) == (330, 330)
+    monkeypatch.setattr(appender_mod, "MAX_CHECKPOINT_INTERVAL", 1280)
     assert [appender_mod.checkpoint_interval(n) for n in (0, 10, 11, 20, 21, 1000)] == [10, 10, 20, 20, 40, 1280]
+
+
+def test_checkpoints_space_out_only_up_to_a_ceiling(monkeypatch):
+    """Whoever opens a table replays the commits since its last checkpoint (one request each for
+    our own tail reads on an object store), and a keyed log's tombstones alone would push the
+    interval up without end: it stops at MAX_CHECKPOINT_INTERVAL."""
+    from pulsartx.storage import appender as appender_mod
+
+    assert appender_mod.checkpoint_interval(10**9) == appender_mod.MAX_CHECKPOINT_INTERVAL
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_ACTIONS_PER_VERSION", 1)
+    monkeypatch.setattr(appender_mod, "MAX_CHECKPOINT_INTERVAL", 40)
+    assert [appender_mod.checkpoint_interval(n) for n in (0, 11, 21, 41, 10**6)] == [10, 20, 40, 40, 40]
+
+
+def test_a_writer_behind_the_last_checkpoint_reads_app_ids_from_a_spaced_one_below_it(table):
+    """Checkpoints lie at multiples of the interval times a power of two, so the one at the
+    hundred below a writer's version may not exist: the nearest one that does is read, and the
+    answer is delta-rs's at that version."""
+    root, segments = table
+    a = appender(table)
+    for i in range(1, 451):
+        a.append(rows(i, i + 1), {f"app.{i % 7}": i})
+    wait_for_checkpoints()
+    uri = a.uri
+    for v in (200, 400):
+        dl.DeltaTable(uri, version=v).create_checkpoint()
+    log_dir = os.path.join(uri, "_delta_log")
+    for f in os.listdir(log_dir):  # only 200 and 400: the appender's own, at 100 and 300, are gone
+        if f.endswith(".checkpoint.parquet") and int(f.split(".")[0]) not in (200, 400):
+            os.remove(os.path.join(log_dir, f))
+    assert json.load(open(os.path.join(log_dir, "_last_checkpoint")))["version"] == 400
+    expected = {f"app.{k}": dl.DeltaTable(uri, version=350).transaction_version(f"app.{k}") for k in range(7)}
+    assert delta.read_app_ids(root, segments, 350, None, 100, 800) == expected
+    assert delta.read_app_ids(root, segments, 350, None, 100) is None  # the hundred below only: 300 is gone
 
 
 def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(table):

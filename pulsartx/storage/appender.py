@@ -65,7 +65,8 @@ T = TypeVar("T")
 
 _CHECKPOINTS = ProcessPool(1, "pulsartx-checkpoint")
 # Expired-log cleanup lists the whole _delta_log folder, which grows by a file per version for the
-# 30 days of delta.logRetentionDuration: it runs at every CLEANUP_EVERY-th checkpoint only.
+# 30 days of delta.logRetentionDuration: it runs with the checkpoint at every CLEANUP_EVERY x CHECKPOINT_INTERVAL-th
+# version only (every 10th checkpoint of a small table, every 5th of a larger one).
 CLEANUP_EVERY = 10
 _CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
 _CHECKPOINT_LOCK = threading.Lock()
@@ -75,17 +76,22 @@ _CHECKPOINT_LOCK = threading.Lock()
 # longer it ran (docs/design/checkpoints-follow-table-size.md). The interval doubles until the
 # last checkpoint holds at most this many actions per version of the interval.
 CHECKPOINT_ACTIONS_PER_VERSION = 20
+# ... but never past this many versions: whoever opens the table (delta-rs, or our own tail reads,
+# one request per commit on an object store) replays the commits since the last checkpoint, and a
+# keyed log's tombstones alone would otherwise push the interval up without end.
+MAX_CHECKPOINT_INTERVAL = 800
 _CHECKPOINT_SIZE: dict[str, int] = {}  # table URI -> actions in its last checkpoint, as this process read it
 
 
 def checkpoint_interval(actions: int) -> int:
     """Versions between two checkpoints of a table whose last checkpoint held ``actions``:
     CHECKPOINT_INTERVAL doubled until the checkpoint's rewrite, spread over the commits of one
-    interval, is at most CHECKPOINT_ACTIONS_PER_VERSION actions a commit. Always a multiple of
+    interval, is at most CHECKPOINT_ACTIONS_PER_VERSION actions a commit, up to
+    MAX_CHECKPOINT_INTERVAL versions. Always a multiple of
     CHECKPOINT_INTERVAL, so writers that estimate a table's size differently still checkpoint
     at versions the others' rule also picks (a multiple of the smaller interval)."""
     interval = CHECKPOINT_INTERVAL
-    while actions > interval * CHECKPOINT_ACTIONS_PER_VERSION:
+    while actions > interval * CHECKPOINT_ACTIONS_PER_VERSION and interval * 2 <= MAX_CHECKPOINT_INTERVAL:
         interval *= 2
     return interval
 
@@ -157,9 +163,9 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
         t = delta.open_table(root, *segments, version=version)
         if t is not None:
             t.create_checkpoint()
-            _note_checkpoint_size(root, segments, uri)
             if version % (CHECKPOINT_INTERVAL * CLEANUP_EVERY) == 0:
                 t.cleanup_metadata()
+            _note_checkpoint_size(root, segments, uri)
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
 
@@ -270,7 +276,7 @@ class DeltaAppender:
         if self._ids is None and self.version >= self._ids_retry_at:
             retention = self._app_id_retention()
             ids = None if retention is False else delta.read_app_ids(self.root, self.segments, self.version, retention,
-                                                                     CHECKPOINT_INTERVAL)
+                                                                     CHECKPOINT_INTERVAL, MAX_CHECKPOINT_INTERVAL)
             if ids is None:  # not readable as this reads it (now): delta-rs answers until the log moves on
                 self._ids_retry_at = self.version + CHECKPOINT_INTERVAL
             self._ids = ids

@@ -532,7 +532,8 @@ def _checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: i
 
 
 def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
-                 retention_ms: float | None, checkpoint_interval: int = 100) -> dict[str, int] | None:
+                 retention_ms: float | None, checkpoint_interval: int = 100,
+                 max_interval: int | None = None) -> dict[str, int] | None:
     """Every app id set in the table up to ``version`` and not expired, with its version: what
     delta-rs's ``transaction_version`` answers for a snapshot at ``version``, read once.
 
@@ -541,7 +542,9 @@ def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
     transaction's CPU, growing with the table's history). Here it is the ``txn`` column of the last
     checkpoint at or below ``version`` plus the commits after it, once per writer; the writer then
     applies each commit it sees. When the last checkpoint lies past ``version`` (written since the
-    writer last read the log), the one at the interval below ``version`` is read instead. None (ask
+    writer last read the log), the nearest one below ``version`` is read instead: checkpoints lie at
+    multiples of ``checkpoint_interval`` times a power of two up to ``max_interval``
+    (docs/design/checkpoints-follow-table-size.md), so each candidate is tried, nearest first. None (ask
     delta-rs) when the log is not in the plain single-file checkpoint form this reads, or that
     checkpoint is missing."""
     start = -1
@@ -555,10 +558,17 @@ def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
             return None
         if info.get("parts") or info.get("v2Checkpoint"):
             return None
-        if checkpoint > version:
-            checkpoint = version // checkpoint_interval * checkpoint_interval
+        candidates = [checkpoint]
+        if checkpoint > version:  # nearest first; none below version: read every commit
+            intervals = [checkpoint_interval]
+            while max_interval is not None and intervals[-1] * 2 <= max_interval:
+                intervals.append(intervals[-1] * 2)
+            candidates = sorted({c for i in intervals if (c := version // i * i) > 0}, reverse=True) or [0]
+        table = None
+        for checkpoint in candidates:
+            if checkpoint <= 0 or (table := _checkpoint_columns(root, segments, checkpoint, ["txn"])) is not None:
+                break
         if checkpoint > 0:
-            table = _checkpoint_columns(root, segments, checkpoint, ["txn"])
             if table is None:
                 return None
             col = table.column("txn")
