@@ -74,6 +74,12 @@ def planned_buffer(root: StorageRoot, name: str, plog: PartitionLog) -> Transact
         buf = _PLANNED[key] = TransactionBuffer(plog)
     else:
         buf.log = plog
+        # Retention trims only its own buffer and snapshot: a kept buffer forgets what it deleted
+        # the same way, or it would show a filter unlike a fresh plan's and its next snapshot would
+        # put the trimmed aborted set back for every later reader.
+        state, start = buf.state(refresh=False), plog.index.start_offset
+        if start > state.trimmed_below:
+            state.trim_below(start)
     return buf
 
 

@@ -78,3 +78,79 @@ def test_a_later_plan_folds_on_from_the_last_and_decides_as_a_fresh_one(tmp_path
     assert read(root) == read(root, fresh=True) == [b"d", b"plain-3"]
     assert len(mine(root)) == 4
     client.close()
+
+
+def test_a_kept_buffer_forgets_what_retention_deleted_as_a_fresh_one_does(tmp_path):
+    """Fails before the fix: retention trims only its own buffer and snapshot, so the planner's
+    kept buffer still listed the deleted aborted transactions and the old horizon (a filter unlike
+    a fresh plan's), and its next snapshot put them back for every later reader."""
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.buffer.snapshot import SnapshotStore
+    from pulsartx.log.partition import PartitionLog
+    from pulsartx.maintenance.retention import apply_retention
+    from pulsartx.naming import TopicName
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 1)
+    part = TopicName.parse("t-partition-0")
+    producer = client.create_producer("t")
+    for i in range(3):
+        txn = client.new_transaction()
+        producer.send(b"aborted-%d" % i, txn=txn)
+        txn.abort()
+    assert client.flush()
+    for v in (b"p1", b"p2"):
+        producer.send(v)
+    producer.flush()
+
+    assert read(root) == [b"p1", b"p2"]
+    (buf,) = mine(root).values()
+    assert len(buf.state(refresh=False).aborted) == 3
+
+    files = PartitionLog(client.root, part).refresh().files
+    res = apply_retention(client.root, part, max_bytes=sum(f.size for f in files[-2:]), force=True)
+    assert res.files_deleted == len(files) - 2
+    trimmed = SnapshotStore(client.root, part, buf.log.table_id).load()
+    assert trimmed is not None and trimmed.aborted == {}
+
+    assert read(root) == read(root, fresh=True) == [b"p1", b"p2"]
+    assert mine(root) == {next(iter(mine(root))): buf}  # the kept buffer, not a new one
+    kept = buf.state(refresh=False)
+    fresh = TransactionBuffer(PartitionLog(client.root, part)).state()
+    assert (kept.aborted, kept.ended, kept.ranges, kept.trimmed_below) == (
+        fresh.aborted, fresh.ended, fresh.ranges, fresh.trimmed_below) == ({}, {}, {}, res.new_start_offset)
+    assert buf.take_snapshot()
+    written = SnapshotStore(client.root, part, buf.log.table_id).load()
+    assert written is not None and written.aborted == {} and written.trimmed_below == res.new_start_offset
+    client.close()
+
+
+def test_a_plan_whose_listing_lags_the_kept_buffer_folds_afresh(tmp_path):
+    """A plan lists its files from its own log, which may have been refreshed before the last plan
+    folded further: a filter decided past that listing could show part of a transaction whose
+    other rows the plan does not list. The kept buffer is then set aside for a new one."""
+    from pulsartx.log.partition import PartitionLog
+    from pulsartx.naming import TopicName
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 1)
+    producer = client.create_producer("t")
+    producer.send(b"p1")
+    producer.flush()
+    lagging = PartitionLog(client.root, TopicName.parse("t-partition-0"))
+    lagging.refresh()
+    txn = client.new_transaction()
+    producer.send(b"t1", txn=txn)
+    txn.commit()
+    assert client.flush()
+    assert read(root) == [b"p1", b"t1"]
+    ((key, kept),) = mine(root).items()
+    assert kept.state(refresh=False).end_offset > lagging.end_offset(refresh=False) == 1
+
+    opts = parse_options({"service.url": root, "topic": "t"})
+    with visibility._PLAN_LOCK:
+        buf = visibility.planned_buffer(opts.root, key[2], lagging)
+    assert buf is not kept and visibility._PLANNED[key] is buf
+    client.close()
