@@ -298,6 +298,44 @@ def test_a_span_is_shown_whole_only_inside_one_shown_entry():
     assert f.apply(table(rows)).column("offset").to_pylist() == [*range(10), *range(16, 21)]
 
 
+def shows_all_per_transaction(f: VisibilityFilter, lo: int, hi: int) -> bool:
+    """shows_all's definition: the first transaction (in listing order) with an entry holding
+    ``lo..hi`` decides."""
+    if lo > hi or lo < f.min_offset or hi >= f.read_limit:
+        return False
+    if any(a <= hi and b >= lo for a, b in f.stragglers):
+        return False
+    for k, rs in f.ranges.items():
+        if any(a <= lo and hi <= b for a, b in _merged(rs)):
+            return k not in f.aborted and hi <= f.ended.get(k, hi) and (f.cut is None or f.cut.shows(k))
+    return False
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_shows_all_searching_one_sorted_entry_list_equals_the_per_transaction_loop(data):
+    """shows_all bisects one sorted list of every transaction's merged entries, built once per
+    filter (and rebuilt after pickling); it must decide as the per-transaction loop, disjoint
+    entries or overlapping ones."""
+    import pickle
+
+    keys = data.draw(st.lists(st.integers(0, 12), min_size=0, max_size=6, unique=True))
+    span = st.tuples(st.integers(0, 40), st.integers(0, 40))
+    ranges = {k: data.draw(st.lists(span, min_size=1, max_size=4)) for k in keys}
+    f = VisibilityFilter(
+        data.draw(st.integers(0, 45)), {k: 40 for k in keys if data.draw(st.booleans())},
+        {k: data.draw(st.integers(0, 40)) for k in keys if data.draw(st.booleans())}, ranges,
+        cut=Cut(frozenset(k for k in keys if data.draw(st.booleans())), frozenset(), {0: -1})
+        if data.draw(st.booleans()) else None,
+        min_offset=data.draw(st.integers(0, 5)), stragglers=tuple(data.draw(st.lists(span, max_size=2))))
+    spans = [(lo, hi) for lo in range(-1, 43, 3) for hi in range(lo - 1, 43, 2)]
+    expected = [shows_all_per_transaction(f, lo, hi) for lo, hi in spans]
+    assert [f.shows_all(lo, hi) for lo, hi in spans] == expected
+    shipped = pickle.loads(pickle.dumps(f))
+    assert "_entries" not in shipped.__dict__ and shipped == f
+    assert [shipped.shows_all(lo, hi) for lo, hi in spans] == expected
+
+
 def test_filter_cuts_a_run_at_its_entry_list_and_at_its_marker():
     """One transaction's run cut by its entry list (rows 5-9 of 0-19 listed), and a run that goes on
     past its own marker (the rows after it are stragglers): only the listed rows, and the rows

@@ -17,6 +17,7 @@ or the last offset of the log when none is ongoing.
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -349,6 +350,9 @@ class Cut:
         return pa.array(~valid | vis | (~inv & old), pa.bool_())
 
 
+_UNBUILT = object()
+
+
 @dataclass(frozen=True)
 class VisibilityFilter:
     """What READ_COMMITTED may return, as a small picklable value: the Spark driver computes it once
@@ -398,11 +402,33 @@ class VisibilityFilter:
             return False
         if any(a <= hi and b >= lo for a, b in self.stragglers):
             return False
-        for k, rs in self.ranges.items():
-            if any(a <= lo and hi <= b for a, b in _merged(rs)):
-                return (k not in self.aborted and hi <= self.ended.get(k, hi)
-                        and (self.cut is None or self.cut.shows(k)))
-        return False
+        entries = self._entry_index()
+        if entries is None:  # entries of several transactions overlap: the first listed decides
+            k = next((k for k, rs in self.ranges.items() if any(a <= lo and hi <= b for a, b in _merged(rs))), None)
+        else:
+            starts, ends, keys = entries
+            i = bisect.bisect_right(starts, lo) - 1
+            k = keys[i] if i >= 0 and hi <= ends[i] else None
+        if k is None:
+            return False
+        return k not in self.aborted and hi <= self.ended.get(k, hi) and (self.cut is None or self.cut.shows(k))
+
+    def _entry_index(self) -> tuple[list[int], list[int], list[int]] | None:
+        """Every transaction's merged entries as one sorted list (starts, ends, keys), built once per
+        filter: a Spark read asks :meth:`shows_all` per file, and re-merging every transaction's
+        entries each time cost O(transactions) a file. None when entries of different transactions
+        overlap (one append per entry makes that impossible), where the search would not be exact.
+        Kept out of the pickle: executors build their own."""
+        cached = self.__dict__.get("_entries", _UNBUILT)
+        if cached is _UNBUILT:
+            flat = sorted((a, b, k) for k, rs in self.ranges.items() for a, b in _merged(rs))
+            disjoint = all(flat[i][0] > flat[i - 1][1] for i in range(1, len(flat)))
+            cached = ([a for a, _, _ in flat], [b for _, b, _ in flat], [k for _, _, k in flat]) if disjoint else None
+            object.__setattr__(self, "_entries", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_entries"}
 
     def _txn_rows_visible(self, offs: np.ndarray, keys: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
         """Per row: a plain row, or a row of a transaction that is not aborted, passes the cut,
