@@ -32,7 +32,7 @@ from pulsartx.datasource.held_back import warn_held_back
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import consistent_cut
-from pulsartx.buffer.state import VisibilityFilter, keep_rows
+from pulsartx.buffer.state import VisibilityFilter, keep_rows, key_txn
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.log.schema import MessageType
 
@@ -102,10 +102,19 @@ class Visibility:
         its span lies in one commit entry this filter shows (:meth:`VisibilityFilter.shows_all`).
         Such a file is read without the filter's columns and mask. A file without transactional
         records (``txn_free``) is still filtered: its statistics do not prove it holds no marker
-        row (a marker written without a TxnID is one, and is never returned)."""
+        row (a marker written without a TxnID is one, and is never returned).
+
+        The entry is trusted only for a file whose statistics show every row carrying that
+        transaction's most bits (no nulls): a file without them, or with rows of another TC, is
+        filtered. The least bits have no statistics, so rows of another transaction of the same TC
+        are still taken on the entry's word (docs/design/read-committed-planning.md)."""
         if self.filter is None:
             return False
-        return self.filter.shows_all(max(f.min_offset, start), min(f.max_offset, end - 1))
+        k = self.filter.shown_by(max(f.min_offset, start), min(f.max_offset, end - 1))
+        if k is None:
+            return False
+        most = key_txn(k)[0]
+        return f.txn_most_nulls == 0 and f.txn_most_min == most and f.txn_most_max == most
 
     @property
     def read_limit(self) -> int | None:

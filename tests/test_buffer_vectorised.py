@@ -298,6 +298,27 @@ def test_a_span_is_shown_whole_only_inside_one_shown_entry():
     assert f.apply(table(rows)).column("offset").to_pylist() == [*range(10), *range(16, 21)]
 
 
+def test_a_file_is_read_unfiltered_only_when_its_statistics_show_the_entry_s_transaction_alone():
+    """A commit entry decides for a file's span only when the file's txn_most_bits statistics show
+    that every row carries the transaction's most bits: a file holding another TC's rows, rows
+    without a TxnID, or no statistics at all is filtered."""
+    from datasource.visibility import READ_COMMITTED, Visibility
+    from pulsartx.log.index import DataFile
+
+    a = TXNS[4]  # TC 1
+    rows = [("DATA", a, None)] * 10 + [("TXN_COMMIT", a, [(0, 9)])]
+    vis = Visibility(READ_COMMITTED, BufferState().fold(table(rows)).filter())
+
+    def file(most_min, most_max, nulls):
+        return DataFile(0, 9, "f", 100, 10, txn_most_min=most_min, txn_most_max=most_max, txn_most_nulls=nulls)
+
+    assert vis.shows_file(file(a[0], a[0], 0), 0, 11)
+    other = TXNS[8][0]
+    for f in (file(a[0], other, 0), file(other, other, 0), file(a[0], a[0], 1), file(None, None, None),
+              file(a[0], a[0], None)):
+        assert not vis.shows_file(f, 0, 11), f
+
+
 def shows_all_per_transaction(f: VisibilityFilter, lo: int, hi: int) -> bool:
     """shows_all's definition: the first transaction (in listing order) with an entry holding
     ``lo..hi`` decides."""

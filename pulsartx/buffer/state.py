@@ -398,10 +398,15 @@ class VisibilityFilter:
         straggler in it). A commit entry is the offsets of one append of that transaction, so every
         record in it is a DATA record of it (docs/semantics.md, "Commit markers carry their
         entries"). A Spark read then reads such a file without the filter's columns and mask."""
+        return self.shown_by(lo, hi) is not None
+
+    def shown_by(self, lo: int, hi: int) -> int | None:
+        """:meth:`shows_all`, naming the transaction (its key) whose commit entry holds ``lo..hi``;
+        None where the span is not shown whole."""
         if lo > hi or lo < self.min_offset or hi >= self.read_limit:
-            return False
+            return None
         if any(a <= hi and b >= lo for a, b in self.stragglers):
-            return False
+            return None
         entries = self._entry_index()
         if entries is None:  # entries of several transactions overlap: the first listed decides
             k = next((k for k, rs in self.ranges.items() if any(a <= lo and hi <= b for a, b in _merged(rs))), None)
@@ -409,9 +414,9 @@ class VisibilityFilter:
             starts, ends, keys = entries
             i = bisect.bisect_right(starts, lo) - 1
             k = keys[i] if i >= 0 and hi <= ends[i] else None
-        if k is None:
-            return False
-        return k not in self.aborted and hi <= self.ended.get(k, hi) and (self.cut is None or self.cut.shows(k))
+        if k is None or k in self.aborted or hi > self.ended.get(k, hi) or not (self.cut is None or self.cut.shows(k)):
+            return None
+        return k
 
     def _entry_index(self) -> tuple[list[int], list[int], list[int]] | None:
         """Every transaction's merged entries as one sorted list (starts, ends, keys), built once per
