@@ -154,3 +154,29 @@ def test_a_plan_whose_listing_lags_the_kept_buffer_folds_afresh(tmp_path):
         buf = visibility.planned_buffer(opts.root, key[2], lagging)
     assert buf is not kept and visibility._PLANNED[key] is buf
     client.close()
+
+
+def test_a_file_inside_a_listed_entry_is_planned_as_shown_whole_from_its_statistics(tmp_path):
+    """The files a writer lands carry the txn_most_bits statistics the plan trusts an entry list
+    by: a file inside a listed entry is shown whole, one with the unlisted rows is not."""
+    from pulsartx.coordinator.state import TxnAction
+    from pulsartx.naming import TopicName
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 1)
+    producer = client.create_producer("t")
+    txn = client.new_transaction()
+    kept = producer.send(b"kept", txn=txn)
+    producer.send(b"unlisted", txn=txn)
+    producer.flush()
+    tc = client._coordinators().tc(txn.id.tc_id)
+    tc.end_transaction(txn.id, TxnAction.COMMIT,
+                       commit_entries=[(str(TopicName.parse("t-partition-0")), kept.offset(), kept.offset())])
+    assert client.flush()
+    assert read(root) == [b"kept"]
+    opts = parse_options({"service.url": root, "topic": "t"})
+    (part,) = plan_partitions(opts.root, opts)
+    shown = [f.min_offset for f in part.files if part.visibility.shows_file(f, part.start, part.end)]
+    assert shown == [kept.offset()]
+    client.close()
