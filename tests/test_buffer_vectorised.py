@@ -183,19 +183,29 @@ def test_vectorised_fold_equals_per_row_fold(rows, cuts, chunks, max_ended):
 @settings(max_examples=120, deadline=None)
 @given(logs(), st.integers(0, 80), st.integers(1, 3), st.data())
 def test_vectorised_filter_equals_per_row_filter(rows, cut, chunks, data):
+    f, t, bounded = fold_and_compare(rows, cut, chunks)
+    # With a retention horizon and a cut across partitions.
+    g = dataclasses.replace(f, cut=drawn_cut(f, data), min_offset=data.draw(st.integers(0, 10)))
+    assert g.apply(bounded).column("offset").to_pylist() == apply_rows(g, bounded).column("offset").to_pylist()
+
+
+def fold_and_compare(rows: list[tuple], cut: int, chunks: int):
+    """Fold the first ``cut`` rows, and check the filter against the per-row definition below the
+    read limit (what readers pass) and over the whole log (stragglers, unfolded markers)."""
     cut = min(cut, len(rows))
     s = BufferState().fold(table(rows[:cut]))
     t = table(rows, chunks=chunks)
     f = s.filter()
-    # Below the read limit (what readers pass), and the whole log (stragglers, unfolded markers).
     bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
     assert f.apply(bounded).column("offset").to_pylist() == apply_rows(f, bounded).column("offset").to_pylist()
     assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
-    # With a retention horizon and a cut across partitions.
+    return f, t, bounded
+
+
+def drawn_cut(f, data) -> Cut:
+    """A consistent cut across partitions that shows a drawn part of the transactions ``f`` knows ended."""
     visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
-    cut = Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100})
-    g = dataclasses.replace(f, cut=cut, min_offset=data.draw(st.integers(0, 10)))
-    assert g.apply(bounded).column("offset").to_pylist() == apply_rows(g, bounded).column("offset").to_pylist()
+    return Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100})
 
 
 @st.composite
@@ -231,15 +241,8 @@ def test_filter_by_runs_equals_per_row_filter(rows, cut, chunks, data):
     """apply() decides whole runs of one transaction from their first and last offsets; on long
     runs that entry lists, markers (stragglers past them) and the read limit cut anywhere it keeps
     exactly the rows the per-row definition keeps."""
-    cut = min(cut, len(rows))
-    s = BufferState().fold(table(rows[:cut]))
-    t = table(rows, chunks=chunks)
-    f = s.filter()
-    bounded = t.filter(pc.less(t.column("offset"), f.read_limit))
-    assert f.apply(bounded).column("offset").to_pylist() == apply_rows(f, bounded).column("offset").to_pylist()
-    assert f.apply(t).column("offset").to_pylist() == apply_rows(f, t).column("offset").to_pylist()
-    visible = frozenset(k for k in f.ended if data.draw(st.booleans()))
-    g = dataclasses.replace(f, cut=Cut(visible, frozenset(f.ended.keys() - visible), {0: 101, 1: 102, 3: 100}))
+    f, t, _ = fold_and_compare(rows, cut, chunks)
+    g = dataclasses.replace(f, cut=drawn_cut(f, data))
     assert g.apply(t).column("offset").to_pylist() == apply_rows(g, t).column("offset").to_pylist()
 
 
