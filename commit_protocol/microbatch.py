@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,7 +35,7 @@ from pulsartx.commit_protocol.job import JobTransaction
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pulsartx.buffer.state import txn_key
-from pulsartx.client.transaction import helper_pool
+from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.fencing import fence_all
 from pulsartx.coordinator.keys import full_key
@@ -243,7 +243,7 @@ class MicroBatchTransaction:
         k = txn_key(txn.most_bits, txn.least_bits)
         for sub, targets in plans:
             tc.add_subscriptions(txn, [Subscription(str(t.partition), sub) for t in targets])
-            _in_parallel([partial(_ack_partition, root, tcs, sub, k, t) for t in targets])
+            run_beside([partial(_ack_partition, root, tcs, sub, k, t) for t in targets])
 
 
 @dataclass(frozen=True)
@@ -267,25 +267,6 @@ def _ack_partition(root: StorageRoot, tcs: Coordinators, sub: str, k: int, t: _A
     others = pending_keys(t.cursor, exclude=[k])
     resolve_pending(root, tcs, str(t.partition), sub, others, deadlines=t.cursor.deadlines)
     t.store.update(lambda c: c.txn_ack_cumulative(k, t.position))
-
-
-def _in_parallel(jobs: list[Callable[[], None]]) -> None:
-    """Run independent jobs (one per input partition: separate tables) side by side, the first on
-    this thread, and return once all have ended, raising the first error: nothing of this batch
-    is still being written when its commit fails and Spark aborts it."""
-    if len(jobs) <= 1:
-        for job in jobs:
-            job()
-        return
-    futures = [helper_pool().submit(job) for job in jobs[1:]]
-    errors: list[BaseException] = []
-    try:
-        jobs[0]()
-    except Exception as e:
-        errors.append(e)
-    errors += [e for f in futures if (e := f.exception()) is not None]
-    if errors:
-        raise errors[0]
 
 
 def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list[_AckTarget] | None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pulsartx import forks
@@ -40,6 +42,25 @@ _HELPERS = ProcessPool(64, "pulsartx-txn")
 def helper_pool() -> ThreadPoolExecutor:
     """The process's threads for protocol steps that run beside the caller's."""
     return _HELPERS.get()
+
+
+def run_beside(jobs: Sequence[Callable[[], object]]) -> None:
+    """Run independent protocol steps side by side, the first on this thread (one helper fewer),
+    and return once every one has ended, raising the first error: nothing the caller started is
+    still being written when it reports the failure."""
+    if len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    futures = [helper_pool().submit(job) for job in jobs[1:]]
+    errors: list[BaseException] = []
+    try:
+        jobs[0]()
+    except Exception as e:
+        errors.append(e)
+    errors += [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
 
 
 class TransactionState(Enum):
@@ -303,18 +324,7 @@ class Transaction:
         parts = set().union(*(p.transaction_partitions(self) for p in producers))
         if parts:
             self._register_partitions(parts)
-        if len(producers) == 1:
-            producers[0].flush_transaction(self, registered=bool(parts))
-            return
-        futures = [helper_pool().submit(p.flush_transaction, self, bool(parts)) for p in producers[1:]]
-        errors = []
-        try:  # the first on this thread: one helper fewer per commit
-            producers[0].flush_transaction(self, registered=bool(parts))
-        except Exception as e:
-            errors.append(e)
-        errors += [e for f in futures if (e := f.exception()) is not None]
-        if errors:
-            raise errors[0]
+        run_beside([partial(p.flush_transaction, self, registered=bool(parts)) for p in producers])
 
     def _end(self, action: TxnAction) -> None:
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
