@@ -8,13 +8,13 @@ days) is forgotten, as Pulsar forgets an inactive producer's dedup state.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from pulsartx.log.dedup import producer_app_id
+from pulsartx.storage import delta
 from pulsartx.storage.delta import LogTail
 from pulsartx.storage.root import StorageRoot
 
@@ -34,16 +34,13 @@ class ProducerState:
 
 def _checkpoint_apps(root: StorageRoot, segments: tuple[str, ...]) -> tuple[int, dict[str, tuple[int, Any]]]:
     """(checkpoint version, app id -> (version, lastUpdated)); (-1, {}) without a usable checkpoint."""
-    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
-    if hint is None:
-        return -1, {}
     try:
-        info = json.loads(hint)
-        version = int(info["version"])
-    except (ValueError, KeyError, TypeError):
+        info = delta.read_last_checkpoint(root, segments)
+    except ValueError:
         return -1, {}
-    if info.get("parts"):
+    if info is None or info.get("parts"):
         return -1, {}
+    version = info["version"]
     path = root.fs_path(*segments, "_delta_log", f"{version:020d}.checkpoint.parquet")
     try:
         with root.arrow_fs.open_input_file(path) as f:

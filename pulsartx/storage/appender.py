@@ -173,12 +173,12 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
 def _note_checkpoint_size(root: StorageRoot, segments: tuple[str, ...], uri: str) -> None:
     """Remember how many actions the table's last checkpoint holds (``size`` in ``_last_checkpoint``,
     which delta-rs writes with it), which sets the interval to the next one."""
-    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
     try:
-        size = int(json.loads(hint)["size"]) if hint is not None else None
+        info = delta.read_last_checkpoint(root, segments)
+        size = int(info["size"]) if info is not None else 0
     except (ValueError, KeyError, TypeError):
-        size = None
-    _CHECKPOINT_SIZE[uri] = size if size is not None else 0
+        size = 0
+    _CHECKPOINT_SIZE[uri] = size
 
 
 def wait_for_checkpoints() -> None:

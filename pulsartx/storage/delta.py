@@ -531,6 +531,21 @@ def _checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: i
         return None
 
 
+def read_last_checkpoint(root: StorageRoot, segments: tuple[str, ...]) -> dict[str, Any] | None:
+    """``_delta_log/_last_checkpoint`` parsed, with ``version`` an int; None when the table has none.
+    Raises ValueError when it is there but not readable as one (each caller then falls back in its
+    own way: delta-rs, every commit, or the default interval)."""
+    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
+    if hint is None:
+        return None
+    try:
+        info = json.loads(hint)
+        info["version"] = int(info["version"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"unreadable _last_checkpoint of {root.uri(*segments)}: {e}") from e
+    return info
+
+
 def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
                  retention_ms: float | None, checkpoint_interval: int = 100,
                  max_interval: int | None = None) -> dict[str, int] | None:
@@ -549,13 +564,12 @@ def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
     checkpoint is missing."""
     start = -1
     apps: dict[str, tuple[int, int | None]] = {}
-    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
-    if hint is not None:
-        try:
-            info = json.loads(hint)
-            checkpoint = int(info["version"])
-        except (ValueError, KeyError, TypeError):
-            return None
+    try:
+        info = read_last_checkpoint(root, segments)
+    except ValueError:
+        return None
+    if info is not None:
+        checkpoint = info["version"]
         if info.get("parts") or info.get("v2Checkpoint"):
             return None
         candidates = [checkpoint]
@@ -595,16 +609,13 @@ def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> 
     interval). A stale ``_last_checkpoint`` costs only more commits to read: the log keeps every
     commit after any checkpoint it keeps. None (the caller opens the table with delta-rs) when
     there is no checkpoint, or anything is not in the plain single-file form this reads."""
-    hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
-    if hint is None:
-        return None
     try:
-        info = json.loads(hint)
-        version = int(info["version"])
-    except (ValueError, KeyError, TypeError):
+        info = read_last_checkpoint(root, segments)
+    except ValueError:
         return None
-    if info.get("parts") or info.get("v2Checkpoint"):
+    if info is None or info.get("parts") or info.get("v2Checkpoint"):
         return None
+    version = info["version"]
     table = _checkpoint_columns(root, segments, version, ["add", "metaData"])
     if table is None:
         return None
