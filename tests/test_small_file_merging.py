@@ -16,7 +16,7 @@ from pulsartx.maintenance.merging import FANOUT, merge_small_files, plan_run, ti
 
 
 def _f(lo: int, n: int) -> DataFile:
-    return DataFile(lo, lo + n - 1, f"f{lo}", 100, n, None, None, False)
+    return DataFile(lo, lo + n - 1, f"f{lo}", 100, n)
 
 
 def test_the_plan_merges_the_oldest_run_of_one_tier():

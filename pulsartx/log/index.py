@@ -25,14 +25,17 @@ class DataFile:
     num_records: int
     min_publish_us: int | None = None
     max_publish_us: int | None = None
-    # True only when the file's statistics prove it holds no transactional record (a table made
-    # before txn_most_bits had statistics says nothing, and its files are read as before).
-    txn_free: bool = False
     # txn_most_bits statistics (None where the table has none): a Spark read trusts a commit entry
     # to show a file whole only when every row of it carries that transaction's most bits.
     txn_most_min: int | None = None
     txn_most_max: int | None = None
     txn_most_nulls: int | None = None
+
+    @property
+    def txn_free(self) -> bool:
+        """True only when the file's statistics prove it holds no transactional record (a table
+        made before txn_most_bits had statistics says nothing, and its files are read as before)."""
+        return self.txn_most_nulls is not None and self.num_records > 0 and self.txn_most_nulls == self.num_records
 
 
 # Delta statistics keep timestamps at millisecond precision and delta-rs truncates, so the true
@@ -60,17 +63,12 @@ def data_file_from_add(add: dict[str, Any]) -> DataFile | None:
     records = int(stats.get("numRecords", 0))
     return DataFile(int(lo["offset"]), int(hi["offset"]), add["path"], int(add.get("size", 0)), records,
                     _iso_to_us(lo.get("publish_time")), _max_us(_iso_to_us(hi.get("publish_time"))),
-                    _txn_free(stats.get("nullCount", {}).get("txn_most_bits"), records),
                     _int(lo.get("txn_most_bits")), _int(hi.get("txn_most_bits")),
                     _int(stats.get("nullCount", {}).get("txn_most_bits")))
 
 
 def _int(v: Any) -> int | None:
     return None if v is None else int(v)
-
-
-def _txn_free(null_count: Any, records: int) -> bool:
-    return null_count is not None and records > 0 and int(null_count) == records
 
 
 class FileIndex:
@@ -116,7 +114,7 @@ class FileIndex:
                 continue
             records = int(count or 0)
             files.append(DataFile(int(lo), int(hi), path, int(size), records, pmin, _max_us(pmax),
-                                  _txn_free(null, records), _int(mmin), _int(mmax), _int(null)))
+                                  _int(mmin), _int(mmax), _int(null)))
         with self._lock:
             self._publish(sorted(files), table.version())
 
