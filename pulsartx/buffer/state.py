@@ -520,10 +520,11 @@ def _band_index(s: np.ndarray, e: np.ndarray, pos: np.ndarray) -> np.ndarray:
 def _in_ranges(offsets: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> np.ndarray:
     """For each row: ``any(a <= o <= b for a, b in ranges[id])``, True where ``id`` has no ranges."""
     limited = np.isin(ids, np.fromiter(ranges, np.int64, len(ranges)))
-    s, e, span = _range_bands(ranges, int(offsets.min()), int(offsets.max()))
+    base = int(offsets.min())
+    s, e, span = _range_bands(ranges, base, int(offsets.max()))
     if not len(s):
         return ~limited
-    return ~limited | (_band_index(s, e, ids * span + (offsets - int(offsets.min()) + 1)) >= 0)
+    return ~limited | (_band_index(s, e, ids * span + (offsets - base + 1)) >= 0)
 
 
 def _in_one_range(lo: np.ndarray, hi: np.ndarray, ids: np.ndarray, ranges: dict[int, list[tuple[int, int]]]
