@@ -182,18 +182,21 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
+def stat_cpu_seconds(path: str) -> float | None:
+    """CPU seconds (user + system) from a process's or a thread's ``/proc/.../stat`` file; None
+    when it cannot be read (gone, or not Linux)."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def pids_cpu_seconds(pids: list[int]) -> float:
     """CPU seconds (user + system) the given processes have used so far, from /proc (Linux): the
     Ceph daemons share the cores with the bench, and what they use is not the bench's."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(s for pid in pids if (s := stat_cpu_seconds(f"/proc/{pid}/stat")) is not None)
 
 
 def machine_cpu_seconds() -> float:
@@ -250,19 +253,16 @@ def thread_cpu_seconds() -> dict[str, float]:
     (pool threads share a group), from /proc (Linux; empty elsewhere). A thread that ended keeps
     the seconds it was last seen with, so its group does not go down."""
     names = {t.native_id: "".join(c for c in t.name if not c.isdigit()).rstrip("-_") for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         tids = []
     for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        secs = stat_cpu_seconds(f"/proc/self/task/{tid}/stat")
+        if secs is None:
             continue
         name = names.get(int(tid), _THREAD_CPU.get(int(tid), ("(native)", 0.0))[0])
-        _THREAD_CPU[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        _THREAD_CPU[int(tid)] = (name, secs)
     out: dict[str, float] = {}
     for name, secs in _THREAD_CPU.values():
         out[name] = out.get(name, 0.0) + secs
