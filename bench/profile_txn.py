@@ -8,8 +8,9 @@ one partition each (5 each), then ``commit()``, back to back in one thread on a 
 CPU per transaction is the process's CPU time (``time.process_time``: every thread, so the
 background completer's markers and final TC entries count) over ``--txns`` transactions, ending
 with ``client.flush()`` inside the timed region so no completion is left out. It is split into user
-and system time: the system part is mostly the kernel creating the small files (on a busy VM's
-ext4 one file creation took 0.08-0.7 ms of system time), and moves with the machine's load.
+and system time. The system part is not the files' creation (writing the same files alone, below,
+costs a fraction of it): it is mostly thread hand-offs (futex wake-ups between the commit path,
+the completer, the checkpoint thread and delta-rs's runtime threads) and the reads of the log.
 
 With ``--profile`` the run is made under cProfile instead (one profiler per thread, installed with
 ``threading.setprofile`` before the client starts its threads, merged at the end; its clock is each
@@ -25,6 +26,11 @@ fresh interpreter (this file, with ``PYTHONPATH`` set to this repository or to `
 that goes first alternates). It prints both sides' CPU per transaction and their ratio
 ``this ÷ DIR`` per round, with its median, spread and target (<= 1/3 of the code the cost-per-core
 work started from).
+
+Every plain run also writes, in the same process right after the timed region, files of the
+same count and sizes as the transactions left under the root, with plain ``open/write/close``
+(a commit file through a hard link, as a local root publishes it), and prints the transactions'
+CPU over that floor: the cost a transaction adds to the bytes it must make durable (target <= 2).
 """
 from __future__ import annotations
 
@@ -76,6 +82,43 @@ class ThreadProfiles:
         return stats
 
 
+def files_under(root: str) -> dict[str, int]:
+    """Every file under ``root`` with its size."""
+    found: dict[str, int] = {}
+    for base, _dirs, names in os.walk(root):
+        for n in names:
+            path = os.path.join(base, n)
+            try:
+                found[path] = os.path.getsize(path)
+            except FileNotFoundError:  # a temporary file renamed or removed meanwhile
+                pass
+    return found
+
+
+def durable_files_cpu(new_files: dict[str, int], txns: int, work: str) -> tuple[float, float, float]:
+    """CPU seconds per transaction of writing the files the transactions left, and nothing else:
+    the same count and sizes, each a plain ``open/write/close``, and each Delta commit file
+    published as pulsartx publishes one on a local root (a temporary file hard-linked to its
+    name, then unlinked). This is the floor of a transaction's cost on this file system: the
+    bytes it must make durable, without any bookkeeping."""
+    out = os.path.join(work, "durable-files")
+    os.makedirs(out, exist_ok=True)
+    payloads = [(n.endswith(".json") and f"{os.sep}_delta_log{os.sep}" in n, os.urandom(size))
+                for n, size in sorted(new_files.items())]
+    c0 = time.process_time()
+    for i, (commit, body) in enumerate(payloads):
+        path = os.path.join(out, f"{i:08d}")
+        tmp = path + ".tmp" if commit else path
+        with open(tmp, "wb") as f:
+            f.write(body)
+        if commit:
+            os.link(tmp, path)
+            os.unlink(tmp)
+    cpu = time.process_time() - c0
+    shutil.rmtree(out, ignore_errors=True)
+    return cpu / txns, len(payloads) / txns, sum(new_files.values()) / txns
+
+
 def run(root: str, txns: int, warmup: int, profiles: ThreadProfiles | None) -> float:
     """CPU seconds per transaction over ``txns`` transactions after ``warmup`` untimed ones."""
     import pulsartx
@@ -94,6 +137,7 @@ def run(root: str, txns: int, warmup: int, profiles: ThreadProfiles | None) -> f
     for seq in range(warmup):
         one(seq)
     client.flush()
+    before = files_under(root) if profiles is None else {}
     t0, c0, w0 = os.times(), time.process_time(), time.perf_counter()
     for seq in range(warmup, warmup + txns):
         one(seq)
@@ -102,6 +146,11 @@ def run(root: str, txns: int, warmup: int, profiles: ThreadProfiles | None) -> f
     print(f"{'profiled' if profiles else 'plain'}: {txns} txns, CPU {cpu / txns * 1e3:.2f} ms/txn "
           f"(user {(t1.user - t0.user) / txns * 1e3:.2f}, system {(t1.system - t0.system) / txns * 1e3:.2f}), "
           f"wall {wall / txns * 1e3:.2f} ms/txn")
+    if profiles is None:
+        new = {p: n for p, n in files_under(root).items() if p not in before}
+        floor, count, size = durable_files_cpu(new, txns, os.path.dirname(root))
+        print(f"durable files: {count:.1f} files/txn, {size / 1024:.1f} KiB/txn, written alone in "
+              f"CPU {floor * 1e3:.2f} ms/txn; txn ÷ its durable files {cpu / txns / floor:.2f}")
     client.close()
     return cpu / txns
 
@@ -118,6 +167,7 @@ def side_by_side(other: str, rounds: int, txns: int, warmup: int, tmp: str | Non
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sides = {"this": repo, "other": os.path.abspath(other)}
     cpu: dict[str, list[float]] = {k: [] for k in sides}
+    over_files: list[float] = []
     for i in range(rounds):
         for name in (("this", "other") if i % 2 == 0 else ("other", "this")):
             env = dict(os.environ, PYTHONPATH=sides[name])
@@ -128,11 +178,14 @@ def side_by_side(other: str, rounds: int, txns: int, warmup: int, tmp: str | Non
                                  check=True).stdout
             ms = float(re.search(r"CPU ([0-9.]+) ms/txn", out).group(1))
             cpu[name].append(ms)
+            if name == "this":
+                over_files.append(float(re.search(r"txn ÷ its durable files ([0-9.]+)", out).group(1)))
             print(f"round {i + 1} {name:<5} ({sides[name]}): {out.strip()}", flush=True)
     print_rounds(f"CPU per small transaction, this checkout ÷ {sides['other']}", [
         Rounds("CPU per txn, this (ms)", cpu["this"]),
         Rounds("CPU per txn, other (ms)", cpu["other"]),
         Rounds("this ÷ other", [a / b for a, b in zip(cpu["this"], cpu["other"], strict=True)], "<=", 1 / 3),
+        Rounds("this ÷ writing its durable files alone", over_files, "<=", 2),
     ])
 
 
