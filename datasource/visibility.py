@@ -23,13 +23,12 @@ or the stream reader does, instead of the whole partition back to its last snaps
 """
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pulsartx.datasource.held_back import warn_held_back
 
+from pulsartx import forks
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import consistent_cut
 from pulsartx.buffer.state import VisibilityFilter, keep_rows, key_txn
@@ -48,24 +47,14 @@ READ_COMMITTED = "READ_COMMITTED"
 # (root url, storage options, partition, table id) -> the buffer the last plan folded. A re-created
 # table has another id, so it starts over. Plans of one process take turns: a cut advances the
 # buffers in place.
-_PLANNED: dict[tuple, TransactionBuffer] = {}
-_PLAN_LOCK = threading.Lock()
-
-
-def _planned_in_child() -> None:
-    """A forked child folds for itself (docs/design/clients-across-fork.md)."""
-    global _PLAN_LOCK
-    _PLANNED.clear()
-    _PLAN_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_planned_in_child)
+# A forked child folds for itself (docs/design/clients-across-fork.md).
+_PLANNED: forks.ProcessCache[tuple, TransactionBuffer] = forks.ProcessCache()
 
 
 def planned_buffer(root: StorageRoot, name: str, plog: PartitionLog) -> TransactionBuffer:
     """The partition's buffer as the last plan in this process left it, now reading through
     ``plog`` (this plan's log, whose file index the fold refreshes); a new one the first time.
-    Call with ``_PLAN_LOCK`` held."""
+    Call with ``_PLANNED.lock`` held."""
     key = (root.url, tuple(sorted(root.storage_options.items())), name, plog.table_id)
     buf = _PLANNED.get(key)
     if buf is not None and buf.state(refresh=False).end_offset > plog.end_offset(refresh=False):
@@ -130,7 +119,7 @@ def plan_visibility(root: StorageRoot, plogs: dict[str, PartitionLog], isolation
         return {name: Visibility(isolation_level) for name in plogs}
 
     tcs = Coordinators.shared(root)
-    with _PLAN_LOCK:
+    with _PLANNED.lock:
         buffers = {name: planned_buffer(root, name, plog) for name, plog in plogs.items()}
         filters = consistent_cut(tcs, buffers)
         warn_held_back(tcs, buffers, filters)

@@ -18,9 +18,10 @@ processes, so the two would silently share it. Two rules follow
 from __future__ import annotations
 
 import os
+import threading
 import weakref
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Hashable
+from typing import Generic, Protocol, TypeVar
 
 from pulsartx.exceptions import ForkedProcessError
 
@@ -83,6 +84,43 @@ def reset_in_child(obj: Resettable) -> None:
     """Call ``obj._after_fork()`` in every child forked while ``obj`` lives (it must take no lock:
     another thread of the parent may have held it)."""
     _RESET.add(obj)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ProcessCache(dict[K, V], Generic[K, V]):
+    """A dict this process keeps for itself, with the lock that guards it. A forked child gets
+    both empty and the lock new: the parent's entries hold handles of its deltalake runtime and
+    locks of threads the child does not have, and the lock itself may have been held by one of
+    them at the fork."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        reset_in_child(self)
+
+    def __hash__(self) -> int:  # held in a WeakSet by identity, never compared by content
+        return id(self)
+
+    def _after_fork(self) -> None:
+        self.clear()
+        self.lock = threading.Lock()
+
+    def get_or_make(self, key: K, make: Callable[[], V], keep: Callable[[V], bool] | None = None) -> V:
+        """The entry for ``key``, made (under the lock) when absent or when ``keep`` refuses it."""
+        with self.lock:
+            value = self.get(key)
+            if value is None or (keep is not None and not keep(value)):
+                value = self[key] = make()
+            return value
+
+    def drop(self, which: Callable[[K], bool]) -> None:
+        """Forget every entry whose key ``which`` selects."""
+        with self.lock:
+            for key in [k for k in self if which(k)]:
+                del self[key]
 
 
 def _in_child() -> None:

@@ -202,15 +202,15 @@ def _held_at_fork(name: str, root: Any) -> tuple[Any, Callable[[], Any]]:
 
     p0 = TopicName.parse("t-partition-0")
     if name == "partition writers":
-        return partition._SHARED_LOCK, lambda: repr(partition.shared_log(root, p0))
+        return partition._SHARED.lock, lambda: repr(partition.shared_log(root, p0))
     if name == "subscription stores":
-        return store._SHARED_LOCK, lambda: store.shared_store(root, p0, "s").subscription
+        return store._SHARED.lock, lambda: store.shared_store(root, p0, "s").subscription
     if name == "TC sets":
-        return registry._SHARED_LOCK, lambda: Coordinators.shared(root).count
+        return registry._SHARED.lock, lambda: Coordinators.shared(root).count
     if name == "group commit":
         return group_commit._LINGER, lambda: group_commit.urgent().__enter__() is None
     if name == "checkpoints":
-        return appender._CHECKPOINT_LOCK, lambda: appender.schedule_checkpoint(root, ("no-table",), 1).result(10)
+        return appender._CHECKPOINT_QUEUED.lock, lambda: appender.schedule_checkpoint(root, ("no-table",), 1).result(10)
     if name == "merges":
         return merging._LOCK, lambda: merging.schedule_merge(root, p0)
     if name == "thread pool":
@@ -248,6 +248,25 @@ def test_no_lock_held_at_the_fork_stays_held_in_the_child(tmp_path, name):
         release.set()
         holder.join(10)
     assert "error" not in got, got
+
+
+def test_a_process_cache_starts_empty_in_a_forked_child():
+    """What a process keeps for itself is the parent's alone: a child sees none of its entries
+    and makes its own, while the parent keeps its own."""
+    from pulsartx.forks import ProcessCache
+
+    cache: ProcessCache[str, str] = ProcessCache()
+    assert cache.get_or_make("k", lambda: "parent") == "parent"
+    assert cache.get_or_make("k", lambda: "again") == "parent"
+    assert cache.get_or_make("k", lambda: "remade", keep=lambda v: v != "parent") == "remade"
+
+    def in_child() -> list:
+        return [dict(cache), cache.get_or_make("k", lambda: "child")]
+
+    assert Forked(in_child).result(timeout=20) == [{}, "child"]
+    assert dict(cache) == {"k": "remade"}
+    cache.drop(lambda k: k == "k")
+    assert dict(cache) == {}
 
 
 # ================================ real multiprocessing ============================================

@@ -150,7 +150,7 @@ def test_a_plan_whose_listing_lags_the_kept_buffer_folds_afresh(tmp_path):
     assert kept.state(refresh=False).end_offset > lagging.end_offset(refresh=False) == 1
 
     opts = parse_options({"service.url": root, "topic": "t"})
-    with visibility._PLAN_LOCK:
+    with visibility._PLANNED.lock:
         buf = visibility.planned_buffer(opts.root, key[2], lagging)
     assert buf is not kept and visibility._PLANNED[key] is buf
     client.close()

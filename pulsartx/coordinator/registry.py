@@ -36,18 +36,8 @@ from pulsartx.storage.root import StorageRoot
 log = logging.getLogger(__name__)
 DEFAULT_COORDINATORS = 16
 META = ("coordinator", "_coordinators.json")
-_SHARED: dict[tuple, Coordinators] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared_in_child() -> None:
-    """A forked child builds its own TC sets: the parent's hold its TxnID blocks and its lease."""
-    global _SHARED_LOCK
-    _SHARED.clear()
-    _SHARED_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_shared_in_child)
+# A forked child builds its own TC sets: the parent's hold its TxnID blocks and its lease.
+_SHARED: forks.ProcessCache[tuple, Coordinators] = forks.ProcessCache()
 
 
 class Coordinators:
@@ -87,11 +77,7 @@ class Coordinators:
         being reloaded (tens of ms per table, growing with the log). Safe to share: every status
         change is a compare-and-set that re-reads on conflict, and lookups refresh when stale."""
         key = (root.url, tuple(sorted(root.storage_options.items())), recover_on_open)
-        with _SHARED_LOCK:
-            tcs = _SHARED.get(key)
-            if tcs is None:
-                tcs = _SHARED[key] = cls(root, recover_on_open=recover_on_open)
-            return tcs
+        return _SHARED.get_or_make(key, lambda: cls(root, recover_on_open=recover_on_open))
 
     def _resolve_count(self, count: int | None) -> int:
         if count is not None and (not isinstance(count, int) or count < 1 or count > 4096):

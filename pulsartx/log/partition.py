@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
 from pulsartx.log.compression import CompressionType
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
@@ -493,38 +494,22 @@ def _next_offset(writer: DeltaAppender) -> int:
     return max(end, writer.txn_version(OFFSET_APP_ID) or 0)
 
 
-_SHARED: dict[tuple[str, str], PartitionLog] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared_in_child() -> None:
-    """A forked child starts without its parent's writers: their handles belong to the parent's
-    deltalake runtime, their locks and group commits to threads the child does not have."""
-    global _SHARED_LOCK
-    _SHARED.clear()
-    _SHARED_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_shared_in_child)
+# A forked child starts without its parent's writers: their handles belong to the parent's
+# deltalake runtime, their locks and group commits to threads the child does not have.
+_SHARED: forks.ProcessCache[tuple[str, str], PartitionLog] = forks.ProcessCache()
 
 
 def shared_log(root: StorageRoot, topic: TopicName) -> PartitionLog:
     """A process-wide PartitionLog per partition, for writers that come and go (the TC's marker
     channel): reusing its DeltaTable avoids re-reading the Delta log on every marker."""
-    key = (root.url, str(topic))
-    with _SHARED_LOCK:
-        plog = _SHARED.get(key)
-        if plog is None or plog.root != root:
-            plog = _SHARED[key] = PartitionLog(root, topic)
-        return plog
+    return _SHARED.get_or_make((root.url, str(topic)), lambda: PartitionLog(root, topic),
+                               keep=lambda plog: plog.root == root)
 
 
 def forget_shared(root: StorageRoot, topic: TopicName) -> None:
     """Drop cached handles of a deleted topic's partitions (a re-created topic is a new table)."""
     prefix = f"{topic.base}-partition-"
-    with _SHARED_LOCK:
-        for key in [k for k in _SHARED if k[0] == root.url and k[1].startswith(prefix)]:
-            del _SHARED[key]
+    _SHARED.drop(lambda k: k[0] == root.url and k[1].startswith(prefix))
 
 
 def read_files(root: StorageRoot, segments: tuple[str, ...], files: Sequence[DataFile], start: int, end: int,

@@ -32,8 +32,6 @@ import contextlib
 import heapq
 import json
 import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +40,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
 from pulsartx.storage.pools import ProcessPool
@@ -68,8 +67,10 @@ _CHECKPOINTS = ProcessPool(1, "pulsartx-checkpoint")
 # 30 days of delta.logRetentionDuration: it runs with the checkpoint at every CLEANUP_EVERY x CHECKPOINT_INTERVAL-th
 # version only (every 10th checkpoint of a small table, every 5th of a larger one).
 CLEANUP_EVERY = 10
-_CHECKPOINT_QUEUED: dict[str, int] = {}  # table URI -> newest version waiting for a checkpoint
-_CHECKPOINT_LOCK = threading.Lock()
+# table URI -> newest version waiting for a checkpoint. A forked child starts empty: the parent's
+# queued checkpoints are the parent's (left queued here, their tables would never be checkpointed
+# again), and its lock may have been held by its checkpoint thread.
+_CHECKPOINT_QUEUED: forks.ProcessCache[str, int] = forks.ProcessCache()
 # A checkpoint rewrites every action the table keeps (live files, tombstones and app ids not yet
 # expired), so its cost follows the table's size while the versions between two checkpoints stayed
 # CHECKPOINT_INTERVAL: a busy partition of small files spent more CPU per commit on checkpoints the
@@ -80,7 +81,8 @@ CHECKPOINT_ACTIONS_PER_VERSION = 20
 # one request per commit on an object store) replays the commits since the last checkpoint, and a
 # keyed log's tombstones alone would otherwise push the interval up without end.
 MAX_CHECKPOINT_INTERVAL = 800
-_CHECKPOINT_SIZE: dict[str, int] = {}  # table URI -> actions in its last checkpoint, as this process read it
+# table URI -> actions in its last checkpoint, as this process read it
+_CHECKPOINT_SIZE: forks.ProcessCache[str, int] = forks.ProcessCache()
 
 
 def checkpoint_interval(actions: int) -> int:
@@ -101,19 +103,6 @@ def checkpoint_due(uri: str, version: int) -> bool:
     return version % checkpoint_interval(_CHECKPOINT_SIZE.get(uri, 0)) == 0
 
 
-def _checkpoints_in_child() -> None:
-    """A forked child: the parent's queued checkpoints are the parent's (left queued here, their
-    tables would never be checkpointed again), and its lock may have been held by its checkpoint
-    thread."""
-    global _CHECKPOINT_LOCK
-    _CHECKPOINT_QUEUED.clear()
-    _CHECKPOINT_SIZE.clear()
-    _CHECKPOINT_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_checkpoints_in_child)
-
-
 def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: int) -> Future[None] | None:
     """Checkpoint a table at ``version`` on the process's checkpoint thread. A table with a
     checkpoint already waiting gets only the newest version (a backlog is one job per table).
@@ -124,7 +113,7 @@ def schedule_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: i
     process), but queued jobs are skipped once shutdown begins: exit waits for one running job
     at most."""
     uri = root.uri(*segments)
-    with _CHECKPOINT_LOCK:
+    with _CHECKPOINT_QUEUED.lock:
         queued = uri in _CHECKPOINT_QUEUED
         _CHECKPOINT_QUEUED[uri] = max(version, _CHECKPOINT_QUEUED.get(uri, -1))
         if queued:
@@ -144,7 +133,7 @@ def _shutting_down() -> bool:
 
 
 def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) -> None:
-    with _CHECKPOINT_LOCK:
+    with _CHECKPOINT_QUEUED.lock:
         version = _CHECKPOINT_QUEUED.pop(uri)
     if _shutting_down():
         log.debug("checkpoint of %s at version %d skipped: the process is exiting", uri, version)

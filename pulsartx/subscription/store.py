@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from pulsartx import metrics
+from pulsartx import forks, metrics
 from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
@@ -231,19 +230,8 @@ def _claims(r: dict[str, Any]) -> list[Claim]:
             for consumer, first, last, expires, *rest in _state(r).get("claims") or ()]
 
 
-_SHARED: dict[tuple[str, str, str], SubscriptionStore] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared_in_child() -> None:
-    """A forked child starts without its parent's stores (their handles, locks and combiners are
-    the parent's)."""
-    global _SHARED_LOCK
-    _SHARED.clear()
-    _SHARED_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_shared_in_child)
+# A forked child starts without its parent's stores (their handles, locks and combiners are the parent's).
+_SHARED: forks.ProcessCache[tuple[str, str, str], SubscriptionStore] = forks.ProcessCache()
 
 
 def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> SubscriptionStore:
@@ -251,21 +239,15 @@ def shared_store(root: StorageRoot, partition: TopicName, subscription: str) -> 
     and the TC's participant calls: with one store each sees the other's writes as its own, where
     two stores each lost the next CAS to the other's last write and re-read its file (measured:
     a transactional ack + commit did two failed appends and two reads more, ~5 ms of ~20)."""
-    key = (root.url, str(partition), subscription)
-    with _SHARED_LOCK:
-        s = _SHARED.get(key)
-        if s is None or s.root != root:
-            s = _SHARED[key] = SubscriptionStore(root, partition, subscription)
-        return s
+    return _SHARED.get_or_make((root.url, str(partition), subscription),
+                               lambda: SubscriptionStore(root, partition, subscription), keep=lambda s: s.root == root)
 
 
 def forget_shared_stores(root: StorageRoot, topic: TopicName) -> None:
     """Drop the cached stores of a deleted topic's subscriptions (tombstoned with the topic; a
     re-created topic's subscribers must read the tombstone, not a cached cursor)."""
     prefix = f"{topic.base}-partition-"
-    with _SHARED_LOCK:
-        for key in [k for k in _SHARED if k[0] == root.url and k[1].startswith(prefix)]:
-            del _SHARED[key]
+    _SHARED.drop(lambda k: k[0] == root.url and k[1].startswith(prefix))
 
 
 def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: TxnID, action: TxnAction) -> None:
