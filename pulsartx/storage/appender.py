@@ -471,7 +471,9 @@ class DeltaAppender:
 
     def configuration(self) -> dict[str, str]:
         """The table's properties as of :attr:`version`."""
-        return dict(self._metadata_action()["configuration"] or {})
+        if self._metadata is not None:
+            return dict(self._metadata.get("configuration") or {})
+        return dict(self.table.metadata().configuration)
 
     def _metadata_action(self) -> dict[str, Any]:
         """The table's metaData action as of :attr:`version`, as delta-rs writes it."""
