@@ -457,3 +457,29 @@ def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monke
     t = dl.DeltaTable(a.uri)
     assert t.version() == 30 and t.transaction_version("app.x") == 29
     assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == list(range(30))
+
+
+def test_a_compaction_that_sets_properties_restates_the_latest_metadata(table):
+    """The metaData action a rewrite writes starts from the newest metadata this writer has
+    applied (a foreign change read by catch_up does not reload the handle), never an older one."""
+    mine, theirs = appender(table), appender(table)
+    mine.append(rows(0, 2))
+    mine.append(rows(2, 4))
+    theirs.catch_up()
+    theirs.table.alter.set_table_properties({"delta.appendOnly": "false"})  # another writer's metadata change
+    mine.catch_up()  # applied, not reloaded: the handle still holds the metadata of version 0
+    assert mine.configuration()["delta.appendOnly"] == "false"
+    files = sorted(str(p) for p in delta.add_actions(delta.open_table(table[0], *table[1])).column("path").to_pylist())
+    v = mine.rewrite([(rows(0, 4), False)], [(f, None, False) for f in files],
+                     properties={"delta.deletedFileRetentionDuration": "interval 60 seconds"})
+    t = dl.DeltaTable(mine.uri)
+    assert t.version() == v
+    assert t.metadata().configuration == {**delta.stats_config(["seq", "offset", "at"]), "delta.appendOnly": "false",
+                                          "delta.deletedFileRetentionDuration": "interval 60 seconds"}
+    assert (t.protocol().min_reader_version, t.protocol().min_writer_version) == (1, 2)
+    assert t.to_pyarrow_table().sort_by("seq").equals(rows(0, 4))
+    assert mine.configuration() == t.metadata().configuration
+    # A writer that steps onto the change re-reads the table and tries again.
+    with pytest.raises(delta.ConcurrentCommit, match="metadata changed"):
+        theirs.append(rows(4, 5))
+    assert theirs.append(rows(4, 5)) == v + 1

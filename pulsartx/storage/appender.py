@@ -250,6 +250,10 @@ class DeltaAppender:
         self.fast = self.root.has_put_if_absent and _fast_capable(table)
         self._stats = _stats_columns(table, self.schema)
         self._synced = time.monotonic()
+        # The latest metaData action applied after the handle's snapshot (None: the handle's holds).
+        # A foreign one is applied without a reload by catch_up, so a commit that restates the
+        # metadata must start from this, not from the handle.
+        self._metadata: dict[str, Any] | None = None
         if self.track_max is not None:
             self.max_value = _snapshot_max(table, self.track_max, self.uri)
 
@@ -285,6 +289,8 @@ class DeltaAppender:
                 updated = a["txn"].get("lastUpdated")
                 if updated is not None and retention and updated + retention - now < EXPIRING_SOON_MS:
                     heapq.heappush(self._expiring, (updated + retention, app_id, v))
+            elif "metaData" in a:
+                self._metadata = a["metaData"]
             elif "add" in a and self.track_max is not None:
                 v = delta.parse_stats(a["add"].get("stats")).get("maxValues", {}).get(self.track_max)
                 if v is not None and (self.max_value is None or int(v) > self.max_value):
@@ -399,7 +405,8 @@ class DeltaAppender:
         return now - int(retention) + life if life is not None and retention > life else now
 
     def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
-                codecs: Mapping[str, str] | None = None, apps: Mapping[str, int] | None = None) -> int:
+                codecs: Mapping[str, str] | None = None, apps: Mapping[str, int] | None = None,
+                properties: Mapping[str, str] | None = None) -> int:
         """Commit a compaction as Delta records an OPTIMIZE: ``removes`` ((path, size, dataChange)
         of data files as of :attr:`version`) replaced by one new file per ``parts`` entry
         ((rows, dataChange)); returns the version. ``dataChange`` False says the rows are the same
@@ -407,7 +414,11 @@ class DeltaAppender:
         (docs/design/compaction-commits.md). A commit after our snapshot that removed one of the
         same files (another compaction, retention) raises ConcurrentCommit; files others added
         meanwhile stay, as their rows are not in ours. ``apps``: app-transaction versions the same
-        commit sets (a record of what the compaction dropped, atomic with dropping it)."""
+        commit sets (a record of what the compaction dropped, atomic with dropping it).
+        ``properties``: table properties the same commit sets, as a metaData action restating the
+        metadata as of :attr:`version` with them (what delta-rs's SET TBLPROPERTIES writes). A
+        commit after our snapshot that changed the metadata raises ConcurrentCommit, as for any
+        commit; one that only appended is stepped over (its files are valid under either)."""
         if not self.fast:
             raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         self._check_fresh()
@@ -424,6 +435,10 @@ class DeltaAppender:
                 self._discard(add)
             raise
         read_version = self.version
+        meta = None
+        if properties:
+            meta = self._metadata_action()
+            meta["configuration"] = {**(meta["configuration"] or {}), **properties}
         actions: list[dict[str, Any]] = [
             {"commitInfo": {"timestamp": now, "operation": "OPTIMIZE",
                             "operationParameters": {"predicate": "[]", "zOrderBy": "[]"},
@@ -434,6 +449,7 @@ class DeltaAppender:
                                 "numRemovedBytes": str(sum(s or 0 for _, s, _ in removes)),
                                 "numAddedBytes": str(sum(a["size"] for a in adds))},
                             "txnId": commit_id}},
+            *([{"metaData": meta}] if meta is not None else []),
             *({"txn": {"appId": k, "version": int(v), "lastUpdated": now}} for k, v in (apps or {}).items()),
             *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": change, "extendedFileMetadata": True,
                           "partitionValues": {}, **({"size": size} if size is not None else {})}}
@@ -441,6 +457,31 @@ class DeltaAppender:
             *({"add": add} for add in adds),
         ]
         return self._commit(actions, commit_id, dict(apps or {}), {p for p, _, _ in removes}, adds)
+
+    def configuration(self) -> dict[str, str]:
+        """The table's properties as of :attr:`version`."""
+        if self._metadata is not None:
+            return dict(self._metadata.get("configuration") or {})
+        return dict(self.table.metadata().configuration)
+
+    def _metadata_action(self) -> dict[str, Any]:
+        """The table's metaData action as of :attr:`version`, as delta-rs writes it."""
+        if self._metadata is not None:
+            return dict(self._metadata)
+        m = self.table.metadata()
+        return {"id": m.id, "name": m.name, "description": m.description,
+                "format": {"provider": "parquet", "options": {}}, "schemaString": self.table.schema().to_json(),
+                "partitionColumns": list(m.partition_columns), "createdTime": m.created_time,
+                "configuration": dict(m.configuration)}
+
+    def set_properties_with_deltalake(self, properties: Mapping[str, str]) -> int:
+        """Set table properties through delta-rs (a metaData commit of its own): the path of a
+        table that :meth:`rewrite` cannot commit to. Returns the version."""
+        table = self.sync_handle()
+        table.alter.set_table_properties(dict(properties))  # a failure: the caller re-reads the table
+        self._rebase(table.version(), ours=True)
+        self._metadata = None  # the handle holds the new metadata
+        return self.version
 
     def _check_fresh(self) -> None:
         if time.monotonic() - self._synced > STALE_AFTER_S:

@@ -36,7 +36,20 @@ BUCKETS = 256
 SEQ = "seq"
 MAX_CAS_ATTEMPTS = 500
 MAX_MINOR_FILES = 32  # minor compactions between two full ones, at most
+# How long a keyed log's checkpoints keep the tombstones (``remove`` actions) of its compactions:
+# the table's delta.deletedFileRetentionDuration. Delta's default, 7 days, made a busy TC log's
+# checkpoint ~90,000 tombstones after 10 minutes, and checkpoint cost grew with it. Nothing here
+# reads them: pulsartx never vacuums a keyed log, and its readers hold a snapshot for seconds
+# (docs/design/short-tombstone-retention-for-keyed-logs.md).
+TOMBSTONE_RETENTION_S = 60
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 T = TypeVar("T")
+
+
+def table_properties() -> dict[str, str]:
+    """The properties of a keyed log's table: statistics on ``seq`` (where replay is cut) and
+    the short tombstone retention."""
+    return {**delta.stats_config([SEQ]), RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
 
 
 def bucket_app_id(name: str, key: str) -> str:
@@ -80,7 +93,7 @@ class KeyedLog:
         t = delta.open_table(self.root, *self.segments)
         if t is None:
             delta.create_table(self.root, self.schema, *self.segments, name=self.name,
-                               configuration=delta.stats_config([SEQ]))
+                               configuration=table_properties())
             t = delta.open_table(self.root, *self.segments)
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
@@ -391,7 +404,13 @@ class KeyedLog:
                 self.open()
             writer = self._writer()
             fast = writer.fast and self._active is not None
+            # A table created before the short tombstone retention gets it with its first
+            # compaction by this version (the commits that make tombstones), not a separate step.
+            upgrade = {} if RETENTION_PROPERTY in writer.configuration() else \
+                {RETENTION_PROPERTY: table_properties()[RETENTION_PROPERTY]}
             if not fast:
+                if upgrade:  # a commit of its own, before the rows are read
+                    writer.set_properties_with_deltalake(upgrade)
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
             full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
@@ -411,7 +430,7 @@ class KeyedLog:
             if fast:
                 # Superseded and trimmed rows are dropped: a data change in Delta's terms
                 # (docs/design/compaction-commits.md).
-                writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps)
+                writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps, properties=upgrade)
             else:
                 writer.write_with_deltalake(live, mode="overwrite", apps=apps)
                 self._active = {str(p) for p in delta.add_actions(writer.table).column("path")
