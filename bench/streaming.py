@@ -2,7 +2,7 @@
 parquet file sink/source, and the per-micro-batch cost of the transaction.
 
     .venv/bin/python bench/streaming.py [--rows 400000] [--batches 4] [--value-size 100] \\
-        [--empty-batches 12] [--partitions 4] [--repeat 5] [--breakdown] [--dir DIR]
+        [--empty-batches 12] [--partitions 4] [--repeat 5] [--breakdown] [--sides sink,ctp,empty] [--dir DIR]
 
 Every side processes the same pre-generated input (untimed set-up) with Trigger.AvailableNow and the
 same number of micro-batches:
