@@ -2,7 +2,7 @@
 parquet file sink/source, and the per-micro-batch cost of the transaction.
 
     .venv/bin/python bench/streaming.py [--rows 400000] [--batches 4] [--value-size 100] \\
-        [--empty-batches 12] [--partitions 4] [--repeat 5] [--breakdown] [--dir DIR]
+        [--empty-batches 12] [--partitions 4] [--repeat 5] [--breakdown] [--sides sink,ctp,empty] [--dir DIR]
 
 Every side processes the same pre-generated input (untimed set-up) with Trigger.AvailableNow and the
 same number of micro-batches:
@@ -238,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="repetitions: each runs every pair of sides back to back (the median ratio counts)")
     ap.add_argument("--breakdown", action="store_true",
                     help="time the pulsartx source/sink calls inside the pyspark workers (adds a little overhead)")
+    ap.add_argument("--sides", default="sink,ctp,empty",
+                    help="the pairs to run, comma-separated (sink, ctp, empty): one pair alone gives a worker profile "
+                         "(PULSARTX_PROFILE_DIR) of that pipeline only")
     args = ap.parse_args(argv)
+    pairs = [p for p in (("sink_pq", "sink_px"), ("ctp_pq", "ctp_px"), ("empty_pq", "empty_px"))
+             if p[0].split("_")[0] in args.sides.split(",")]
 
     t_all = time.perf_counter()
     work = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-streaming-")
@@ -341,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         "empty_px": ("empty: parquet -> pulsartx", 0,
                      lambda i, a: to_pulsartx(nothing(from_parquet(tiny_dir, 1)), "empty-out", f"empty-px{i}-{a}")),
     }
+    sides = {k: v for k, v in sides.items() if any(k in p for p in pairs)}
     runs: dict[str, list[Result]] = {k: [] for k in sides}  # every repetition's run of each side
     for rep in range(args.repeat):
-        for pair in (("sink_pq", "sink_px"), ("ctp_pq", "ctp_px"), ("empty_pq", "empty_px")):
+        for pair in pairs:
             for key in pair if rep % 2 == 0 else pair[::-1]:
                 name, rows, start = sides[key]
                 r = run(name, lambda a, start=start, rep=rep: start(rep, a), rows)
@@ -352,11 +358,12 @@ def main(argv: list[str] | None = None) -> int:
                     phases[key] = timed
                 runs[key].append(r)
     outputs = {  # every repetition wrote its own output (parquet) or appended to one topic (pulsartx)
-        "sink_pq": [parquet_rows(f"sink{i}") for i in range(args.repeat)],
-        "sink_px": [topic_rows("sink-out") // args.repeat] * args.repeat,
-        "ctp_pq": [parquet_rows(f"ctp{i}") for i in range(args.repeat)],
-        "ctp_px": [topic_rows("ctp-out") // args.repeat] * args.repeat,
+        "sink_pq": lambda: [parquet_rows(f"sink{i}") for i in range(args.repeat)],
+        "sink_px": lambda: [topic_rows("sink-out") // args.repeat] * args.repeat,
+        "ctp_pq": lambda: [parquet_rows(f"ctp{i}") for i in range(args.repeat)],
+        "ctp_px": lambda: [topic_rows("ctp-out") // args.repeat] * args.repeat,
     }
+    outputs = {k: f() for k, f in outputs.items() if k in runs}
     for k, counts in outputs.items():
         for r, v in zip(runs[k], counts, strict=True):
             r.output_rows = v
@@ -381,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         return a / b if b else float("nan")
 
     def per_rep(px: str, pq: str, fn: Any) -> list[float]:
-        return [ratio(fn(a), fn(b)) for a, b in zip(runs[px], runs[pq], strict=True)]
+        return [ratio(fn(a), fn(b)) for a, b in zip(runs.get(px, []), runs.get(pq, []), strict=True)]
 
-    print_rounds("ratios per repetition (the two runs of a pair back to back):", [
+    rounds = [
         Rounds("sink throughput pulsartx / parquet", per_rep("sink_px", "sink_pq", Result.rate), ">=", TARGET_SINK),
         Rounds("ctp throughput pulsartx / parquet", per_rep("ctp_px", "ctp_pq", Result.rate), ">=", TARGET_CTP),
         Rounds("empty batch time pulsartx / parquet",
@@ -394,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         # run, as parquet cpu / pulsartx cpu so that higher is better like the throughput ratios.
         Rounds("sink cpu-s parquet / pulsartx (whole run)", per_rep("sink_pq", "sink_px", lambda r: r.cpu)),
         Rounds("ctp cpu-s parquet / pulsartx (whole run)", per_rep("ctp_pq", "ctp_px", lambda r: r.cpu)),
-    ])
+    ]
+    print_rounds("ratios per repetition (the two runs of a pair back to back):", [r for r in rounds if r.values])
 
     print("\nmean durationMs per batch (steady-state batches; empty sides after 2 warm-up batches):")
     print(f"{'side':28s} " + " ".join(f"{k[:12]:>12s}" for k in (*PHASES, "triggerExecution")))

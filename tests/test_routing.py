@@ -158,3 +158,27 @@ def test_task_routes_keys_by_hash_and_the_unkeyed_rows_of_a_batch_together():
     for part, v in [(2, b"x"), (p1, b"y"), (s, b"z")]:
         expected.setdefault(part, []).append(v)
     assert mixed == sorted(expected.items())
+
+
+def test_task_split_keeps_each_partitions_rows_in_order_with_their_columns():
+    # One sort and one take cut a batch: every row lands once, in its partition, in batch order,
+    # with its own key beside its value.
+    import numpy as np
+    import pyarrow as pa
+    from pulsartx.commit_protocol.task import split_by_partition
+
+    keys = [f"k{i % 7}" if i % 5 else None for i in range(200)]
+    values = [b"%03d" % i for i in range(200)]
+    [routed], s = _task_routes([{"value": values, "__key": keys}], 4)
+    expected: dict[int, list[bytes]] = {}
+    for k, v in zip(keys, values, strict=True):
+        expected.setdefault(s if k is None else partition_for_key(k, 4), []).append(v)
+    assert routed == sorted(expected.items())
+    table = pa.table({"value": values, "__key": keys})
+    idx = np.array([s if k is None else partition_for_key(k, 4) for k in keys])
+    for p, part in split_by_partition(table, idx):
+        assert part.column("__key").to_pylist() == [k for k, i in zip(keys, idx, strict=True) if i == p]
+    # All rows of one partition: the batch itself, uncut.
+    [(p, whole)] = list(split_by_partition(table, np.full(200, 3)))
+    assert p == 3 and whole is table
+    assert list(split_by_partition(table.slice(0, 0), np.zeros(0, np.int64))) == []

@@ -25,6 +25,7 @@ import pyarrow as pa
 from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
 from pulsartx.log.compression import CompressionType
+from pulsartx.log.constant import constant
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
@@ -97,9 +98,7 @@ def records_from_arrow(values: pa.Array, *, keys: pa.Array | None = None, proper
     n = len(values)
 
     def const(v: Any, t: pa.DataType) -> pa.Array:
-        if v is None:
-            return pa.nulls(n, t)
-        return pa.array(np.full(n, v, dtype=np.int64), t) if isinstance(v, int) else pa.repeat(pa.scalar(v, t), n)
+        return constant(v, n, t)
 
     if sequence_ids is None and first_sequence_id is not None:
         sequence_ids = pa.array(np.arange(first_sequence_id, first_sequence_id + n, dtype=np.int64))

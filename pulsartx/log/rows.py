@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pulsartx.log.constant import constant
 from pulsartx.log.schema import PROPERTIES, TIMESTAMP
 
 # Every column is nullable, like the Kafka source's: a user-supplied schema or a union with
@@ -94,9 +95,9 @@ def rows_from_records(records: pa.Table, topic: str, partition: int,
         if stored is not None:
             return records.column(stored).cast(field.type)
         if name == "__topic":
-            return pa.repeat(pa.scalar(topic, pa.string()), n)
+            return constant(topic, n, pa.string())
         if name == "__partition":
-            return pa.repeat(pa.scalar(partition, pa.int32()), n)
+            return constant(partition, n, pa.int32())
         offsets = records.column("offset").cast(pa.int64())
         return offsets if name == "__offset" else message_ids(partition, offsets.to_numpy())
 
