@@ -108,7 +108,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("maxEntriesPerPartition", _READS, "integer >= 1",
                "A partition's range larger than this is split over several Spark tasks, as few as keep each "
                "within it, of about equal size and cut where data files start.",
-               default=500_000, minimum=1),
+               default=1_000_000, minimum=1),
     OptionSpec("minEntriesPerTask", frozenset({READ_STREAM}), "integer >= 0",
                "A micro-batch's smaller partition ranges share a task of about this many entries; `0`: one "
                "task per partition range.", default=50_000, minimum=0),
