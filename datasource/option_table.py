@@ -106,8 +106,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "At most this many entries per micro-batch, shared among partitions by backlog.",
                default_text="no limit", minimum=1),
     OptionSpec("maxEntriesPerPartition", _READS, "integer >= 1",
-               "A partition's range larger than this is split over several Spark tasks.",
-               default=500_000, minimum=1),
+               "A partition's range larger than this is split over several Spark tasks, as few as keep each "
+               "within it, of about equal size and cut where data files start.",
+               default=1_000_000, minimum=1),
     OptionSpec("minEntriesPerTask", frozenset({READ_STREAM}), "integer >= 0",
                "A micro-batch's smaller partition ranges share a task of about this many entries; `0`: one "
                "task per partition range.", default=50_000, minimum=0),

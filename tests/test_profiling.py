@@ -37,7 +37,11 @@ def test_profile_dir_gets_one_profile_per_spark_facing_call(root: str, tmp_path:
     assert lines[0] == "5"
     labels = sorted(name.split("-", 2)[2] for name in os.listdir(out))
     assert labels == ["PulsarTxBatchReader.partitions.prof", "PulsarTxBatchReader.read.prof",
-                      "PulsarTxDataSource.reader.prof", "PulsarTxDataSource.schema.prof"]
+                      "PulsarTxBatchReader.read.span", "PulsarTxDataSource.reader.prof",
+                      "PulsarTxDataSource.schema.prof"]
+    # An iterator's span (CPU from the call to its end, what Spark did between batches included).
+    [span] = [name for name in os.listdir(out) if name.endswith(".span")]
+    assert float((out / span).read_text()) > 0
     headers = [ln.split(":")[0] for ln in lines if ln.startswith("== ")]
     assert headers == ["== PulsarTxBatchReader.partitions", "== PulsarTxBatchReader.read",
                        "== PulsarTxDataSource.reader", "== PulsarTxDataSource.schema"]
