@@ -82,6 +82,18 @@ def _view(uri: str, version: int, app_ids: list[str]) -> dict[str, Any]:
             "apps": {a: delta.txn_version(t, a) for a in app_ids}}
 
 
+def _duckdb_rows(uri: str) -> list[str]:
+    """The table's rows as DuckDB's delta extension (delta-kernel-rs, not delta-rs) reads them."""
+    import duckdb
+    import duckdb_extension_delta
+
+    con = duckdb.connect()
+    ext = next(Path(duckdb_extension_delta.__file__).parent.glob("extensions/*/delta.duckdb_extension"))
+    con.load_extension(str(ext))
+    rows = con.sql(f"SELECT * FROM delta_scan('{uri}')").to_arrow_table().to_pylist()
+    return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+
 def _rowset(path: Path) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True, default=str) for r in pq.read_table(path).to_pylist())
 
@@ -100,6 +112,8 @@ def check_ours(root: StorageRoot, segments: tuple[str, ...], version: int, app_i
     through_ours = _view(root.uri(*segments), version, app_ids)
     json_only = _view(copy.uri(*segments), version, app_ids)
     assert through_ours == json_only
+    if version == dl.DeltaTable(root.uri(*segments)).version():  # DuckDB reads the latest version
+        assert _duckdb_rows(root.uri(*segments)) == _duckdb_rows(copy.uri(*segments))
     # pulsartx's own readers: app ids (ours: our checkpoint's txn column; the copy: every commit).
     assert delta.read_app_ids(root, segments, version, retention_ms) == \
         delta.read_app_ids(copy, segments, version, retention_ms)
@@ -130,8 +144,9 @@ def _checkpointed_by_delta_rs(root: StorageRoot, segments: tuple[str, ...],
 class History:
     """Random commits through our appender, tracking the live files and the app ids set."""
 
-    def __init__(self, root: StorageRoot, segments: tuple[str, ...], seed: int):
+    def __init__(self, root: StorageRoot, segments: tuple[str, ...], seed: int, alter: bool = True):
         self.root, self.segments = root, segments
+        self.alter = alter  # metadata changes through delta-rs (local roots: no storage options passed)
         self.rng = random.Random(seed)
         self.live: dict[str, int] = {}
         self.apps: dict[str, int] = {}
@@ -168,7 +183,7 @@ class History:
         elif r < 0.95 and self.live:  # a tombstone from long ago (expired) or from days ago (kept)
             path = self.rng.choice(sorted(self.live))
             self.old_remove(path, (8 if self.rng.random() < 0.5 else 6) * DAY_MS)
-        else:  # a schema-preserving metadata change, through delta-rs
+        elif self.alter:  # a schema-preserving metadata change, through delta-rs
             self.writer.catch_up()
             dl.DeltaTable(self.root.uri(*self.segments)).alter.set_table_properties(
                 {"delta.logRetentionDuration": f"interval {30 + self.seq} days"})
@@ -433,3 +448,49 @@ def test_domain_metadata_latest_wins_and_removed_ones_are_dropped():
     assert sorted((d["domain"], d["configuration"]) for d in col.filter(col.is_valid()).to_pylist()) == [
         ("a", "2"), ("c", "1"), ("d", "3")]
     assert out.num_rows == 5  # metaData, protocol and the three domains
+
+
+def _s3_rowset(root: StorageRoot, segments: tuple[str, ...], version: int) -> tuple[str, list[str]]:
+    with root.arrow_fs.open_input_file(root.fs_path(*segments, "_delta_log", checkpoint.checkpoint_file(version))) as f:
+        pf = pq.ParquetFile(f)
+        return pf.metadata.created_by, sorted(json.dumps(r, sort_keys=True, default=str)
+                                               for r in pf.read().to_pylist())
+
+
+def test_on_ceph_rgw_our_checkpoint_holds_delta_rs_rows_and_reads_the_same(request):
+    """The same writer on an S3 root (one PUT for the checkpoint and one for the hint): delta-rs
+    reads the table through it as through its own checkpoint of the same version, which holds
+    the same rows."""
+    from conftest import storage_backends
+
+    if "rgw" not in storage_backends():
+        pytest.skip("PULSARTX_TEST_STORAGE excludes rgw")
+    url, options = request.getfixturevalue("rgw_server").new_root("ckpt")
+    root = StorageRoot.resolve(url, options)
+    segments = ("t",)
+    delta.create_table(root, SCHEMA, *segments, configuration=delta.stats_config(["seq", "offset"]))
+    h = History(root, segments, 4, alter=False)
+    first = h.run(12)
+    delta.open_table(root, *segments, version=first).create_checkpoint()
+    first_hint = root.read_text(*segments, "_delta_log", "_last_checkpoint")
+    v = h.run(25)
+    written = checkpoint.write_checkpoint(root, segments, v)
+    assert written is not None and written.hint_written
+    created, ours = _s3_rowset(root, segments, v)
+    assert "parquet-cpp" in created
+    assert delta.read_last_checkpoint(root, segments)["size"] == len(ours) == written.size
+
+    def view() -> dict[str, Any]:
+        t = delta.open_table(root, *segments, version=v)
+        return {"files": sorted(delta.add_actions(t).to_pylist(), key=lambda a: a["path"]),
+                "apps": {a: delta.txn_version(t, a) for a in sorted(h.apps)}, "id": t.metadata().id}
+
+    through_ours = view()
+    assert sorted(a["path"] for a in through_ours["files"]) == sorted(h.live)
+    # delta-rs's own of the same version (it does not replace an existing checkpoint here: ours goes first)
+    root.rm(*segments, "_delta_log", checkpoint.checkpoint_file(v))
+    root.write_text(first_hint, *segments, "_delta_log", "_last_checkpoint")
+    delta.open_table(root, *segments, version=v).create_checkpoint()
+    created, theirs = _s3_rowset(root, segments, v)
+    assert created.startswith("parquet-rs") and theirs == ours
+    assert view() == through_ours

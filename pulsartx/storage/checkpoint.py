@@ -112,6 +112,8 @@ def _reconcile(commits: Iterable[list[dict[str, Any]]]) -> _Tail:
     tail = _Tail({}, {}, {}, None, None)
     for actions in commits:
         for a in actions:
+            if not a:
+                continue
             kind, body = next(iter(a.items()))
             if kind in ("add", "remove"):
                 if body.get("deletionVector") is not None:

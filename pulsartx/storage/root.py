@@ -302,17 +302,23 @@ class StorageRoot:
         """Replace the whole file at ``segments`` with ``data``; a concurrent reader sees the old
         file or the new one, never part of one. Locally a temporary file renamed over it, named
         with a leading dot so that a Delta reader listing ``_delta_log`` meanwhile does not take
-        it for a log file (a checkpoint is written this way); on an object store one PUT."""
+        it for a log file (a checkpoint is written this way), flushed first when local writes are
+        (:func:`local_fsync`); on an object store one PUT."""
         path = self.fs_path(*segments)
         if self.is_local:
             faults.before(Op.WRITE, path)
             folder, name = os.path.split(path)
             os.makedirs(folder, exist_ok=True)
             tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}")
+            durable = local_fsync()
             try:
                 with open(tmp, "wb") as f:
                     f.write(data)
+                    if durable:
+                        os.fsync(f.fileno())
                 os.replace(tmp, path)
+                if durable:
+                    fsync_dir(folder)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
