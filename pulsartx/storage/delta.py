@@ -507,9 +507,9 @@ def app_id_retention_ms(table: Any) -> float | None | bool:
     return False if m is None else int(m.group(1)) * _UNIT_MS[m.group(2).lower()]
 
 
-def _checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: int,
-                        columns: list[str]) -> pa.Table | None:
-    """``columns`` of the single-file checkpoint at ``version``; None when it is missing or not in
+def checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: int,
+                       columns: list[str] | None) -> pa.Table | None:
+    """``columns`` (None: all) of the single-file checkpoint at ``version``; None when it is missing or not in
     the layout expected (the caller then asks delta-rs). Transient faults are retried."""
     import pyarrow.parquet as pq
 
@@ -580,7 +580,7 @@ def read_app_ids(root: StorageRoot, segments: tuple[str, ...], version: int,
             candidates = sorted({c for i in intervals if (c := version // i * i) > 0}, reverse=True) or [0]
         table = None
         for checkpoint in candidates:
-            if checkpoint <= 0 or (table := _checkpoint_columns(root, segments, checkpoint, ["txn"])) is not None:
+            if checkpoint <= 0 or (table := checkpoint_columns(root, segments, checkpoint, ["txn"])) is not None:
                 break
         if checkpoint > 0:
             if table is None:
@@ -616,7 +616,7 @@ def read_checkpointed_snapshot(root: StorageRoot, segments: tuple[str, ...]) -> 
     if info is None or info.get("parts") or info.get("v2Checkpoint"):
         return None
     version = info["version"]
-    table = _checkpoint_columns(root, segments, version, ["add", "metaData"])
+    table = checkpoint_columns(root, segments, version, ["add", "metaData"])
     if table is None:
         return None
     adds: dict[str, dict[str, Any]] = {}

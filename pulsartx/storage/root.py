@@ -296,25 +296,42 @@ class StorageRoot:
         return self._guarded("read", path, read)
 
     def write_text(self, text: str, *segments: str) -> None:
+        self.write_bytes(text.encode("utf-8"), *segments)
+
+    def write_bytes(self, data: bytes, *segments: str) -> None:
+        """Replace the whole file at ``segments`` with ``data``; a concurrent reader sees the old
+        file or the new one, never part of one. Locally a temporary file renamed over it, named
+        with a leading dot so that a Delta reader listing ``_delta_log`` meanwhile does not take
+        it for a log file (a checkpoint is written this way), flushed first when local writes are
+        (:func:`local_fsync`); on an object store one PUT."""
         path = self.fs_path(*segments)
         if self.is_local:
-            # Write-then-rename so a concurrent reader never sees half a file.
             faults.before(Op.WRITE, path)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}-{id(text)}"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            folder, name = os.path.split(path)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{_TMP_TAG}-{next(_TMP_SEQ)}")
+            durable = local_fsync()
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    if durable:
+                        os.fsync(f.fileno())
+                os.replace(tmp, path)
+                if durable:
+                    fsync_dir(folder)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
             faults.after(Op.WRITE, path)
         else:
             def write() -> None:
                 faults.before(Op.WRITE, path)
                 if self.uses_obstore:
                     bucket, key = self._s3(path)
-                    bucket.put(key, text.encode("utf-8"))
+                    bucket.put(key, data)
                 else:
-                    with self.fs.open(path, "w") as f:
-                        f.write(text)
+                    self.fs.pipe(path, data)
                 faults.after(Op.WRITE, path)
 
             self._guarded("write", path, write)
