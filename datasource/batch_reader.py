@@ -65,7 +65,7 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
     one per range), ranges dealt largest first to the least loaded task. Ranges of at least
     ``min_entries`` each get a task of their own (smaller ones may join them); ``min_entries`` 0
     keeps every range in its own task. No task gets more than ``max_entries``
-    (maxEntriesPerPartition, which bounds a task's memory): if packing would, the ranges stay apart.
+    (maxEntriesPerPartition, which bounds a task's work): if packing would, the ranges stay apart.
 
     The task count is rounded to the nearest, not up: ranges usually hold a few commit markers
     besides their rows, and rounding up turned 100,004 entries at 50,000 a task into three tasks,

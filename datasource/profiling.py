@@ -96,6 +96,11 @@ def profiled(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
     return wrapper
 
 
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def summary(directory: str, top: int = 25, sort: str = "tottime") -> str:
     """Calls and CPU per label (``Class.method``) summed over the directory's profiles, then the
     top functions of each label."""
@@ -109,7 +114,7 @@ def summary(directory: str, top: int = 25, sort: str = "tottime") -> str:
     lines: list[str] = []
     for label, files in sorted(groups.items()):
         stats = pstats.Stats(*files, stream=_Sink(lines))
-        spans = [float(open(f[:-5] + ".span").read()) for f in files if os.path.exists(f[:-5] + ".span")]
+        spans = [float(_read(f[:-5] + ".span")) for f in files if os.path.exists(f[:-5] + ".span")]
         span = f"; {sum(spans) * 1000:.1f} ms CPU from call to the iterator's end over {len(spans)} calls" if spans else ""
         lines.append(f"== {label}: {len(files)} calls, {stats.total_tt * 1000:.1f} ms CPU in total, "
                      f"{stats.total_tt * 1000 / len(files):.2f} ms per call{span}")

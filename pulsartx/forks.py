@@ -8,7 +8,8 @@ processes, so the two would silently share it. Two rules follow
 (docs/design/clients-across-fork.md):
 
 * state the process keeps for itself (caches, locks, pools, a Client's TCs) is replaced in the
-  child: modules register a reset with ``os.register_at_fork``, objects with :func:`reset_in_child`;
+  child: a module's cache with its lock is a :class:`ProcessCache`, other state registers a reset
+  with ``os.register_at_fork``, objects with :func:`reset_in_child`;
 * an object with an identity stays with the process that made it: it takes a :func:`stamp` when
   made, and :func:`check` refuses it in a child, at once, with :class:`ForkedProcessError`.
 
@@ -101,7 +102,9 @@ class ProcessCache(dict[K, V], Generic[K, V]):
         self.lock = threading.Lock()
         reset_in_child(self)
 
-    def __hash__(self) -> int:  # held in a WeakSet by identity, never compared by content
+    def __hash__(self) -> int:
+        # Held in reset_in_child's WeakSet, which finds it by identity: a set compares hashes
+        # first, so two caches with equal contents (dict equality) are never taken for one.
         return id(self)
 
     def _after_fork(self) -> None:

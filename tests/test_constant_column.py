@@ -34,3 +34,10 @@ def test_records_carry_their_type_and_producer_in_every_row():
     assert t.column("producer_name").to_pylist() == ["p-1"] * 3
     assert t.column("sequence_id").to_pylist() == [5, 6, 7]
     assert t.column("txn_most_bits").to_pylist() == [1] * 3 and t.column("txn_least_bits").to_pylist() == [2] * 3
+
+
+def test_bytes_for_a_string_column_are_refused_as_pyarrow_refuses_them():
+    """Invalid UTF-8 must not reach a string column unchecked (pa.repeat raises; so must this)."""
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError)):
+        constant(b"\xff", 3, pa.string())
+    assert constant(b"\xff", 2, pa.binary()).to_pylist() == [b"\xff", b"\xff"]

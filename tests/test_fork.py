@@ -212,7 +212,7 @@ def _held_at_fork(name: str, root: Any) -> tuple[Any, Callable[[], Any]]:
     if name == "checkpoints":
         return appender._CHECKPOINT_QUEUED.lock, lambda: appender.schedule_checkpoint(root, ("no-table",), 1).result(10)
     if name == "merges":
-        return merging._LOCK, lambda: merging.schedule_merge(root, p0)
+        return merging._QUEUED.lock, lambda: merging.schedule_merge(root, p0)
     if name == "thread pool":
         helper_pool()
         return _HELPERS._lock, lambda: helper_pool().submit(lambda: 7).result(10)

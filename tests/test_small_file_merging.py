@@ -99,7 +99,7 @@ def test_the_writing_process_merges_in_the_background(tmp_path, monkeypatch):
         files = PartitionLog(c.root, TopicName.parse("bg-partition-0")).refresh().files
         assert len(files) < 2 * FANOUT
         assert [m for _, m in _everything(c, "bg", "READ_COMMITTED")] == [f"{i}".encode() for i in range(4 * FANOUT)]
-    assert merging._QUEUED == set()
+    assert merging._QUEUED == {}
 
 
 def test_the_coordinator_service_merges_small_files_on_each_pass(tmp_path):

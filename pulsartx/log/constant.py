@@ -21,7 +21,8 @@ def constant(value: Any, n: int, type_: pa.DataType) -> pa.Array:
         return pa.nulls(n, type_)
     if isinstance(value, int) and pa.types.is_integer(type_):
         return pa.array(np.full(n, value, dtype=np.int64), type_)
-    if isinstance(value, (str, bytes)) and (pa.types.is_string(type_) or pa.types.is_binary(type_)):
+    if (isinstance(value, str) and pa.types.is_string(type_)) or \
+            (isinstance(value, (str, bytes)) and pa.types.is_binary(type_)):
         data = value.encode() if isinstance(value, str) else value
         if len(data) * n <= _INT32_MAX:  # 32-bit offsets; beyond, the slow path (large types would differ)
             offsets = np.arange(0, (n + 1) * len(data), len(data), dtype=np.int32) if data else np.zeros(n + 1, np.int32)

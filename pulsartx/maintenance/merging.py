@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import threading
 
+from pulsartx import forks
 from pulsartx.log import partition as partition_log
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
@@ -35,19 +34,10 @@ FANOUT = 32
 MAX_TIER = 3  # files of FANOUT**3 (32,768) records or more are never merged
 MAX_RUNS_PER_PASS = 8
 _POOL = ProcessPool(1, "pulsartx-merge")
-_QUEUED: set[tuple[str, str]] = set()
-_LOCK = threading.Lock()
-
-
-def _queue_in_child() -> None:
-    """A forked child runs none of its parent's queued merges (left queued, those partitions would
-    never be merged here); its lock may have been held by the parent's merge thread."""
-    global _LOCK
-    _QUEUED.clear()
-    _LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_queue_in_child)
+# The partitions with a merge queued or running. A forked child runs none of its parent's queued
+# merges (left queued, those partitions would never be merged here); its lock may have been held
+# by the parent's merge thread.
+_QUEUED: forks.ProcessCache[tuple[str, str], bool] = forks.ProcessCache()
 
 
 def tier(records: int) -> int:
@@ -102,10 +92,10 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
     """Merge on the process's merge thread, once per partition at a time. A failed merge changed
     nothing (its commit either landed whole or not at all) and is only logged."""
     key = (root.url, str(partition))
-    with _LOCK:
+    with _QUEUED.lock:
         if key in _QUEUED:
             return
-        _QUEUED.add(key)
+        _QUEUED[key] = True
 
     def run() -> None:
         try:
@@ -113,14 +103,14 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
         except Exception as e:
             log.info("merging small files of %s failed (nothing changed; retried later): %s", partition, e)
         finally:
-            with _LOCK:
-                _QUEUED.discard(key)
+            with _QUEUED.lock:
+                _QUEUED.pop(key, None)
 
     try:
         _POOL.get().submit(run)
     except RuntimeError:  # the interpreter is exiting
-        with _LOCK:
-            _QUEUED.discard(key)
+        with _QUEUED.lock:
+            _QUEUED.pop(key, None)
 
 
 def wait_for_merges() -> None:

@@ -466,7 +466,7 @@ class DeltaAppender:
         meta = None
         if properties:
             meta = self._metadata_action()
-            meta["configuration"] = {**(meta["configuration"] or {}), **properties}
+            meta["configuration"] = {**(meta.get("configuration") or {}), **properties}
         actions: list[dict[str, Any]] = [
             {"commitInfo": {"timestamp": now, "operation": "OPTIMIZE",
                             "operationParameters": {"predicate": "[]", "zOrderBy": "[]"},
