@@ -357,7 +357,7 @@ def test_a_failed_write_of_ours_falls_back_on_delta_rs(tmp_path, monkeypatch):
     for i in range(10):
         h.writer.append(_rows(i, 1))
     wait_for_checkpoints()
-    faults.install([Fault(Op.WRITE, match="00000000000000000020.checkpoint.parquet")])
+    faults.install([Fault(Op.CREATE, match="00000000000000000020.checkpoint.parquet")])
     try:
         for i in range(10, 20):
             h.writer.append(_rows(i, 1))
@@ -367,6 +367,56 @@ def test_a_failed_write_of_ours_falls_back_on_delta_rs(tmp_path, monkeypatch):
     assert _written_by(root, segments, 20) == "delta-rs"
     assert delta.read_last_checkpoint(root, segments)["version"] == 20
     assert not [f for f in os.listdir(_log_dir(root, segments)) if f.startswith(".")]
+
+
+def test_a_checkpoint_of_ours_that_exists_is_not_replaced_by_delta_rs_when_its_hint_fails(tmp_path, monkeypatch):
+    """Once our checkpoint file exists, a failed hint is not a reason to fall back: delta-rs would
+    find the file, write nothing, and leave the hint behind. The file stays ours and the next
+    checkpoint moves the hint."""
+    monkeypatch.setattr(appender, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender, "MAX_CHECKPOINT_INTERVAL", 10)
+    root, segments = _table(tmp_path)
+    h = History(root, segments, 0)
+    for i in range(10):
+        h.writer.append(_rows(i, 1))
+    wait_for_checkpoints()
+    faults.install([Fault(Op.WRITE, match="_last_checkpoint")])
+    try:
+        for i in range(10, 20):
+            h.writer.append(_rows(i, 1))
+        wait_for_checkpoints()
+    finally:
+        faults.install([])
+    assert _written_by(root, segments, 20) == "pulsartx"
+    assert delta.read_last_checkpoint(root, segments)["version"] == 10
+    for i in range(20, 30):
+        h.writer.append(_rows(i, 1))
+    wait_for_checkpoints()
+    assert delta.read_last_checkpoint(root, segments)["version"] == 30
+    assert _view(root.uri(*segments), 30, []) == _view(_json_only(root, segments, tmp_path).uri(*segments), 30, [])
+
+
+def test_a_checkpoint_file_that_exists_is_left_as_it_is(tmp_path):
+    """As delta-rs: a reader may be part-way through an existing checkpoint file."""
+    root, segments = _table(tmp_path)
+    h = History(root, segments, 0)
+    for i in range(12):
+        h.writer.append(_rows(i, 1))
+    wait_for_checkpoints()
+    delta.open_table(root, *segments, version=5).create_checkpoint()
+    (_log_dir(root, segments) / "_last_checkpoint").write_text(json.dumps({"version": 5, "size": 8}))
+    existing = _log_dir(root, segments) / checkpoint.checkpoint_file(11)
+    existing.write_bytes(b"placeholder")
+    assert checkpoint.write_checkpoint(root, segments, 11) is not None
+    assert existing.read_bytes() == b"placeholder"
+
+
+def test_a_commit_field_the_checkpoint_schema_lacks_is_not_dropped():
+    """pa.array drops a struct's unknown keys without a word: such an action is left to delta-rs."""
+    schema = pa.schema([pa.field("add", pa.struct([pa.field("path", pa.string())])),
+                        pa.field("txn", pa.struct([pa.field("appId", pa.string())]))])
+    with pytest.raises(checkpoint.Unsupported, match="baseRowId"):
+        checkpoint._rows(schema, "add", [{"path": "a.parquet", "baseRowId": 4}])
 
 
 def test_layouts_it_does_not_continue_are_left_to_delta_rs(tmp_path, monkeypatch):

@@ -241,6 +241,11 @@ def _rows(schema: pa.Schema, kind: str, actions: list[dict[str, Any]]) -> pa.Tab
         raise Unsupported(f"the checkpoint schema has no {kind} column")
     # Null structs built by pa.array, not pa.nulls: their non-nullable children then hold values
     # (as parquet needs), not nulls the writer refuses.
+    known = {f.name for f in schema.field(kind).type}
+    for action in actions:
+        extra = set(action) - known
+        if extra:  # pa.array would drop them without a word
+            raise Unsupported(f"a {kind} action has fields {sorted(extra)} the checkpoint schema lacks")
     nulls = [None] * len(actions)
     arrays = [pa.array(actions if f.name == kind else nulls, type=f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -319,17 +324,27 @@ def write_checkpoint(root: StorageRoot, segments: tuple[str, ...], version: int,
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf, compression="none")
     body = buf.getvalue().to_pybytes()
-    root.write_bytes(body, *segments, "_delta_log", checkpoint_file(version))
+    name = checkpoint_file(version)
+    if root.has_put_if_absent:
+        # As delta-rs: a checkpoint file that exists is left alone (a reader may be part-way
+        # through it); another writer's checkpoint of this version stands for ours.
+        if not root.put_if_absent(body, *segments, "_delta_log", name):
+            log.debug("checkpoint %s of %s exists; left as it is", name, root.uri(*segments))
+    else:
+        root.write_bytes(body, *segments, "_delta_log", name)
     adds = table.num_rows - table.column("add").null_count
     written = Written(version, table.num_rows, len(body), adds, hint_written=False)
-    # As delta-rs: the hint is not moved back when another writer's newer checkpoint is the last one.
+    # The checkpoint exists now: from here on, nothing falls back on delta-rs (which would find
+    # the file and write no hint). A hint not moved is only slower opens until the next one.
     try:
         current = delta.read_last_checkpoint(root, segments)
-    except ValueError:
-        current = None
-    if current is not None and current["version"] > version:
+        if current is not None and current["version"] > version:
+            return written  # another writer's newer checkpoint is the last one
+        hint = {"version": version, "size": written.size, "sizeInBytes": written.size_in_bytes,
+                "numOfAddFiles": written.num_of_add_files}
+        root.write_text(json.dumps(hint, separators=(",", ":")), *segments, "_delta_log", "_last_checkpoint")
+    except Exception as e:
+        log.info("checkpoint %s of %s written; its _last_checkpoint hint was not: %s", name,
+                 root.uri(*segments), e)
         return written
-    hint = {"version": version, "size": written.size, "sizeInBytes": written.size_in_bytes,
-            "numOfAddFiles": written.num_of_add_files}
-    root.write_text(json.dumps(hint, separators=(",", ":")), *segments, "_delta_log", "_last_checkpoint")
     return Written(version, written.size, written.size_in_bytes, adds, hint_written=True)
