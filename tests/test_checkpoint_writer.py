@@ -467,6 +467,15 @@ def test_durations_delta_rs_would_not_read_are_left_to_it(raw):
         checkpoint.parse_interval_ms(raw)
 
 
+@pytest.mark.parametrize("raw, expected", [("interval 1 hour", 3_600_000), ("Interval 1 HOUR", False),
+                                           ("interval 2 Days", False)])
+def test_app_id_retention_is_read_as_delta_rs_reads_it(tmp_path, raw, expected):
+    """A retention delta-rs ignores (it keeps the app ids for ever) must not make pulsartx's own
+    app-id view forget them: a retry after that time would not be recognised."""
+    root, segments = _table(tmp_path, {"delta.setTransactionRetentionDuration": raw})
+    assert delta.app_id_retention_ms(delta.open_table(root, *segments)) == expected
+
+
 def test_domain_metadata_latest_wins_and_removed_ones_are_dropped():
     """No pulsartx table has domain metadata (it needs writer features); the reconciliation of it
     is checked on its own."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,25 +71,14 @@ class Written:
     hint_written: bool  # False: a newer checkpoint was already the last one, its hint was kept
 
 
-# delta-rs (delta-kernel) reads a duration property as "interval <non-negative integer> <unit>",
-# lower case, split on whitespace; anything after the unit is ignored. A value it does not read is
-# as if unset (the default), so one in any other form is left to delta-rs rather than guessed.
-_UNIT_MS = {"nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1_000, "minute": 60_000,
-            "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
 def parse_interval_ms(raw: str) -> float:
     """``raw`` (a table property such as ``interval 7 days``) in ms, as delta-rs reads it; raises
-    Unsupported when delta-rs would not read it."""
-    parts = raw.split()
-    if len(parts) < 3 or parts[0] != "interval" or not _INTEGER.fullmatch(parts[1]):
+    Unsupported when delta-rs would not read it (a value it does not read is as if unset, so one
+    in any other form is left to delta-rs rather than guessed)."""
+    ms = delta.interval_ms(raw)
+    if ms is None:
         raise Unsupported(f"duration {raw!r} is not in the form delta-rs reads")
-    number = int(parts[1])
-    unit = parts[2][:-1] if parts[2].endswith("s") and parts[2][:-1] in _UNIT_MS else parts[2]
-    if number < 0 or unit not in _UNIT_MS:
-        raise Unsupported(f"duration {raw!r} is not in the form delta-rs reads")
-    return number * _UNIT_MS[unit]
+    return ms
 
 
 def checkpoint_file(version: int) -> str:

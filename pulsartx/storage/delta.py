@@ -491,10 +491,25 @@ class LogSnapshot:
     adds: dict[str, dict[str, Any]]  # path -> add action (path, size, stats)
 
 
-_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(nanosecond|microsecond|millisecond|second|minute|hour|day|week)s?\s*$",
-                       re.IGNORECASE)
 _UNIT_MS = {"nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1_000, "minute": 60_000,
             "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def interval_ms(raw: str) -> float | None:
+    """A duration table property (``interval 7 days``) in ms as delta-rs (delta-kernel) reads it:
+    ``interval <non-negative integer> <unit>``, lower case, split on whitespace, anything after the
+    unit ignored. None for a value it does not read, which delta-rs takes as unset: pulsartx must
+    not read a retention delta-rs ignores (``Interval 1 HOUR``), or its app-id view would forget
+    what delta-rs keeps."""
+    parts = raw.split()
+    if len(parts) < 3 or parts[0] != "interval" or not _INTEGER.fullmatch(parts[1]):
+        return None
+    number = int(parts[1])
+    unit = parts[2][:-1] if parts[2].endswith("s") and parts[2][:-1] in _UNIT_MS else parts[2]
+    if number < 0 or unit not in _UNIT_MS:
+        return None
+    return number * _UNIT_MS[unit]
 
 
 def app_id_retention_ms(table: Any) -> float | None | bool:
@@ -503,8 +518,8 @@ def app_id_retention_ms(table: Any) -> float | None | bool:
     raw = table.metadata().configuration.get("delta.setTransactionRetentionDuration")
     if raw is None:
         return None
-    m = _INTERVAL.match(raw)
-    return False if m is None else int(m.group(1)) * _UNIT_MS[m.group(2).lower()]
+    ms = interval_ms(raw)
+    return False if ms is None else ms
 
 
 def checkpoint_columns(root: StorageRoot, segments: tuple[str, ...], version: int,
