@@ -459,6 +459,36 @@ def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monke
     assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == list(range(30))
 
 
+def test_a_process_cleans_a_tables_expired_log_at_most_once_an_hour(tmp_path, monkeypatch):
+    """A busy partition reaches every 1,000th version within seconds, and each cleanup opens the
+    table with delta-rs (a cost that grows with its live files), while nothing in a log expires
+    sooner than its retention: once a cleanup ran, the next waits CLEANUP_MIN_INTERVAL_S."""
+    from pulsartx.storage import appender as appender_mod
+
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 1)
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
+                                                         "delta.logRetentionDuration": "interval 0 seconds"})
+    a = appender((root, ("t",)))
+    appender_mod._LAST_CLEANUP.pop(a.uri, None)
+    log_dir = os.path.join(a.uri, "_delta_log")
+    for i in range(10):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert not os.path.exists(os.path.join(log_dir, delta.commit_file(0)))  # the first cleanup ran
+    for i in range(10, 30):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert os.path.exists(os.path.join(log_dir, delta.commit_file(15)))  # within the hour: none since
+    monkeypatch.setattr(appender_mod, "CLEANUP_MIN_INTERVAL_S", 0.0)
+    for i in range(30, 40):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert not os.path.exists(os.path.join(log_dir, delta.commit_file(15)))
+    assert sorted(dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist()) == list(range(40))
+
+
 def test_a_compaction_that_sets_properties_restates_the_latest_metadata(table):
     """The metaData action a rewrite writes starts from the newest metadata this writer has
     applied (a foreign change read by catch_up does not reload the handle), never an older one."""
