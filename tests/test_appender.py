@@ -434,6 +434,14 @@ def test_app_ids_of_a_writer_behind_the_last_checkpoint_are_read_as_of_its_versi
     assert isinstance(behind._ids, dict)
 
 
+def _appender_whose_log_expires_at_once(tmp_path):
+    """A writer of a table whose commits expire as soon as a checkpoint covers them."""
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
+                                                         "delta.logRetentionDuration": "interval 0 seconds"})
+    return appender((root, ("t",)))
+
+
 def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monkeypatch):
     """Cleanup lists all of ``_delta_log``: it runs with every CLEANUP_EVERY-th checkpoint, not
     with each one, and then removes what the table's log retention lets it remove."""
@@ -441,10 +449,7 @@ def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monke
 
     monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
     monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 3)
-    root = StorageRoot.resolve(str(tmp_path))
-    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
-                                                         "delta.logRetentionDuration": "interval 0 seconds"})
-    a = appender((root, ("t",)))
+    a = _appender_whose_log_expires_at_once(tmp_path)
     first = os.path.join(a.uri, "_delta_log", delta.commit_file(0))
     for i in range(29):
         a.append(rows(i, i + 1), {"app.x": i})
@@ -467,10 +472,7 @@ def test_a_process_cleans_a_tables_expired_log_at_most_once_an_hour(tmp_path, mo
 
     monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
     monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 1)
-    root = StorageRoot.resolve(str(tmp_path))
-    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
-                                                         "delta.logRetentionDuration": "interval 0 seconds"})
-    a = appender((root, ("t",)))
+    a = _appender_whose_log_expires_at_once(tmp_path)
     appender_mod._LAST_CLEANUP.pop(a.uri, None)
     log_dir = os.path.join(a.uri, "_delta_log")
     for i in range(10):
