@@ -102,8 +102,10 @@ def test_the_writing_process_merges_in_the_background(tmp_path, monkeypatch):
     assert merging._QUEUED == {}
 
 
-def test_the_coordinator_service_merges_small_files_on_each_pass(tmp_path):
+def test_the_coordinator_service_merges_small_files_on_each_pass(tmp_path, monkeypatch):
     from pulsartx.service import CoordinatorService
+
+    monkeypatch.setattr("pulsartx.log.partition.MERGE_EVERY", 0)  # the service's pass alone merges
 
     root = str(tmp_path / "root")
     with pulsartx.Client(root) as c:

@@ -124,8 +124,10 @@ class FileIndex:
         with self._lock:
             self._publish(files, version)
 
-    def apply_commit(self, version: int, actions: list[dict[str, Any]]) -> None:
-        """One commit's adds and removes; a commit already applied is skipped. An append at the end
+    def apply_commit(self, version: int, actions: list[dict[str, Any]], next_only: bool = False) -> None:
+        """One commit's adds and removes; a commit already applied is skipped, and with
+        ``next_only`` so is one that does not follow the last applied (a writer passing on its
+        commits: the ones in between are left for the next refresh to read). An append at the end
         (every ordinary commit) costs O(1), extending the current view in place (files first: a
         reader's bisect over the first offsets it sees then finds a prefix of the files); the
         offset list is rebuilt only when files are removed or land out of order, as a rebuild per
@@ -133,7 +135,7 @@ class FileIndex:
         removed = {a["remove"]["path"] for a in actions if "remove" in a}
         added = [f for a in actions if "add" in a and (f := data_file_from_add(a["add"])) is not None]
         with self._lock:
-            if version <= self.version:
+            if version <= self.version or (next_only and version != self.version + 1):
                 return
             files, mins = self._view
             in_order = not removed

@@ -45,13 +45,20 @@ MAX_APPEND_ATTEMPTS = 200
 # Kept for the table's retention (7 days) instead, the guards were most of a busy partition's
 # checkpoints and app-id lookups (docs/design/short-lived-marker-guards.md).
 GUARD_LIFETIME_MS = 3_600_000
-# With ``PULSARTX_MERGE_EVERY=N`` the writing process merges the partition's small files in the
-# background every N versions (pulsartx/maintenance/merging.py). Off by default: reading the small
-# files back costs a writer about a quarter more CPU per small transaction, so by default
-# `pulsartx coordinator run` merges them on each pass instead (docs/design/small-file-merging.md).
-MERGE_EVERY = int(os.environ.get("PULSARTX_MERGE_EVERY", "0"))
-# What runs then: the merge scheduler registers itself here, as maintenance sits above the log.
-EVERY_MERGE_INTERVAL: list[Callable[[StorageRoot, TopicName], None]] = []
+# Every MERGE_EVERY-th version a writing process merges the partition's small files in the
+# background (pulsartx/maintenance/merging.py), through its own writer and, for the files it wrote
+# itself, from the rows it still holds (below), so merging costs it little; ``PULSARTX_MERGE_EVERY``
+# sets the interval, 0 turns it off (then `pulsartx coordinator run` merges them on each pass
+# alone; docs/design/small-file-merging.md).
+MERGE_EVERY = int(os.environ.get("PULSARTX_MERGE_EVERY", "64"))
+# What runs then, given the PartitionLog that wrote the version: the merge scheduler registers
+# itself here, as maintenance sits above the log.
+EVERY_MERGE_INTERVAL: list[Callable[[PartitionLog], None]] = []
+# The rows of the small files a writer made, kept so that merging them needs no read back: files
+# of fewer records than this (a merge's inputs: FANOUT**2 of merging.py) ...
+REMEMBER_MAX_RECORDS = 1024
+# ... and at most this many bytes of them per partition, the oldest forgotten first.
+REMEMBER_MAX_BYTES = 4 << 20
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
 
 
@@ -191,6 +198,12 @@ class PartitionLog:
         self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.RLock()
+        # The rows of small files this log's writer committed, by file path (see REMEMBER_MAX_*),
+        # oldest first; read and changed under _append_lock, as the writer's commits are.
+        self._remembered: dict[str, pa.Table] = {}
+        self._remembered_bytes = 0
+        self._committing: pa.Table | None = None  # the rows of the commit in flight (_write_group, merge)
+        self._writer_table_id: str | None = None
         # A producer's last sequence id as planned so far in the group being planned: its appends
         # queued one after the other share a commit, each deduplicated behind the ones before it.
         self._planned: dict[str, int] = {}
@@ -218,8 +231,89 @@ class PartitionLog:
                 raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: create it "
                                     "with client.admin.create_topic() or "
                                     f"`{cli_command(self.root, 'topics', 'create', self.topic.base.short)}`")
-            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset")
+            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset",
+                                         on_commit=self._on_commit)
+            self._writer.on_reload = self._forget_rows
+            self._writer_table_id = t.metadata().id
+            self._forget_rows()
         return self._writer
+
+    def _on_commit(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
+        """Every commit the writer applies, its own and others': the file index, once loaded, takes
+        it too (so a merge planned from the index needs no reads of the log), and the remembered
+        rows follow the files: a removed file's are forgotten, our own new file's kept."""
+        idx = self._index
+        if idx is not None and self._table_id == self._writer_table_id:
+            idx.apply_commit(version, actions, next_only=True)
+        for a in actions:
+            if "remove" in a:
+                self._forget_row(a["remove"]["path"])
+        if not ours or self._committing is None:
+            return
+        rows, self._committing = self._committing, None
+        if MERGE_EVERY > 0:
+            adds = [a["add"]["path"] for a in actions if "add" in a]
+            if len(adds) == 1:  # the file written from exactly these rows
+                self._remember_rows(adds[0], rows)
+
+    def _remember_rows(self, path: str, rows: pa.Table) -> None:
+        size = rows.nbytes
+        if rows.num_rows >= REMEMBER_MAX_RECORDS or size > REMEMBER_MAX_BYTES:
+            return
+        self._remembered[path] = rows
+        self._remembered_bytes += size
+        while self._remembered_bytes > REMEMBER_MAX_BYTES:
+            self._forget_row(next(iter(self._remembered)))
+
+    def _forget_row(self, path: str) -> None:
+        rows = self._remembered.pop(path, None)
+        if rows is not None:
+            self._remembered_bytes -= rows.nbytes
+
+    def _forget_rows(self) -> None:
+        """On a reload the commits in between reach no on_commit: start afresh."""
+        self._remembered, self._remembered_bytes = {}, 0
+
+    @property
+    def remembered_bytes(self) -> int:
+        return self._remembered_bytes
+
+    def remembered_paths(self) -> list[str]:
+        with self._append_lock:
+            return list(self._remembered)
+
+    def remembered_rows(self, files: Sequence[DataFile]) -> pa.Table | None:
+        """The rows of ``files`` (consecutive, in offset order) exactly as this process's writer
+        committed them, or None unless it still holds every one of them."""
+        with self._append_lock:
+            tables = [self._remembered.get(f.path) for f in files]
+        if not tables or any(t is None for t in tables):
+            return None
+        return pa.concat_tables(tables)  # type: ignore[arg-type]
+
+    def merge_files(self, files: Sequence[DataFile], rows: pa.Table) -> int | None:
+        """Replace ``files`` by one file of ``rows`` (the same rows: a merge, dataChange=false),
+        through this log's writer under its append lock: appends wait for the one commit, and the
+        writer stays the only one this process commits through. Returns the version, or None when
+        the files changed meanwhile (another merge, a compaction, retention: nothing committed),
+        or the store or table is not one :meth:`DeltaAppender.rewrite` commits to (no put-if-absent:
+        `pulsartx compact` merges those)."""
+        with self._append_lock:
+            writer = self._appender()
+            if not writer.fast:
+                return None
+            self._catch_up(writer)
+            live = {f.path for f in self.refresh().files}
+            if any(f.path not in live for f in files):
+                return None
+            self._committing = rows
+            try:
+                return writer.rewrite([(rows, False)], [(f.path, f.size, False) for f in files])
+            except delta.ConcurrentCommit as e:
+                log.info("merging small files of %s stopped (a concurrent change): %s", self.topic, e)
+                return None
+            finally:
+                self._committing = None
 
     def _catch_up(self, writer: DeltaAppender) -> None:
         if not writer.catch_up():
@@ -365,10 +459,14 @@ class PartitionLog:
             at += i.rows.num_rows
         codecs = next((i.codecs for i in items if i.codecs is not None), {"value": CompressionType.NONE.parquet_codec})
         guards = {i.guard_app_id: GUARD_LIFETIME_MS for i in items if i.guard_app_id is not None}
-        version = writer.append(data, apps, codecs=codecs, lifetimes_ms=guards)
+        self._committing = data
+        try:
+            version = writer.append(data, apps, codecs=codecs, lifetimes_ms=guards)
+        finally:
+            self._committing = None
         if version is not None and MERGE_EVERY > 0 and version % MERGE_EVERY == 0:
             for hook in EVERY_MERGE_INTERVAL:
-                hook(self.root, self.topic)
+                hook(self)
         at = next_offset
         for i in items:
             k = i.rows.num_rows
@@ -389,6 +487,7 @@ class PartitionLog:
             if self._writer is not None and not self._writer.same_table():
                 log.info("%s was re-created since this process opened it: reloading", self.topic)
                 self._writer, self._index = None, None
+                self._forget_rows()
             self._catch_up(self._appender())
 
     def last_sequence_id(self, producer_name: str) -> int | None:

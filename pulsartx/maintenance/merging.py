@@ -22,10 +22,7 @@ from pulsartx import forks
 from pulsartx.log import partition as partition_log
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
-from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.naming import TopicName
-from pulsartx.storage import delta
-from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
 
@@ -59,37 +56,39 @@ def plan_run(files: list[DataFile]) -> list[DataFile] | None:
 def merge_small_files(root: StorageRoot, partition: TopicName, max_runs: int = MAX_RUNS_PER_PASS) -> int:
     """Merge up to ``max_runs`` runs; returns how many files were replaced. A concurrent change to
     the same files (another merge, a compaction, retention) makes it stop until the next pass."""
-    plog = PartitionLog(root, partition)
+    return merge_through(PartitionLog(root, partition), max_runs)
+
+
+def merge_through(plog: PartitionLog, max_runs: int = MAX_RUNS_PER_PASS) -> int:
+    """:func:`merge_small_files` through ``plog``'s own writer and file index: a writing process
+    passes its shared log, whose writer is open and caught up and whose rows of the files it wrote
+    are still in memory (:meth:`PartitionLog.remembered_rows`), so such a run is merged without a
+    read of the log or of a data file. A run with any file it did not write (or no longer holds)
+    is read back from storage."""
     merged = 0
-    writer: DeltaAppender | None = None
     for _ in range(max_runs):
         index = plog.refresh()
         run = plan_run(index.files)
         if run is None:
             break
-        rows = read_files(root, plog.segments, run, run[0].min_offset, run[-1].max_offset + 1)
+        rows = plog.remembered_rows(run)
+        if rows is None:
+            rows = read_files(plog.root, plog.segments, run, run[0].min_offset, run[-1].max_offset + 1)
         expected = sum(f.num_records for f in run)
         if rows.num_rows != expected:
-            raise RuntimeError(f"{partition}: files {run[0].path}..{run[-1].path} read back "
+            raise RuntimeError(f"{plog.topic}: files {run[0].path}..{run[-1].path} read back "
                                f"{rows.num_rows} rows, their statistics say {expected}")
-        if writer is None:
-            writer = DeltaAppender(root, plog.segments, delta.open_table(root, *plog.segments, version=index.version),
-                                   RECORD_SCHEMA)
-            if not writer.fast:
-                return 0  # a store without put-if-absent: leave it to `pulsartx compact`
-        try:
-            writer.rewrite([(rows, False)], [(f.path, f.size, False) for f in run])
-        except delta.ConcurrentCommit as e:
-            log.info("merging small files of %s stopped (a concurrent change): %s", partition, e)
+        if plog.merge_files(run, rows) is None:
             break
         merged += len(run)
     if merged:
-        log.debug("merged %d small files of %s", merged, partition)
+        log.debug("merged %d small files of %s", merged, plog.topic)
     return merged
 
 
-def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
-    """Merge on the process's merge thread, once per partition at a time. A failed merge changed
+def schedule_merge(root: StorageRoot, partition: TopicName, plog: PartitionLog | None = None) -> None:
+    """Merge on the process's merge thread, once per partition at a time, through ``plog`` (the
+    writer whose commit asked for it; by default the process's shared one). A failed merge changed
     nothing (its commit either landed whole or not at all) and is only logged."""
     key = (root.url, str(partition))
     with _QUEUED.lock:
@@ -99,7 +98,7 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
 
     def run() -> None:
         try:
-            merge_small_files(root, partition)
+            merge_through(plog if plog is not None else partition_log.shared_log(root, partition))
         except Exception as e:
             log.info("merging small files of %s failed (nothing changed; retried later): %s", partition, e)
         finally:
@@ -113,10 +112,14 @@ def schedule_merge(root: StorageRoot, partition: TopicName) -> None:
             _QUEUED.pop(key, None)
 
 
+def _merge_after(plog: PartitionLog) -> None:
+    schedule_merge(plog.root, plog.topic, plog)
+
+
 def wait_for_merges() -> None:
     """Block until every merge scheduled so far has run (tests, orderly shutdown)."""
     _POOL.get().submit(lambda: None).result()
 
 
-if schedule_merge not in partition_log.EVERY_MERGE_INTERVAL:
-    partition_log.EVERY_MERGE_INTERVAL.append(schedule_merge)
+if _merge_after not in partition_log.EVERY_MERGE_INTERVAL:
+    partition_log.EVERY_MERGE_INTERVAL.append(_merge_after)

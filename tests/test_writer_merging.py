@@ -1,0 +1,250 @@
+"""A writing process merges small files through its own partition writer, from the rows it still
+holds for the files it wrote: the merged file is the one a read-back merge writes, files another
+process wrote are read from storage, appends and markers of other threads meanwhile lose and
+duplicate nothing, the rows held stay within their bound, and a merge that loses its commit to a
+compaction changes nothing."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import deltalake
+import pyarrow.parquet as pq
+import pytest
+
+import pulsartx
+from pulsartx import MessageId, TopicName
+from pulsartx.log import partition as partition_mod
+from pulsartx.log.partition import PartitionLog, build_records, shared_log
+from pulsartx.maintenance import merging
+from pulsartx.maintenance.compaction import compact_partition
+from pulsartx.maintenance.merging import FANOUT, merge_small_files, merge_through, plan_run
+from pulsartx.storage import appender, delta
+from pulsartx.storage.root import StorageRoot
+
+PART = TopicName.parse("wm-partition-0")
+
+
+@pytest.fixture(autouse=True)
+def _remember_but_merge_by_hand(monkeypatch):
+    """Writers keep their rows (merging is on) but no background merge runs: each test merges
+    itself, when it means to."""
+    monkeypatch.setattr(partition_mod, "MERGE_EVERY", 10**9)
+
+
+def _no_reads(*args, **kwargs):
+    raise AssertionError("a run whose rows are all in memory was read back from storage")
+
+
+def _table_dir(root: str) -> str:
+    return f"{root}/topics/public/default/wm/partition-0"
+
+
+def _delta_rows(root: str):
+    return deltalake.DeltaTable(_table_dir(root)).to_pyarrow_table().sort_by("offset")
+
+
+def _new_file(root: StorageRoot, version: int) -> str:
+    commit = delta.LogTail(root, partition_mod.partition_segments(PART)).read_commit(version)
+    assert commit is not None
+    adds = [a["add"]["path"] for a in commit if "add" in a]
+    assert len(adds) == 1
+    return adds[0]
+
+
+def _everything(client, level: str) -> list[tuple[str, bytes]]:
+    with client.create_reader("wm", MessageId.earliest, isolation_level=level) as r:
+        return [(str(m.message_id()), m.data()) for m in r]
+
+
+def test_a_run_merged_from_memory_is_the_file_a_read_back_merge_writes(tmp_path, monkeypatch):
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        p = c.create_producer("wm")
+        for i in range(40):  # transactions (data and markers), aborted ones, plain messages with keys and properties
+            if i % 4 == 3:
+                p.send(f"plain{i}".encode(), partition_key=f"k{i}", properties={"i": str(i)}, event_timestamp=1000 + i)
+                continue
+            t = c.new_transaction()
+            p.send(f"t{i}".encode(), txn=t, properties={"n": str(i)})
+            t.abort() if i % 5 == 1 else t.commit()
+        c.flush()
+        appender.wait_for_checkpoints()
+        plog = shared_log(c.root, PART)
+        run = plan_run(plog.refresh().files)
+        assert run is not None and len(run) == FANOUT
+        assert plog.remembered_rows(run) is not None
+        shutil.copytree(root, str(tmp_path / "copy"))
+        copy = StorageRoot.resolve(str(tmp_path / "copy"))
+
+        with monkeypatch.context() as m:
+            m.setattr(merging, "read_files", _no_reads)
+            assert merge_through(plog, max_runs=1) == FANOUT
+        assert merge_small_files(copy, PART, max_runs=1) == FANOUT  # a fresh log: read back
+        version = plog.index.version
+        assert PartitionLog(copy, PART).refresh().version == version
+        from_memory = pq.read_table(f"{_table_dir(root)}/{_new_file(c.root, version)}")
+        read_back = pq.read_table(f"{_table_dir(str(tmp_path / 'copy'))}/{_new_file(copy, version)}")
+        assert from_memory.num_rows == sum(f.num_records for f in run)
+        assert from_memory.equals(read_back, check_metadata=True)
+        assert _delta_rows(root).equals(_delta_rows(str(tmp_path / "copy")))
+        assert [f.path for f in PartitionLog(c.root, PART).refresh().files] == [f.path for f in plog.index.files]
+
+
+def test_a_run_with_a_file_another_process_wrote_is_read_from_storage(tmp_path, monkeypatch):
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    ours, theirs = PartitionLog(croot, PART), PartitionLog(croot, PART)  # theirs: as another process's
+    for i in range(FANOUT + 8):
+        (theirs if i == 10 else ours).append(build_records([f"m{i}".encode()]))
+    ours.sync_writer()  # catches up on their file: a foreign commit, whose rows ours never held
+    run = plan_run(ours.refresh().files)
+    assert run is not None and ours.remembered_rows(run) is None
+    assert ours.remembered_rows(run[11:]) is not None
+    reads = []
+    real = merging.read_files
+
+    def counted(*args, **kwargs):
+        reads.append(args[2])
+        return real(*args, **kwargs)
+
+    before = _delta_rows(root)
+    monkeypatch.setattr(merging, "read_files", counted)
+    assert merge_through(ours, max_runs=1) == FANOUT
+    assert reads == [run]
+    assert _delta_rows(root).equals(before)
+    assert ours.read(0, FANOUT + 8, ["value"]).column("value").to_pylist() == [
+        f"m{i}".encode() for i in range(FANOUT + 8)]
+    assert len(ours.refresh().files) == 1 + 8
+
+
+def test_merges_among_concurrent_appends_and_markers_lose_and_duplicate_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(partition_mod, "MERGE_EVERY", 8)  # background merges, and one by hand below
+    threads, per_thread = 4, 60
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        committed: list[set[bytes]] = [set() for _ in range(threads)]
+        sent: list[set[bytes]] = [set() for _ in range(threads)]
+        errors: list[BaseException] = []
+
+        def produce(w: int) -> None:
+            try:
+                p = c.create_producer("wm")
+                for i in range(per_thread):
+                    msg = f"w{w}-{i}".encode()
+                    sent[w].add(msg)
+                    if i % 3 == 2:
+                        p.send(msg)
+                        committed[w].add(msg)
+                        continue
+                    t = c.new_transaction()
+                    p.send(msg, txn=t)
+                    if i % 7 == 0:
+                        t.abort()
+                    else:
+                        t.commit()
+                        committed[w].add(msg)
+            except BaseException as e:
+                errors.append(e)
+
+        done = threading.Event()
+        merged = []
+
+        def merge() -> None:
+            try:
+                while not done.is_set():
+                    merged.append(merge_through(shared_log(c.root, PART)))
+            except BaseException as e:
+                errors.append(e)
+
+        workers = [threading.Thread(target=produce, args=(w,)) for w in range(threads)]
+        merger = threading.Thread(target=merge)
+        merger.start()
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        c.flush()
+        done.set()
+        merger.join()
+        merging.wait_for_merges()
+        assert errors == []
+        assert sum(merged) > 0
+        for level, expected in (("READ_COMMITTED", set().union(*committed)), ("READ_UNCOMMITTED", set().union(*sent))):
+            got = [m for _, m in _everything(c, level)]
+            assert len(got) == len(expected) and set(got) == expected, level
+        fresh = PartitionLog(c.root, PART).refresh()
+        offsets = PartitionLog(c.root, PART).read(0, fresh.end_offset, ["offset"]).column("offset").to_pylist()
+        assert offsets == list(range(fresh.end_offset))  # every offset once: no row lost or doubled
+        assert [f.path for f in shared_log(c.root, PART).refresh().files] == [f.path for f in fresh.files]
+
+
+def test_the_rows_held_stay_within_their_bound(tmp_path, monkeypatch):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    one = plog.append(build_records([b"x" * 1000]))
+    assert one.version is not None
+    size = plog.remembered_bytes
+    assert size > 1000
+    monkeypatch.setattr(partition_mod, "REMEMBER_MAX_BYTES", 10 * size)
+    for _ in range(30):
+        plog.append(build_records([b"x" * 1000]))
+    assert plog.remembered_bytes <= 10 * size
+    files = [f.path for f in plog.refresh().files]
+    assert plog.remembered_paths() == files[-10:]  # the newest, the oldest forgotten
+    monkeypatch.setattr(partition_mod, "REMEMBER_MAX_RECORDS", 5)
+    plog.append(build_records([b"y"] * 5))  # too many records to keep
+    assert plog.remembered_paths() == files[-10:]
+    # a removal by another writer (a foreign merge) drops the rows of the files it removed
+    assert merge_small_files(croot, PART) == FANOUT
+    for _ in range(3):
+        plog.append(build_records([b"z"]))
+    files = [f.path for f in plog.refresh().files]
+    assert len(files) == 1 + 3 and plog.remembered_paths() == files[1:]
+    assert plog.remembered_bytes == sum(plog.remembered_rows([f]).nbytes for f in plog.index.files[1:])
+
+
+def test_a_merge_that_loses_its_commit_to_a_compaction_changes_nothing(tmp_path, monkeypatch):
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        p = c.create_producer("wm")
+        for i in range(FANOUT + 4):
+            t = c.new_transaction()
+            p.send(f"t{i}".encode(), txn=t)
+            t.abort() if i % 3 == 0 else t.commit()
+        c.flush()
+        plog = shared_log(c.root, PART)
+        run = plan_run(plog.refresh().files)
+        assert run is not None
+        rows = plog.remembered_rows(run)
+        assert rows is not None
+        compactions = []
+        real = delta.put_parquet
+
+        def compact_first(*args, **kwargs):  # the compaction commits while the merge writes its file
+            if not compactions:
+                compactions.append(None)
+                compactions[0] = compact_partition(c.root, PART)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(delta, "put_parquet", compact_first)
+        assert plog.merge_files(run, rows) is None
+        monkeypatch.setattr(delta, "put_parquet", real)
+        assert compactions[0].skipped is None
+        after_compaction = PartitionLog(c.root, PART).refresh()
+        assert plog.index.version == after_compaction.version  # no commit of ours
+        assert [f.path for f in plog.index.files] == [f.path for f in after_compaction.files]
+        ever_added = {a["add"]["path"] for _, actions in delta.LogTail(c.root, plog.segments).commits_after(-1)
+                      for a in actions if "add" in a}
+        assert {n for n in os.listdir(_table_dir(root)) if n.endswith(".parquet")} == ever_added  # ours deleted
+        # and it merges nothing twice afterwards: the compacted file is no small run
+        assert merge_through(plog) == 0
+        got = [m for _, m in _everything(c, "READ_COMMITTED")]
+        assert got == [f"t{i}".encode() for i in range(FANOUT + 4) if i % 3 != 0]
