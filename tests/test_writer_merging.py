@@ -208,6 +208,11 @@ def test_the_rows_held_stay_within_their_bound(tmp_path, monkeypatch):
     files = [f.path for f in plog.refresh().files]
     assert len(files) == 1 + 3 and plog.remembered_paths() == files[1:]
     assert plog.remembered_bytes == sum(plog.remembered_rows([f]).nbytes for f in plog.index.files[1:])
+    # a file merged from memory is remembered at its inputs' bytes, which the bound counts
+    before = plog.remembered_bytes
+    monkeypatch.setattr(merging, "FANOUT", 3)
+    assert merge_through(plog) == 3 and plog.remembered_bytes == before
+    assert plog.remembered_paths() == [plog.refresh().files[-1].path]
 
 
 def test_a_merge_that_loses_its_commit_to_a_compaction_changes_nothing(tmp_path, monkeypatch):

@@ -200,9 +200,11 @@ class PartitionLog:
         self._append_lock = threading.RLock()
         # The rows of small files this log's writer committed, by file path (see REMEMBER_MAX_*),
         # oldest first; read and changed under _append_lock, as the writer's commits are.
-        self._remembered: dict[str, pa.Table] = {}
+        self._remembered: dict[str, tuple[pa.Table, int]] = {}  # (rows, their bytes)
         self._remembered_bytes = 0
-        self._committing: pa.Table | None = None  # the rows of the commit in flight (_write_group, merge)
+        # The rows of the commit in flight (_write_group, merge) and their bytes (None: count them).
+        self._committing: pa.Table | None = None
+        self._committing_bytes: int | None = None
         self._writer_table_id: str | None = None
         # A producer's last sequence id as planned so far in the group being planned: its appends
         # queued one after the other share a commit, each deduplicated behind the ones before it.
@@ -250,25 +252,29 @@ class PartitionLog:
                 self._forget_row(a["remove"]["path"])
         if not ours or self._committing is None:
             return
-        rows, self._committing = self._committing, None
+        rows, size = self._committing, self._committing_bytes
+        self._committing = self._committing_bytes = None
         if MERGE_EVERY > 0:
             adds = [a["add"]["path"] for a in actions if "add" in a]
             if len(adds) == 1:  # the file written from exactly these rows
-                self._remember_rows(adds[0], rows)
+                self._remember_rows(adds[0], rows, size)
 
-    def _remember_rows(self, path: str, rows: pa.Table) -> None:
-        size = rows.nbytes
-        if rows.num_rows >= REMEMBER_MAX_RECORDS or size > REMEMBER_MAX_BYTES:
+    def _remember_rows(self, path: str, rows: pa.Table, size: int | None) -> None:
+        if rows.num_rows >= REMEMBER_MAX_RECORDS:
             return
-        self._remembered[path] = rows
+        if size is None:
+            size = rows.nbytes  # walks every chunk's buffers: a merged table's sizes are summed instead
+        if size > REMEMBER_MAX_BYTES:
+            return
+        self._remembered[path] = (rows, size)
         self._remembered_bytes += size
         while self._remembered_bytes > REMEMBER_MAX_BYTES:
             self._forget_row(next(iter(self._remembered)))
 
     def _forget_row(self, path: str) -> None:
-        rows = self._remembered.pop(path, None)
-        if rows is not None:
-            self._remembered_bytes -= rows.nbytes
+        held = self._remembered.pop(path, None)
+        if held is not None:
+            self._remembered_bytes -= held[1]
 
     def _forget_rows(self) -> None:
         """On a reload the commits in between reach no on_commit: start afresh."""
@@ -286,10 +292,10 @@ class PartitionLog:
         """The rows of ``files`` (consecutive, in offset order) exactly as this process's writer
         committed them, or None unless it still holds every one of them."""
         with self._append_lock:
-            tables = [self._remembered.get(f.path) for f in files]
-        if not tables or any(t is None for t in tables):
+            held = [self._remembered.get(f.path) for f in files]
+        if not held or any(h is None for h in held):
             return None
-        return pa.concat_tables(tables)  # type: ignore[arg-type]
+        return pa.concat_tables([h[0] for h in held])  # type: ignore[index]
 
     def merge_files(self, files: Sequence[DataFile], rows: pa.Table) -> int | None:
         """Replace ``files`` by one file of ``rows`` (the same rows: a merge, dataChange=false),
@@ -306,14 +312,17 @@ class PartitionLog:
             live = {f.path for f in self.refresh().files}
             if any(f.path not in live for f in files):
                 return None
+            held = [self._remembered.get(f.path) for f in files]
             self._committing = rows
+            # Rows merged from memory are remembered as the merged file's at the inputs' bytes.
+            self._committing_bytes = sum(h[1] for h in held) if all(h is not None for h in held) else None  # type: ignore[index]
             try:
                 return writer.rewrite([(rows, False)], [(f.path, f.size, False) for f in files])
             except delta.ConcurrentCommit as e:
                 log.info("merging small files of %s stopped (a concurrent change): %s", self.topic, e)
                 return None
             finally:
-                self._committing = None
+                self._committing = self._committing_bytes = None
 
     def _catch_up(self, writer: DeltaAppender) -> None:
         if not writer.catch_up():
@@ -459,11 +468,11 @@ class PartitionLog:
             at += i.rows.num_rows
         codecs = next((i.codecs for i in items if i.codecs is not None), {"value": CompressionType.NONE.parquet_codec})
         guards = {i.guard_app_id: GUARD_LIFETIME_MS for i in items if i.guard_app_id is not None}
-        self._committing = data
+        self._committing, self._committing_bytes = data, None
         try:
             version = writer.append(data, apps, codecs=codecs, lifetimes_ms=guards)
         finally:
-            self._committing = None
+            self._committing = self._committing_bytes = None
         if version is not None and MERGE_EVERY > 0 and version % MERGE_EVERY == 0:
             for hook in EVERY_MERGE_INTERVAL:
                 hook(self)

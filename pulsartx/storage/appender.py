@@ -471,7 +471,8 @@ class DeltaAppender:
         try:
             for i, (data, change) in enumerate(parts):
                 if data.num_rows:
-                    add = self._write_data_file(data.cast(self.schema), now, codecs, f"{commit_id}-{i}")
+                    rows = data if data.schema.equals(self.schema, check_metadata=True) else data.cast(self.schema)
+                    add = self._write_data_file(rows, now, codecs, f"{commit_id}-{i}")
                     adds.append({**add, "dataChange": change})
         except BaseException:
             for add in adds:
