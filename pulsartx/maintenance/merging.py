@@ -76,7 +76,9 @@ def merge_through(plog: PartitionLog, max_runs: int = MAX_RUNS_PER_PASS) -> int:
             rows = read_files(plog.root, plog.segments, run, run[0].min_offset, run[-1].max_offset + 1)
         rows = rows.combine_chunks()  # one chunk a column: the parquet encoding of 32 costs about twice as much
         expected = sum(f.num_records for f in run)
-        if rows.num_rows != expected:
+        offsets = rows.column("offset")
+        if rows.num_rows != expected or (expected and (offsets[0].as_py(), offsets[-1].as_py())
+                                         != (run[0].min_offset, run[-1].max_offset)):
             raise RuntimeError(f"{plog.topic}: files {run[0].path}..{run[-1].path} read back "
                                f"{rows.num_rows} rows, their statistics say {expected}")
         if plog.merge_files(run, rows) is None:
