@@ -303,12 +303,12 @@ class PartitionLog:
         or the store or table is not one :meth:`DeltaAppender.rewrite` commits to (no put-if-absent:
         `pulsartx compact` merges those)."""
         with self._append_lock:
+            self.sync_writer()  # caught up, and still on the table the files were planned from
             writer = self._appender()
             if not writer.fast:
                 return None
-            self._catch_up(writer)
             live = {f.path for f in self.refresh().files}
-            if any(f.path not in live for f in files):
+            if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
                 return None
             self._committing = rows
             try:
