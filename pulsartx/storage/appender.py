@@ -646,6 +646,16 @@ class DeltaAppender:
         apps = dict(apps or {})
         if mode != "append" or any(a in self._apps for a in apps):
             self.sync_handle()
-        version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
+        try:
+            version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
+        except delta.ConcurrentCommit:
+            # delta-rs checks against its handle's snapshot, and a conflict it finds there (another
+            # writer's metadata change or compaction) stays for every retry from that handle, however
+            # far catch_up has read: the retry must start from the latest snapshot.
+            try:
+                self.sync_handle()
+            except Exception as e:  # the conflict stands; the next write syncs again
+                log.debug("%s: bringing the handle up after a conflict failed: %s", self.uri, e)
+            raise
         self._rebase(version, ours=True)
         return version
