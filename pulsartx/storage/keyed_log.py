@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
@@ -44,6 +45,9 @@ MAX_MINOR_FILES = 32  # minor compactions between two full ones, at most
 TOMBSTONE_RETENTION_S = 60
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 T = TypeVar("T")
+# Table URIs whose failed retention upgrade this process has warned about: a failure that repeats
+# at every compaction is one operator problem, said once per table.
+_UPGRADE_WARNED: forks.ProcessCache[str, bool] = forks.ProcessCache()
 
 
 def table_properties() -> dict[str, str]:
@@ -376,6 +380,32 @@ class KeyedLog:
             return outs
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
+    def _upgrade_with_deltalake(self, writer: DeltaAppender, upgrade: Mapping[str, str]) -> None:
+        """The retention upgrade as a delta-rs commit of its own (a store without conditional put).
+        It only shortens what checkpoints keep, so a failure does not cost the compaction, whose
+        absence would grow every open of the log: the compaction goes on without it, the upgrade is
+        tried again at the next one, and the operator is warned once per table and process (a
+        refusal that repeats, such as a metadata write the store does not allow, is one problem).
+        Whatever the failed commit did, the compaction's own catch-up reads it."""
+        try:
+            writer.set_properties_with_deltalake(upgrade)
+        except Exception as e:
+            uri = self.root.uri(*self.segments)
+            wanted = ", ".join(f"{k} = '{v}'" for k, v in upgrade.items())
+            with _UPGRADE_WARNED.lock:
+                first = uri not in _UPGRADE_WARNED
+                _UPGRADE_WARNED[uri] = True
+            if first:
+                log.warning(
+                    "%s table %s: setting %s failed (%s); compacting without it, so its checkpoints keep every "
+                    "compaction's tombstones for Delta's default 7 days and grow with them. It is tried again "
+                    "at each compaction (this is said once per table and process); to fix it, let this process "
+                    "write the table's metadata, or set the property once by hand (deltalake: "
+                    "DeltaTable(uri).alter.set_table_properties, Spark: ALTER TABLE ... SET TBLPROPERTIES)",
+                    self.name, uri, wanted, delta.describe(e, delta.secrets_of(self.root)))
+            else:
+                log.debug("%s table %s: setting %s failed again (%s)", self.name, uri, wanted, e)
+
     def app_version(self, app_id: str) -> int | None:
         return self._writer().txn_version(app_id)
 
@@ -410,7 +440,7 @@ class KeyedLog:
                 {RETENTION_PROPERTY: table_properties()[RETENTION_PROPERTY]}
             if not fast:
                 if upgrade:  # a commit of its own, before the rows are read
-                    writer.set_properties_with_deltalake(upgrade)
+                    self._upgrade_with_deltalake(writer, upgrade)
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
             full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
