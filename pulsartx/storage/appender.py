@@ -449,7 +449,7 @@ class DeltaAppender:
 
     def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
                 codecs: Mapping[str, str] | None = None, apps: Mapping[str, int] | None = None,
-                properties: Mapping[str, str] | None = None) -> int:
+                properties: Mapping[str, str] | None = None, metadata: Mapping[str, str] | None = None) -> int:
         """Commit a compaction as Delta records an OPTIMIZE: ``removes`` ((path, size, dataChange)
         of data files as of :attr:`version`) replaced by one new file per ``parts`` entry
         ((rows, dataChange)); returns the version. ``dataChange`` False says the rows are the same
@@ -461,7 +461,8 @@ class DeltaAppender:
         ``properties``: table properties the same commit sets, as a metaData action restating the
         metadata as of :attr:`version` with them (what delta-rs's SET TBLPROPERTIES writes). A
         commit after our snapshot that changed the metadata raises ConcurrentCommit, as for any
-        commit; one that only appended is stepped over (its files are valid under either)."""
+        commit; one that only appended is stepped over (its files are valid under either).
+        ``metadata``: fields added to the commit's ``commitInfo``, as :meth:`append` adds them."""
         if not self.fast:
             raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         self._check_fresh()
@@ -491,7 +492,7 @@ class DeltaAppender:
                                 "numRemovedFiles": str(len(removes)), "numAddedFiles": str(len(adds)),
                                 "numRemovedBytes": str(sum(s or 0 for _, s, _ in removes)),
                                 "numAddedBytes": str(sum(a["size"] for a in adds))},
-                            "txnId": commit_id}},
+                            "txnId": commit_id, **dict(metadata or {})}},
             *([{"metaData": meta}] if meta is not None else []),
             *({"txn": {"appId": k, "version": int(v), "lastUpdated": now}} for k, v in (apps or {}).items()),
             *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": change, "extendedFileMetadata": True,
