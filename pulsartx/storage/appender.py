@@ -73,6 +73,13 @@ CLEANUP_EVERY = 10
 CLEANUP_MIN_INTERVAL_S = 3600.0
 # table URI -> time.monotonic() of this process's last cleanup of it
 _LAST_CLEANUP: forks.ProcessCache[str, float] = forks.ProcessCache()
+# A process that dies while writing a commit, a checkpoint or its hint on local disk leaves the
+# temporary file it was writing in _delta_log, where nothing else would ever delete it: the
+# checkpoint thread deletes those older than TEMPORARY_MIN_AGE_S, listing the folder at most once
+# per TEMPORARY_SWEEP_INTERVAL_S per table in a process (a listing grows with the log, as cleanup's).
+TEMPORARY_MIN_AGE_S = 3600.0
+TEMPORARY_SWEEP_INTERVAL_S = 3600.0
+_LAST_SWEEP: forks.ProcessCache[str, float] = forks.ProcessCache()
 # table URI -> newest version waiting for a checkpoint. A forked child starts empty: the parent's
 # queued checkpoints are the parent's (left queued here, their tables would never be checkpointed
 # again), and its lock may have been held by its checkpoint thread.
@@ -170,15 +177,30 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
                 t.cleanup_metadata()
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
+    if root.is_local and _once_per(_LAST_SWEEP, uri, TEMPORARY_SWEEP_INTERVAL_S):
+        try:
+            gone = root.remove_stale_temporaries(*segments, "_delta_log", older_than_s=TEMPORARY_MIN_AGE_S)
+        except OSError as e:
+            log.info("leftover temporary files of %s not swept: %s", uri, e)
+        else:
+            if gone:
+                log.info("deleted %d temporary file(s) left in %s/_delta_log by writers that died: %s",
+                         len(gone), uri, ", ".join(gone))
 
 
 def _cleanup_due(uri: str) -> bool:
     """Whether this process cleans the expired log of ``uri`` now (and then notes that it did)."""
+    return _once_per(_LAST_CLEANUP, uri, CLEANUP_MIN_INTERVAL_S)
+
+
+def _once_per(last_run: forks.ProcessCache[str, float], uri: str, interval_s: float) -> bool:
+    """Whether a job of ``uri`` that runs at most every ``interval_s`` in a process is due now (and
+    then notes that it runs)."""
     now = time.monotonic()
-    last = _LAST_CLEANUP.get(uri)
-    if last is not None and now - last < CLEANUP_MIN_INTERVAL_S:
+    last = last_run.get(uri)
+    if last is not None and now - last < interval_s:
         return False
-    _LAST_CLEANUP[uri] = now
+    last_run[uri] = now
     return True
 
 
