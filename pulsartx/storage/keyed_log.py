@@ -60,7 +60,20 @@ _UPGRADE_WARNED: forks.ProcessCache[str, bool] = forks.ProcessCache()
 def table_properties() -> dict[str, str]:
     """The properties of a keyed log's table: statistics on ``seq`` (where replay is cut) and
     the short tombstone retention."""
-    return {**delta.stats_config([SEQ]), RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
+    return {**delta.stats_config([SEQ]), **short_tombstone_retention()}
+
+
+def short_tombstone_retention() -> dict[str, str]:
+    """The short tombstone retention as a table property; also set on buffer-snapshot tables,
+    which are overwritten whole and read at their newest version only
+    (docs/design/short-tombstone-retention-for-keyed-logs.md)."""
+    return {RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
+
+
+def missing_retention(configuration: Mapping[str, str]) -> dict[str, str]:
+    """The retention property a table created before it still needs; a table that sets it, to any
+    value, is left alone."""
+    return {} if RETENTION_PROPERTY in configuration else short_tombstone_retention()
 
 
 def _keeps_every_key(actions: list[dict[str, Any]]) -> bool:
@@ -489,8 +502,7 @@ class KeyedLog:
             fast = writer.fast and self._active is not None
             # A table created before the short tombstone retention gets it with its first
             # compaction by this version (the commits that make tombstones), not a separate step.
-            upgrade = {} if RETENTION_PROPERTY in writer.configuration() else \
-                {RETENTION_PROPERTY: table_properties()[RETENTION_PROPERTY]}
+            upgrade = missing_retention(writer.configuration())
             if not fast:
                 if upgrade:  # a commit of its own, before the rows are read
                     self._upgrade_with_deltalake(writer, upgrade)
