@@ -153,3 +153,26 @@ def test_writers_without_conditional_put_keep_writing_over_each_others_compactio
         assert {k: v for k, v in _state(log).items() if v != "dead"} == live
         assert set(_state(log)) - set(live) <= {k for k, v in model.items() if v == "dead"}
     assert _state(first) == _state(second) == _state(_log(root))
+
+
+def test_a_reader_takes_a_key_written_again_up_to_the_seq_it_held(tmp_path):
+    """A key a full compaction dropped starts over at seq 0 when written again (a lease store reuses
+    its keys): a reader that catches up over both in one go meets the new row at the seq of the old
+    one it still holds, and must take the new row; a row still as it was keeps its object."""
+    root = StorageRoot.resolve(str(tmp_path))
+    keep = lambda r: r["v"] != "dead"  # noqa: E731
+    writer, reader = _log(root, every=1000), _log(root, every=1000)
+    _update(writer, "k", "dead", keep)  # seq 0
+    _update(writer, "other", "v", keep)
+    reader.refresh()
+    held = reader.rows["other"]
+    assert _state(reader) == {"k": "dead", "other": "v"}
+    assert writer.compact(keep)  # the first since opening: full, drops k
+    assert _state(writer) == {"other": "v"}
+    _update(writer, "k", "new", keep)  # seq 0 again
+    assert writer.rows["k"]["seq"] == 0
+    reader.refresh()  # over the compaction and the new row at once
+    assert _state(reader) == {"k": "new", "other": "v"} == _state(_log(root))
+    assert reader.rows["k"] == {"seq": 0, "key": "k", "v": "new"}
+    assert reader.rows["other"] is held
+

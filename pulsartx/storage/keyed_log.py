@@ -266,7 +266,7 @@ class KeyedLog:
         """The rows as the table's live files hold them, replacing those held here: a key no live file
         holds is gone. Its cost is about what reading the other writer's full compaction file alone
         was (that file is most of the live rows). Returns the rows that are new or changed; a row
-        still at its seq keeps its object (a TC log knows its parsed rows by identity)."""
+        the files hold as it is held here keeps its object (a TC log knows its parsed rows by identity)."""
         if self._active is None:  # a reload is due whenever the files are unknown; never answer stale rows
             self._lost_track()
             raise StorageError(f"{self.name}: its live files are unknown after another writer's compaction; "
@@ -280,7 +280,9 @@ class KeyedLog:
         changed = []
         for k, r in fresh.items():
             held = self._rows.get(k)
-            if held is not None and held[SEQ] == r[SEQ]:
+            # Equal, not merely at the same seq: a key a full compaction dropped starts over at seq 0
+            # when written again (a lease store reuses its keys), and may reach the seq held here.
+            if held is not None and held == r:
                 fresh[k] = held
             else:
                 changed.append(r)
