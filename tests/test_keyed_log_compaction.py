@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pulsartx.storage.keyed_log import MAX_MINOR_FILES, KeyedLog
 from pulsartx.storage.root import StorageRoot
@@ -153,3 +154,88 @@ def test_writers_without_conditional_put_keep_writing_over_each_others_compactio
         assert {k: v for k, v in _state(log).items() if v != "dead"} == live
         assert set(_state(log)) - set(live) <= {k for k, v in model.items() if v == "dead"}
     assert _state(first) == _state(second) == _state(_log(root))
+
+
+def test_a_reader_takes_a_key_written_again_up_to_the_seq_it_held(tmp_path):
+    """A key a full compaction dropped starts over at seq 0 when written again (a lease store reuses
+    its keys): a reader that catches up over both in one go meets the new row at the seq of the old
+    one it still holds, and must take the new row; a row still as it was keeps its object."""
+    root = StorageRoot.resolve(str(tmp_path))
+    keep = lambda r: r["v"] != "dead"  # noqa: E731
+    writer, reader = _log(root, every=1000), _log(root, every=1000)
+    _update(writer, "k", "dead", keep)  # seq 0
+    _update(writer, "other", "v", keep)
+    reader.refresh()
+    held = reader.rows["other"]
+    assert _state(reader) == {"k": "dead", "other": "v"}
+    assert writer.compact(keep)  # the first since opening: full, drops k
+    assert _state(writer) == {"other": "v"}
+    _update(writer, "k", "new", keep)  # seq 0 again
+    assert writer.rows["k"]["seq"] == 0
+    reader.refresh()  # over the compaction and the new row at once
+    assert _state(reader) == {"k": "new", "other": "v"} == _state(_log(root))
+    assert reader.rows["k"] == {"seq": 0, "key": "k", "v": "new"}
+    assert reader.rows["other"] is held
+
+
+def _without_conditional_put_a_write_lands_within_anothers_overwrite(monkeypatch, root, during):
+    """Another writer's full compaction through delta-rs (an overwrite), with ``during`` committed
+    after that writer's last look at the table and before its overwrite's commit."""
+    from pulsartx.storage import delta
+
+    real = delta.write
+    done = []
+
+    def write(table, data, **kw):
+        if kw.get("mode") == "overwrite" and not done:
+            done.append(True)
+            during()
+        return real(table, data, **kw)
+
+    monkeypatch.setattr(delta, "write", write)
+    assert _log(root, every=1000).compact(lambda r: True)
+    monkeypatch.setattr(delta, "write", real)
+    assert done
+
+
+def test_without_conditional_put_a_writer_keeps_its_own_rows_over_anothers_overwrite(tmp_path, monkeypatch):
+    """Without conditional put a writer's own commits go through delta-rs; its rows must survive its
+    catch-up over another writer's overwrite (the live files it re-reads include its own), and its
+    next compare-and-set must start from its last durable row: from stale rows it wrote a key's
+    seq a second time over a lost acknowledgement."""
+    from pulsartx.storage import delta
+
+    monkeypatch.setattr(StorageRoot, "has_put_if_absent", property(lambda self: False))
+    root = StorageRoot.resolve(str(tmp_path))
+    a = _log(root, every=1000)
+    assert not a._appender.fast
+
+    def bump(v: str) -> None:
+        a.cas("cursor", lambda cur: ({"seq": 0, "key": "cursor", "v": f"{v} after {cur and cur['v']}"}, None),
+              what="cursor")
+
+    for i in range(3):
+        _update(a, f"k{i}", "x", None)
+    bump("ack1")
+
+    def during() -> None:
+        _update(_log(root, every=1000), "c", "x", None)  # a's handle is behind it: delta-rs steps over it
+        _update(a, "k9", "durable", None)
+        bump("ack2")
+
+    _without_conditional_put_a_write_lands_within_anothers_overwrite(monkeypatch, root, during)
+    expected = {"c": "x", "k0": "x", "k1": "x", "k2": "x", "k9": "durable", "cursor": "ack2 after ack1 after None"}
+    a.refresh()
+    assert _state(a) == expected == _state(_log(root))
+    live = {str(p) for p in delta.add_actions(delta.open_table(root, "kl")).column("path").to_pylist()}
+    assert a._active == live
+    bump("ack3")
+    expected["cursor"] = "ack3 after ack2 after ack1 after None"
+    assert _state(a) == expected == _state(_log(root))
+    assert a.rows["cursor"]["seq"] == 2
+    # Every row of the cursor ever written: one per seq, none written twice.
+    rows = []
+    for f in (tmp_path / "kl").glob("*.parquet"):
+        rows += [r for r in pq.read_table(f).to_pylist() if r["key"] == "cursor"]
+    assert sorted({(r["seq"], r["v"]) for r in rows}) == [
+        (0, "ack1 after None"), (1, "ack2 after ack1 after None"), (2, "ack3 after ack2 after ack1 after None")]

@@ -25,7 +25,9 @@ response was lost and is retried finds its own commit (same unique ``txnId``) an
 State: ``version`` and the app-id versions set by commits after the DeltaTable handle's snapshot
 (``txn_version`` consults these first, then the handle), kept current by reading every commit
 after ``version`` in order (``catch_up``). Owners that keep derived state (a KeyedLog's rows and
-files) see each commit through ``on_commit``, flagged when it is their own.
+files) see each commit through ``on_commit``, flagged when it is their own; our own commits made
+through delta-rs (:meth:`DeltaAppender.write_with_deltalake`) are not among them, and the handle,
+which stands at such a commit's version, holds their files.
 """
 from __future__ import annotations
 

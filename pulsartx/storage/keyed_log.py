@@ -82,6 +82,11 @@ def _keeps_every_key(actions: list[dict[str, Any]]) -> bool:
     return any(a.get("commitInfo", {}).get(COMPACTION_INFO) == MINOR for a in actions)
 
 
+def _live_files(table: Any) -> list[str]:
+    """The data files of a DeltaTable handle's snapshot."""
+    return [str(p) for p in delta.add_actions(table).column("path").to_pylist()]
+
+
 def bucket_app_id(name: str, key: str) -> str:
     return f"pulsartx.{name}.{zlib.crc32(key.encode()) % BUCKETS}"
 
@@ -129,7 +134,7 @@ class KeyedLog:
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
         self._check_schema(t)
-        files = [str(p) for p in delta.add_actions(t).column("path").to_pylist()]
+        files = _live_files(t)
         # Rows first: a reload that fails must leave the log marked for reloading, never a new file
         # list over missing rows (a compaction would then keep only the rows read since).
         self._reopen = True
@@ -232,7 +237,7 @@ class KeyedLog:
         if self._active is not None:
             self._active.difference_update(removes)
             self._active.update(adds)
-        if ours:
+        if ours:  # only through our own commit path: delta-rs's commits of ours never get here (see _put)
             return
         if removes:
             self.files_since_compaction = len(adds)
@@ -266,7 +271,7 @@ class KeyedLog:
         """The rows as the table's live files hold them, replacing those held here: a key no live file
         holds is gone. Its cost is about what reading the other writer's full compaction file alone
         was (that file is most of the live rows). Returns the rows that are new or changed; a row
-        still at its seq keeps its object (a TC log knows its parsed rows by identity)."""
+        the files hold as it is held here keeps its object (a TC log knows its parsed rows by identity)."""
         if self._active is None:  # a reload is due whenever the files are unknown; never answer stale rows
             self._lost_track()
             raise StorageError(f"{self.name}: its live files are unknown after another writer's compaction; "
@@ -280,7 +285,9 @@ class KeyedLog:
         changed = []
         for k, r in fresh.items():
             held = self._rows.get(k)
-            if held is not None and held[SEQ] == r[SEQ]:
+            # Equal, not merely at the same seq: a key a full compaction dropped starts over at seq 0
+            # when written again (a lease store reuses its keys), and may reach the seq held here.
+            if held is not None and held == r:
                 fresh[k] = held
             else:
                 changed.append(r)
@@ -371,6 +378,11 @@ class KeyedLog:
             log.info("%s: a write reported an error but landed (%s)", self.name, e)
             self.appended += 1
             return
+        if not writer.fast:
+            # delta-rs made the commit, so no on_commit saw its file: the live files are taken from the
+            # handle, which stands at our version. Missing, our rows would be lost by the next re-read
+            # of the live files (after another writer's overwrite), and a write on them would repeat a seq.
+            self._active = set(_live_files(writer.table))
         # Durable: applied to memory now (write, then apply). Others' commits stepped over before
         # ours are pending; reading them may fail, and they are then read before the next decision.
         self._apply(rows)
@@ -529,8 +541,7 @@ class KeyedLog:
                                metadata={COMPACTION_INFO: FULL if full else MINOR})
             else:
                 writer.write_with_deltalake(live, mode="overwrite", apps=apps)
-                self._active = {str(p) for p in delta.add_actions(writer.table).column("path")
-                                .to_pylist()}
+                self._active = set(_live_files(writer.table))
         except delta.ConcurrentCommit as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
             log.info("%s compaction skipped (concurrent compaction): %s", self.name, e)
