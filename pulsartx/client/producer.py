@@ -75,6 +75,13 @@ class _Pending:
             self.done.set()
 
 
+# A transaction's queue for a partition this long starts the partition's registration beside the
+# batch still filling (``Transaction._register_early``). Not at the first message: a small
+# transaction's partitions are registered together in one TC entry at its flush, and registering
+# each at its first send would cost a TC commit per partition.
+EARLY_REGISTRATION_AT = 100
+
+
 class Producer(TableSending):
     @checked_keywords()
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
@@ -232,7 +239,8 @@ class Producer(TableSending):
         check_message_fields(partition_key, properties)  # before queueing: a bad field must not fail its batch
         if txn is not None:
             txn._check_usable()
-            txn._attach_producer(self)
+            if txn not in self._txn_keys:  # attached already when it has a queue here: a send is per message
+                txn._attach_producer(self)
         n = len(self._partitions)
         if n == 1:
             idx = 0
@@ -262,11 +270,14 @@ class Producer(TableSending):
                     self._txn_keys.setdefault(txn, []).append(key)
             q.append(p)
             p.full = len(q) >= self._max_messages
+            early = txn is not None and len(q) == EARLY_REGISTRATION_AT and not p.full
             if unkeyed:
                 if p.full:  # this batch is complete: the next unkeyed message starts the next one
                     self._end_round()
                 else:
                     self._round.add(key)
+        if early:
+            txn._register_early(str(self._logs[part].topic))
         return p
 
     def _end_round(self) -> None:

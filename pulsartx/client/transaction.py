@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
@@ -95,6 +96,7 @@ class Transaction:
         self._partitions: set[str] = set()
         self._subscriptions: set[Subscription] = set()
         self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
+        self._registering_parts: dict[str, Future[None]] = {}  # ADD_PARTITIONs begun at a first send
         # Subscriptions acknowledged on before the TC log held the transaction: registered with
         # its first log write, at the latest its decision (``_defer_subscriptions``).
         self._deferred: set[Subscription] = set()
@@ -124,6 +126,8 @@ class Transaction:
         forks.check(self._made, lambda: f"transaction {self.id}")
 
     def _check_usable(self) -> None:
+        if self.state is TransactionState.OPEN and self._expired is None and self._made == forks.generation:
+            return  # the common case, first: producers check on every message
         self._check_process()
         if self._expired is not None:
             raise ExpiredTransactionError(str(self._expired))
@@ -140,16 +144,68 @@ class Transaction:
         """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish.
         Already-registered partitions still cost one check with the TC, so that a transaction fenced
         or timed out elsewhere fails the send with ExpiredTransactionError instead of writing data
-        that could never become visible."""
+        that could never become visible. A registration begun at the partition's first send
+        (``_register_early``) is waited for, and counts as that check."""
         with self._lock:
-            new = partitions - self._partitions
+            early = {p: f for p in partitions if (f := self._registering_parts.get(p)) is not None}
+            new = partitions - self._partitions - self._registering_parts.keys()
+        for f in early.values():
+            f.result()
+        if early:
+            with self._lock:  # each early registration answers for one append only
+                for p, f in early.items():
+                    if self._registering_parts.get(p) is f:
+                        del self._registering_parts[p]
+        waiting = bool(early)
         if new:
             self._call(lambda: self._tc().add_partitions(self.id, new))
             with self._lock:
                 self._partitions |= new
                 self._written = True
-        else:
+        elif not waiting:
             self._call(lambda: self._tc().check_usable(self.id))
+
+    def _register_early(self, partition: str) -> None:
+        """Begin ADD_PARTITION on a helper thread when the first message for ``partition`` is
+        queued, as Pulsar's producer sends addPartitionToTxn at its first send to a partition: the
+        registration is then written while the batch fills instead of after, and the batch's
+        append (``_register_partitions``) waits for it, so data still never precedes it."""
+        with self._lock:
+            if partition in self._partitions or partition in self._registering_parts:
+                return
+            fut: Future[None] = Future()
+            self._registering_parts[partition] = fut
+
+        def register() -> None:
+            try:
+                self._call(lambda: self._tc().add_partitions(self.id, {partition}))
+                with self._lock:
+                    self._partitions.add(partition)
+                    self._written = True
+            except BaseException as e:
+                with self._lock:  # a later send registers again, and meets the error itself
+                    self._registering_parts.pop(partition, None)
+                fut.set_exception(e)
+            else:
+                fut.set_result(None)  # kept until an append takes it as its check
+
+        try:
+            helper_pool().submit(register)
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            register()
+            return
+        # Let the helper take the GIL now: a sender looping over send_async would keep it for the
+        # interpreter's switch interval (5 ms), longer than the batch takes to fill.
+        time.sleep(0)
+
+    def _settle_registrations(self) -> None:
+        """Wait for the partition registrations under way: the decision entry must not race its
+        own transaction's ADD_PARTITION (their outcome is reported where it is needed: a failed
+        one fails the append that waited for it)."""
+        with self._lock:
+            waiting = list(self._registering_parts.values())
+        for f in waiting:
+            f.exception()
 
     def _defer_subscriptions(self, subs: set[Subscription]) -> int | None:
         """For a transaction the TC log does not hold yet (begun lazily, nothing produced, no key):
@@ -327,6 +383,7 @@ class Transaction:
         run_beside([partial(p.flush_transaction, self, registered=bool(parts)) for p in producers])
 
     def _end(self, action: TxnAction) -> None:
+        self._settle_registrations()
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         if action is TxnAction.COMMIT:
             self._commit_tried = True
