@@ -29,6 +29,7 @@ from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
 from pulsartx.client.table_sending import TableSending
+from pulsartx.client.transaction import run_beside
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -312,8 +313,6 @@ class Producer(TableSending):
         if len(keys) == 1:
             self._flush_queue(keys[0], registered)
             return
-        from pulsartx.client.transaction import run_beside
-
         # Only queues holding messages need a thread: the others are passed through their lock,
         # which waits for an append the flush loop already took. (A pool made per call started a
         # thread per queue, ~0.6 ms each, on every flush and every commit of a transaction whose
