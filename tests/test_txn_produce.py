@@ -53,9 +53,9 @@ def test_full_batch_transaction_commits_like_the_protocol(root, commits):
     prod.send(b"warm", txn=warm)
     warm.commit()
     client.flush()
-    commits.clear()
     values = [b"m%04d" % i for i in range(1000)]
-    txn = client.new_transaction()
+    txn = client.new_transaction()  # a lease renewal or a TxnID block would be written here
+    commits.clear()
     for v in values:
         prod.send_async(v, None, txn=txn)
     txn.commit()
