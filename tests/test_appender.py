@@ -434,6 +434,14 @@ def test_app_ids_of_a_writer_behind_the_last_checkpoint_are_read_as_of_its_versi
     assert isinstance(behind._ids, dict)
 
 
+def _appender_whose_log_expires_at_once(tmp_path):
+    """A writer of a table whose commits expire as soon as a checkpoint covers them."""
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
+                                                         "delta.logRetentionDuration": "interval 0 seconds"})
+    return appender((root, ("t",)))
+
+
 def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monkeypatch):
     """Cleanup lists all of ``_delta_log``: it runs with every CLEANUP_EVERY-th checkpoint, not
     with each one, and then removes what the table's log retention lets it remove."""
@@ -441,10 +449,7 @@ def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monke
 
     monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
     monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 3)
-    root = StorageRoot.resolve(str(tmp_path))
-    delta.create_table(root, SCHEMA, "t", configuration={**delta.stats_config(["seq"]),
-                                                         "delta.logRetentionDuration": "interval 0 seconds"})
-    a = appender((root, ("t",)))
+    a = _appender_whose_log_expires_at_once(tmp_path)
     first = os.path.join(a.uri, "_delta_log", delta.commit_file(0))
     for i in range(29):
         a.append(rows(i, i + 1), {"app.x": i})
@@ -457,6 +462,33 @@ def test_expired_logs_are_cleaned_at_every_tenth_checkpoint_only(tmp_path, monke
     t = dl.DeltaTable(a.uri)
     assert t.version() == 30 and t.transaction_version("app.x") == 29
     assert sorted(t.to_pyarrow_table().column("seq").to_pylist()) == list(range(30))
+
+
+def test_a_process_cleans_a_tables_expired_log_at_most_once_an_hour(tmp_path, monkeypatch):
+    """A busy partition reaches every 1,000th version within seconds, and each cleanup opens the
+    table with delta-rs (a cost that grows with its live files), while nothing in a log expires
+    sooner than its retention: once a cleanup ran, the next waits CLEANUP_MIN_INTERVAL_S."""
+    from pulsartx.storage import appender as appender_mod
+
+    monkeypatch.setattr(appender_mod, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(appender_mod, "CLEANUP_EVERY", 1)
+    a = _appender_whose_log_expires_at_once(tmp_path)
+    appender_mod._LAST_CLEANUP.pop(a.uri, None)
+    log_dir = os.path.join(a.uri, "_delta_log")
+    for i in range(10):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert not os.path.exists(os.path.join(log_dir, delta.commit_file(0)))  # the first cleanup ran
+    for i in range(10, 30):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert os.path.exists(os.path.join(log_dir, delta.commit_file(15)))  # within the hour: none since
+    monkeypatch.setattr(appender_mod, "CLEANUP_MIN_INTERVAL_S", 0.0)
+    for i in range(30, 40):
+        a.append(rows(i, i + 1))
+    wait_for_checkpoints()
+    assert not os.path.exists(os.path.join(log_dir, delta.commit_file(15)))
+    assert sorted(dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist()) == list(range(40))
 
 
 def test_a_compaction_that_sets_properties_restates_the_latest_metadata(table):

@@ -350,20 +350,27 @@ def test_the_checkpoint_thread_writes_ours_after_delta_rs_wrote_the_first(tmp_pa
         _json_only(root, segments, tmp_path).uri(*segments), 35, ["app"])
 
 
-def test_a_failed_write_of_ours_falls_back_on_delta_rs(tmp_path, monkeypatch):
-    monkeypatch.setattr(appender, "CHECKPOINT_INTERVAL", 10)
+def _second_checkpoint_under(tmp_path: Path, fault: Fault) -> tuple[StorageRoot, tuple[str, ...], History]:
+    """A table checkpointed at version 10 as usual, then at 20 with ``fault`` installed."""
     root, segments = _table(tmp_path)
     h = History(root, segments, 0)
     for i in range(10):
         h.writer.append(_rows(i, 1))
     wait_for_checkpoints()
-    faults.install([Fault(Op.CREATE, match="00000000000000000020.checkpoint.parquet")])
+    faults.install([fault])
     try:
         for i in range(10, 20):
             h.writer.append(_rows(i, 1))
         wait_for_checkpoints()
     finally:
         faults.install([])
+    return root, segments, h
+
+
+def test_a_failed_write_of_ours_falls_back_on_delta_rs(tmp_path, monkeypatch):
+    monkeypatch.setattr(appender, "CHECKPOINT_INTERVAL", 10)
+    root, segments, _ = _second_checkpoint_under(
+        tmp_path, Fault(Op.CREATE, match="00000000000000000020.checkpoint.parquet"))
     assert _written_by(root, segments, 20) == "delta-rs"
     assert delta.read_last_checkpoint(root, segments)["version"] == 20
     assert not [f for f in os.listdir(_log_dir(root, segments)) if f.startswith(".")]
@@ -375,18 +382,7 @@ def test_a_checkpoint_of_ours_that_exists_is_not_replaced_by_delta_rs_when_its_h
     checkpoint moves the hint."""
     monkeypatch.setattr(appender, "CHECKPOINT_INTERVAL", 10)
     monkeypatch.setattr(appender, "MAX_CHECKPOINT_INTERVAL", 10)
-    root, segments = _table(tmp_path)
-    h = History(root, segments, 0)
-    for i in range(10):
-        h.writer.append(_rows(i, 1))
-    wait_for_checkpoints()
-    faults.install([Fault(Op.WRITE, match="_last_checkpoint")])
-    try:
-        for i in range(10, 20):
-            h.writer.append(_rows(i, 1))
-        wait_for_checkpoints()
-    finally:
-        faults.install([])
+    root, segments, h = _second_checkpoint_under(tmp_path, Fault(Op.WRITE, match="_last_checkpoint"))
     assert _written_by(root, segments, 20) == "pulsartx"
     assert delta.read_last_checkpoint(root, segments)["version"] == 10
     for i in range(20, 30):

@@ -48,18 +48,30 @@ def helper_pool() -> ThreadPoolExecutor:
 def run_beside(jobs: Sequence[Callable[[], object]]) -> None:
     """Run independent protocol steps side by side, the first on this thread (one helper fewer),
     and return once every one has ended, raising the first error: nothing the caller started is
-    still being written when it reports the failure."""
+    still being written when it reports the failure.
+
+    A job no helper has started by the time the caller is free runs on the caller instead. So a
+    call nested in a helper's job (a commit flushes its producers beside each other, and each
+    producer its queues) never waits on a job queued behind busy helpers: with every helper
+    waiting that way, the pool would otherwise deadlock."""
     if len(jobs) <= 1:
         for job in jobs:
             job()
         return
-    futures = [helper_pool().submit(job) for job in jobs[1:]]
+    futures = [(job, helper_pool().submit(job)) for job in jobs[1:]]
     errors: list[BaseException] = []
     try:
         jobs[0]()
     except Exception as e:
         errors.append(e)
-    errors += [e for f in futures if (e := f.exception()) is not None]
+    for job, f in futures:
+        if f.cancel():  # not started: run here
+            try:
+                job()
+            except Exception as e:
+                errors.append(e)
+        elif (e := f.exception()) is not None:
+            errors.append(e)
     if errors:
         raise errors[0]
 

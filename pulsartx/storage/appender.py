@@ -65,9 +65,14 @@ T = TypeVar("T")
 
 _CHECKPOINTS = ProcessPool(1, "pulsartx-checkpoint")
 # Expired-log cleanup lists the whole _delta_log folder, which grows by a file per version for the
-# 30 days of delta.logRetentionDuration: it runs with the checkpoint at every CLEANUP_EVERY x CHECKPOINT_INTERVAL-th
-# version only (every 10th checkpoint of a small table, every 5th of a larger one).
+# 30 days of delta.logRetentionDuration, and needs delta-rs's open of the table, whose cost grows with
+# its live files: it runs with the checkpoint at every CLEANUP_EVERY x CHECKPOINT_INTERVAL-th version
+# only, and at most once per CLEANUP_MIN_INTERVAL_S per table in a process (a busy partition reaches
+# every 1,000th version within seconds; nothing in a log expires sooner than days).
 CLEANUP_EVERY = 10
+CLEANUP_MIN_INTERVAL_S = 3600.0
+# table URI -> time.monotonic() of this process's last cleanup of it
+_LAST_CLEANUP: forks.ProcessCache[str, float] = forks.ProcessCache()
 # table URI -> newest version waiting for a checkpoint. A forked child starts empty: the parent's
 # queued checkpoints are the parent's (left queued here, their tables would never be checkpointed
 # again), and its lock may have been held by its checkpoint thread.
@@ -157,7 +162,7 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
                 return
             t.create_checkpoint()
             _note_checkpoint_size(root, segments, uri)
-        if version % (CHECKPOINT_INTERVAL * CLEANUP_EVERY) == 0:
+        if version % (CHECKPOINT_INTERVAL * CLEANUP_EVERY) == 0 and _cleanup_due(uri):
             # Cleanup needs delta-rs's table; opened after the checkpoint, it reads that one.
             if t is None:
                 t = delta.open_table(root, *segments, version=version)
@@ -165,6 +170,16 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
                 t.cleanup_metadata()
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
+
+
+def _cleanup_due(uri: str) -> bool:
+    """Whether this process cleans the expired log of ``uri`` now (and then notes that it did)."""
+    now = time.monotonic()
+    last = _LAST_CLEANUP.get(uri)
+    if last is not None and now - last < CLEANUP_MIN_INTERVAL_S:
+        return False
+    _LAST_CLEANUP[uri] = now
+    return True
 
 
 def _write_own_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str, version: int) -> bool:

@@ -257,16 +257,9 @@ def _read_commits(root: StorageRoot, segments: tuple[str, ...], first: int, last
     """Commits ``first`` to ``last``, in order. On an object store several at once, as a data
     file's reads are (up to 800 commits one request each would take seconds); the parsing is the
     same either way."""
-    from concurrent.futures import ThreadPoolExecutor
-
     log_tail = delta.LogTail(root, segments)
     versions = range(first, last + 1)
-    if root.is_local or len(versions) <= 1:
-        commits = [log_tail.read_commit(v) for v in versions]
-    else:
-        with ThreadPoolExecutor(max_workers=min(delta.PARALLEL_READS, len(versions)),
-                                thread_name_prefix="pulsartx-checkpoint-read") as pool:
-            commits = list(pool.map(log_tail.read_commit, versions))
+    commits = delta.read_each(root, log_tail.read_commit, versions, "pulsartx-checkpoint-read")
     missing = [v for v, c in zip(versions, commits, strict=True) if c is None]
     if missing:
         raise Unsupported(f"commit {missing[0]} is missing")

@@ -23,10 +23,10 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -276,6 +276,7 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
 
 # A file this big is decoded on Arrow's thread pool; a fetch's small file is not worth the hand-off.
 THREADED_READ_ROWS = 50_000
+R = TypeVar("R")
 PARALLEL_READS = 8  # an object store's files fetched at once
 
 
@@ -316,13 +317,19 @@ def read_parquet(root: StorageRoot, paths: list[str], schema: pa.Schema, columns
             t = t.append_column(field, pa.nulls(t.num_rows, field.type))  # written before the column existed
         return t.select(cols).cast(out_schema)
 
-    if root.is_local or len(paths) == 1:
-        tables = [read_one(path) for path in paths]
-    else:
-        with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(paths)), thread_name_prefix="pulsartx-read") as pool:
-            tables = list(pool.map(read_one, paths))
+    tables = read_each(root, read_one, paths)
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     return table if keep is None else table.filter(keep(table))
+
+
+def read_each(root: StorageRoot, read: Callable[[T], R], items: Sequence[T], name: str = "pulsartx-read") -> list[R]:
+    """``read`` of every item, in order: one after another on a local disk, where a read costs
+    CPU, not waiting; on an object store PARALLEL_READS requests at once, as each waits on the
+    network."""
+    if root.is_local or len(items) <= 1:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(items)), thread_name_prefix=name) as pool:
+        return list(pool.map(read, items))
 
 
 def commit_file(version: int) -> str:
