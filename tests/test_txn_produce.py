@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -12,8 +13,15 @@ import pulsartx
 from pulsartx import MessageId
 from pulsartx.client import producer as producer_mod
 from pulsartx.coordinator.coordinator import TransactionCoordinator
-from pulsartx.exceptions import InvalidTxnStatusError, PulsarException
+from pulsartx.exceptions import (
+    ExpiredTransactionError,
+    InvalidTxnStatusError,
+    PulsarException,
+)
+from pulsartx.log.partition import PartitionLog
+from pulsartx.naming import TopicName
 from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.retry import OutcomeUnknown
 
 pytestmark = pytest.mark.parametrize("storage", ["local"], indirect=True)
 
@@ -181,3 +189,341 @@ def test_sends_on_an_ended_transaction_still_raise(root):
         prod.send(b"late", txn=t2)
     assert read_all(client, "one", 1) == [b"x"]
     client.close()
+
+
+# ---- registrations begun close together share one call; their failure paths --------------------------------
+
+
+@pytest.fixture
+def data_after_registration(monkeypatch) -> list[tuple[str, bool]]:
+    """Every transactional data append, with whether the TC log durably listed its partition in
+    the transaction when the append was submitted (must always be True)."""
+    seen: list[tuple[str, bool]] = []
+    real = PartitionLog.submit_append
+
+    def spy(self, records, *a, **kw):
+        most = records.column("txn_most_bits")[0].as_py()
+        if most is not None and records.column("type")[0].as_py() == "DATA":
+            txn_id = pulsartx.TxnID(most, records.column("txn_least_bits")[0].as_py())
+            tc = TransactionCoordinator(self.root, most).open(recover=False)  # a fresh reader of the log
+            meta = tc.txlog.get(txn_id.least_bits)
+            seen.append((str(self.topic), meta is not None and str(self.topic) in meta.partitions))
+        return real(self, records, *a, **kw)
+
+    monkeypatch.setattr(PartitionLog, "submit_append", spy)
+    return seen
+
+
+class Gate:
+    """Holds the first ADD_PARTITION call (before it reaches the TC) until released, and records
+    every call's partitions."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[set[str]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = TransactionCoordinator.add_partitions
+        gate = self
+
+        def add(tc, txn_id, partitions):
+            gate.calls.append(set(partitions))
+            if len(gate.calls) == 1:
+                gate.entered.set()
+                assert gate.release.wait(30)
+            return real(tc, txn_id, partitions)
+
+        monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
+
+    def held(self) -> None:
+        assert self.entered.wait(30)
+
+
+def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def names(topic: str, n: int) -> list[str]:
+    return [str(TopicName.parse(f"{topic}-partition-{i}")) for i in range(n)]
+
+
+def test_partitions_filling_together_register_in_one_call(root, commits, monkeypatch, data_after_registration):
+    """Keyed messages fill 4 partitions side by side: when the first reaches the threshold, all 4
+    are registered in one call (one TC commit, with NEW), not one call each as each reaches it."""
+    real_add = TransactionCoordinator.add_partitions
+    calls: list[set[str]] = []
+
+    def add(self, txn_id, partitions):
+        calls.append(set(partitions))
+        return real_add(self, txn_id, partitions)
+
+    monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 4)
+    prod = client.create_producer("t", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    warm = client.new_transaction()
+    prod.send(b"warm", txn=warm)
+    warm.commit()
+    client.flush()
+    values = [b"m%04d" % i for i in range(1000)]
+    txn = client.new_transaction()
+    calls.clear()
+    commits.clear()
+    for v in values:
+        prod.send_async(v, None, partition_key=v.decode(), txn=txn)
+    txn.commit()
+    client.flush()
+    assert calls == [set(names("t", 4))]
+    assert commits["tc"] == 3  # NEW + ADD_PARTITION of all 4, the decision, the final entry
+    assert sorted(read_all(client, "t", 4)) == sorted([b"warm", *values])
+    assert data_after_registration and all(ok for _, ok in data_after_registration)
+    client.close()
+
+
+def test_registrations_asked_during_a_call_share_the_next(root, monkeypatch, data_after_registration):
+    """While one registration call is in flight, partitions asked for beside other batches wait
+    for it and then go to the TC together, in one call."""
+    gate = Gate(monkeypatch)
+    client = pulsartx.Client(root)
+    a, b, c = (client.create_producer(t, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+               for t in ("a", "b", "c"))
+    txn = client.new_transaction()
+    for i in range(producer_mod.EARLY_REGISTRATION_AT):
+        a.send_async(b"a%d" % i, None, txn=txn)
+    gate.held()  # a's registration, held
+    for prod, name in ((b, "b"), (c, "c")):
+        for i in range(producer_mod.EARLY_REGISTRATION_AT):
+            prod.send_async(b"%s%d" % (name.encode(), i), None, txn=txn)
+    time.sleep(0.05)
+    assert len(gate.calls) == 1
+    gate.release.set()
+    txn.commit()
+    client.flush()
+    assert gate.calls == [{str(TopicName.parse("a"))}, {str(TopicName.parse(t)) for t in "bc"}]
+    for t in "abc":
+        assert len(read_all(client, t, 1)) == producer_mod.EARLY_REGISTRATION_AT
+    assert all(ok for _, ok in data_after_registration) and len(data_after_registration) == 3
+    client.close()
+
+
+def test_commit_racing_a_registration_under_way(root, monkeypatch, data_after_registration):
+    """commit() while the registration begun beside the batch is held: its flush waits for that
+    call (no second one), appends after it, and only then decides."""
+    gate = Gate(monkeypatch)
+    ends = []
+    real_end = TransactionCoordinator.end_transaction
+
+    def end(self, *a, **kw):
+        ends.append(len(data_after_registration))
+        return real_end(self, *a, **kw)
+
+    monkeypatch.setattr(TransactionCoordinator, "end_transaction", end)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    values = [b"%d" % i for i in range(300)]
+    for v in values:
+        prod.send_async(v, None, txn=txn)
+    gate.held()
+    committer, out = in_thread(txn.commit)
+    committer.join(0.3)
+    assert committer.is_alive() and data_after_registration == [] and ends == []
+    gate.release.set()
+    committer.join(30)
+    assert out == [None] and txn.state.value == "COMMITTED"
+    client.flush()
+    assert len(gate.calls) == 1 and ends == [1]
+    assert data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert sorted(read_all(client, "one", 1)) == sorted(values)
+    client.close()
+
+
+def test_abort_decides_after_the_registration_under_way(root, monkeypatch, data_after_registration):
+    """abort() while a registration is held: queued messages are dropped at once, but the decision
+    waits for the call, so the TC's ABORTED entry lists the partition it registered."""
+    gate = Gate(monkeypatch)
+    ends = []
+    real_end = TransactionCoordinator.end_transaction
+
+    def end(self, *a, **kw):
+        ends.append(gate.release.is_set())
+        return real_end(self, *a, **kw)
+
+    monkeypatch.setattr(TransactionCoordinator, "end_transaction", end)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    results = []
+    for i in range(300):
+        prod.send_async(b"%d" % i, lambda res, _mid: results.append(res), txn=txn)
+    gate.held()
+    aborter, out = in_thread(txn.abort)
+    aborter.join(0.3)
+    assert aborter.is_alive() and ends == []
+    gate.release.set()
+    aborter.join(30)
+    assert out == [None] and txn.state.value == "ABORTED" and ends == [True]
+    client.flush()
+    meta = client.admin.transactions.get_transaction_metadata(txn.id)
+    assert meta["status"] == "ABORTED" and meta["partitions"] == [str(TopicName.parse("one"))]
+    assert len(results) == 300 and pulsartx.Result.Ok not in results
+    assert data_after_registration == [] and read_all(client, "one", 1) == []
+    client.close()
+
+
+def test_producer_closed_during_a_registration(root, monkeypatch, data_after_registration):
+    """close() while the registration is held: its flush waits for the call, then appends; the
+    transaction then commits every message once."""
+    gate = Gate(monkeypatch)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    values = [b"%d" % i for i in range(300)]
+    for v in values:
+        prod.send_async(v, None, txn=txn)
+    gate.held()
+    closer, out = in_thread(prod.close)
+    closer.join(0.3)
+    assert closer.is_alive() and data_after_registration == []
+    gate.release.set()
+    closer.join(30)
+    assert out == [None]
+    txn.commit()
+    client.flush()
+    assert len(gate.calls) == 1 and data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert sorted(read_all(client, "one", 1)) == sorted(values)
+    client.close()
+
+
+def test_transaction_timing_out_during_a_registration(root, monkeypatch, data_after_registration):
+    """The transaction passes its timeout while its registration is held: the TC refuses the call,
+    the transaction is TIME_OUT, its messages are reported failed and nothing is appended."""
+    gate = Gate(monkeypatch)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction(timeout_ms=300)
+    results = []
+    for i in range(150):
+        prod.send_async(b"%d" % i, lambda res, _mid: results.append(res), txn=txn)
+    gate.held()
+    time.sleep(0.5)
+    gate.release.set()
+    deadline = time.monotonic() + 30
+    while txn.state.value == "OPEN" and time.monotonic() < deadline:  # the refusal came back
+        time.sleep(0.01)
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()
+    assert txn.state.value == "TIME_OUT"
+    with pytest.raises(ExpiredTransactionError):
+        prod.send_async(b"late", None, txn=txn)
+    client.flush()
+    assert len(results) == 150 and pulsartx.Result.Ok not in results
+    assert data_after_registration == [] and read_all(client, "one", 1) == []
+    client.close()
+
+
+@pytest.mark.parametrize("failure", ["not written", "outcome unknown", "written, answer lost"])
+def test_registration_whose_outcome_is_unknown_is_asked_again(root, monkeypatch, data_after_registration, failure):
+    """The first registration fails: not written, or with an unknown outcome (not written, or
+    written and its answer lost). The client never takes the partition as registered on it: the
+    batch's flush registers again (the TC re-reads its log, and a call that had landed is a no-op)
+    before any data, and the transaction commits each message once."""
+    real_add = TransactionCoordinator.add_partitions
+    calls = []
+
+    def add(self, txn_id, partitions):
+        calls.append(set(partitions))
+        if len(calls) == 1:
+            if failure == "not written":
+                raise PulsarException("injected: TC log unavailable")
+            if failure == "outcome unknown":
+                raise OutcomeUnknown("injected: the write failed and could not be read back")
+            real_add(self, txn_id, partitions)
+            raise OutcomeUnknown("injected: written, then the answer was lost")
+        return real_add(self, txn_id, partitions)
+
+    monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    values = [b"%d" % i for i in range(500)]
+    for v in values:
+        prod.send_async(v, None, txn=txn)
+    deadline = time.monotonic() + 30
+    while (not calls or txn._registering_parts) and time.monotonic() < deadline:  # the failure came back
+        time.sleep(0.01)
+    assert not txn._partitions  # the failed call registered nothing in the client's view
+    txn.commit()
+    client.flush()
+    assert len(calls) == 2
+    assert data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert sorted(read_all(client, "one", 1)) == sorted(values)
+    assert client.admin.transactions.get_transaction_metadata(txn.id)["status"] == "COMMITTED"
+    client.close()
+
+
+def test_lazily_begun_transaction_acknowledges_then_registers_early(root, data_after_registration):
+    """A transaction begun lazily acknowledges first (its subscription noted, not written), then
+    produces enough for an early registration: that registration writes the NEW entry with the
+    subscription, and the commit makes both the acknowledgement and the messages effective."""
+    client = pulsartx.Client(root)
+    client.admin.create_topic("in")
+    client.create_producer("in").send(b"input")
+    cons = client.subscribe("in", "s")
+    prod = client.create_producer("out", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    cons.acknowledge(cons.receive(5000), txn=txn)
+    values = [b"%d" % i for i in range(300)]
+    for v in values:
+        prod.send_async(v, None, txn=txn)
+    deadline = time.monotonic() + 30
+    while not txn._partitions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    meta = client.admin.transactions.get_transaction_metadata(txn.id)
+    assert meta["status"] == "OPEN" and meta["partitions"] == [str(TopicName.parse("out"))]
+    assert len(meta["subscriptions"]) == 1
+    txn.commit()
+    client.flush()
+    assert sorted(read_all(client, "out", 1)) == sorted(values)
+    cons.redeliver_unacknowledged_messages()
+    with pytest.raises(pulsartx.Timeout):
+        cons.receive(300)
+    assert all(ok for _, ok in data_after_registration)
+    client.close()
+
+
+def test_keyed_transaction_fenced_during_a_registration(root, monkeypatch, data_after_registration):
+    """A keyed transaction whose key is claimed by a newer client while its early registration is
+    held: the TC refuses the call, the transaction is fenced and aborted, and nothing of it is
+    ever appended or visible."""
+    gate = Gate(monkeypatch)
+    old = pulsartx.Client(root, transaction_key="app")
+    prod = old.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = old.new_transaction()
+    results = []
+    for i in range(150):
+        prod.send_async(b"%d" % i, lambda res, _mid: results.append(res), txn=txn)
+    gate.held()
+    new = pulsartx.Client(root, transaction_key="app")  # fences the old epoch's open transaction
+    gate.release.set()
+    with pytest.raises(ExpiredTransactionError, match="fenced"):
+        txn.commit()
+    assert txn.state.value == "ABORTED"
+    with pytest.raises(ExpiredTransactionError, match="fenced"):
+        prod.send_async(b"late", None, txn=txn)
+    old.flush()
+    assert len(results) == 150 and pulsartx.Result.Ok not in results
+    assert data_after_registration == [] and read_all(new, "one", 1) == []
+    meta = new.admin.transactions.get_transaction_metadata(txn.id)
+    assert meta["status"] == "ABORTED" and meta["reason"].startswith("fenced")
+    old.close()
+    new.close()

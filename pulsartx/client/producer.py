@@ -77,10 +77,11 @@ class _Pending:
             self.done.set()
 
 
-# A transaction's queue for a partition this long starts the partition's registration beside the
-# batch still filling (``Transaction._register_early``). Not at the first message: a small
-# transaction's partitions are registered together in one TC entry at its flush, and registering
-# each at its first send would cost a TC commit per partition.
+# A transaction's queue for a partition this long starts the registration of every partition the
+# transaction has messages queued for, beside the batches still filling
+# (``Transaction._register_early``). Not at the first message: a small transaction's partitions are
+# registered together in one TC entry at its flush, and registering at the first send would cost a
+# TC commit per partition as each got its first message.
 EARLY_REGISTRATION_AT = 100
 
 
@@ -187,9 +188,7 @@ class Producer(TableSending):
             if txn is not None:
                 # Register every partition this transaction has messages queued for in one TC write,
                 # rather than one write per partition as each batch fills.
-                with self._lock:
-                    queued = {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
-                txn._register_partitions(queued)
+                txn._register_partitions(self.transaction_partitions(txn))
             self._flush_queue(self._queue_key(p, txn), registered=txn is not None)
 
     def flush(self) -> None:
@@ -279,7 +278,7 @@ class Producer(TableSending):
                 else:
                     self._round.add(key)
         if early:
-            txn._register_early(str(self._logs[part].topic))
+            txn._register_early()
         return p
 
     def _end_round(self) -> None:
@@ -442,7 +441,7 @@ class Producer(TableSending):
     def transaction_partitions(self, txn: Any) -> set[str]:
         """The partitions that messages queued under ``txn`` go to (to register them all at once)."""
         with self._lock:
-            return {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
+            return {str(self._logs[k[0]].topic) for k in self._txn_keys.get(txn, ()) if self._queues.get(k)}
 
     def flush_transaction(self, txn: Any, registered: bool = False) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first);

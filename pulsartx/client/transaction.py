@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,14 @@ def _end_pool() -> ThreadPoolExecutor:
     return _ENDS.get()
 
 
+@dataclass
+class _Registration:
+    """One ADD_PARTITION call of a transaction: its partitions and its outcome."""
+
+    partitions: set[str]
+    done: Future[None]
+
+
 class Transaction:
     def __init__(self, client: Client, meta: TxnMeta, written: bool = True):
         self._client = client
@@ -108,7 +117,13 @@ class Transaction:
         self._partitions: set[str] = set()
         self._subscriptions: set[Subscription] = set()
         self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
-        self._registering_parts: dict[str, Future[None]] = {}  # ADD_PARTITIONs begun at a first send
+        # Partition registrations (``_register_partitions``): the future of the ADD_PARTITION call
+        # that covers each partition under way, kept after it succeeded until an append takes it as
+        # its TC check; the partitions that wait for the call in flight, to go in the next one
+        # together; and whether a thread is making those calls.
+        self._registering_parts: dict[str, Future[None]] = {}
+        self._next_registration: _Registration | None = None
+        self._registration_running = False
         # Subscriptions acknowledged on before the TC log held the transaction: registered with
         # its first log write, at the latest its decision (``_defer_subscriptions``).
         self._deferred: set[Subscription] = set()
@@ -153,59 +168,111 @@ class Transaction:
         return self._client._coordinators().for_txn(self.id)
 
     def _register_partitions(self, partitions: set[str]) -> None:
-        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish.
+        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish;
+        returns once every one of ``partitions`` is durably registered (raises if one is not).
         Already-registered partitions still cost one check with the TC, so that a transaction fenced
         or timed out elsewhere fails the send with ExpiredTransactionError instead of writing data
-        that could never become visible. A registration begun at the partition's first send
-        (``_register_early``) is waited for, and counts as that check."""
-        with self._lock:
-            early = {p: f for p in partitions if (f := self._registering_parts.get(p)) is not None}
-            new = partitions - self._partitions - self._registering_parts.keys()
-        for f in early.values():
+        that could never become visible. A registration begun beside a filling batch
+        (``_register_early``) is waited for, and counts as that check.
+
+        One ADD_PARTITION call of the transaction is in flight at a time (the TC could not group two
+        of them in one commit anyway: a group commit holds one request per transaction). Partitions
+        asked for meanwhile, here or beside other batches, wait for it and then go to the TC
+        together in the next call: registrations begun close together share one TC commit."""
+        waiting, lead = self._queue_registration(partitions)
+        if lead:
+            self._run_registrations(once=True)
+        for f in set(waiting.values()):
             f.result()
-        if early:
-            with self._lock:  # each early registration answers for one append only
-                for p, f in early.items():
+        if waiting:
+            with self._lock:  # each registration answers for one append per partition only
+                for p, f in waiting.items():
                     if self._registering_parts.get(p) is f:
                         del self._registering_parts[p]
-        waiting = bool(early)
-        if new:
-            self._call(lambda: self._tc().add_partitions(self.id, new))
-            with self._lock:
-                self._partitions |= new
-                self._written = True
-        elif not waiting:
+        else:
             self._call(lambda: self._tc().check_usable(self.id))
 
-    def _register_early(self, partition: str) -> None:
-        """Begin ADD_PARTITION on a helper thread when the first message for ``partition`` is
-        queued, as Pulsar's producer sends addPartitionToTxn at its first send to a partition: the
-        registration is then written while the batch fills instead of after, and the batch's
-        append (``_register_partitions``) waits for it, so data still never precedes it."""
+    def _queue_registration(self, partitions: Iterable[str]) -> tuple[dict[str, Future[None]], bool]:
+        """The registration future of each of ``partitions`` not registered (or registered and not
+        yet taken as a check), queueing the unregistered ones for the next ADD_PARTITION call; and
+        whether the caller must make that call (no thread is making calls)."""
         with self._lock:
-            if partition in self._partitions or partition in self._registering_parts:
-                return
-            fut: Future[None] = Future()
-            self._registering_parts[partition] = fut
+            waiting: dict[str, Future[None]] = {}
+            for p in partitions:
+                f = self._registering_parts.get(p)
+                if f is None:
+                    if p in self._partitions:
+                        continue
+                    if self._next_registration is None:
+                        self._next_registration = _Registration(set(), Future())
+                    self._next_registration.partitions.add(p)
+                    f = self._registering_parts[p] = self._next_registration.done
+                waiting[p] = f
+            lead = self._next_registration is not None and not self._registration_running
+            if lead:
+                self._registration_running = True
+        return waiting, lead
 
-        def register() -> None:
+    def _run_registrations(self, once: bool = False) -> None:
+        """Make the queued ADD_PARTITION calls one after the other until none is left (the caller
+        set ``_registration_running``). ``once``: the caller waits for its own call only, so the
+        calls queued behind it go on on a helper thread."""
+        while True:
+            with self._lock:
+                reg, self._next_registration = self._next_registration, None
+                if reg is None:
+                    self._registration_running = False
+                    return
             try:
-                self._call(lambda: self._tc().add_partitions(self.id, {partition}))
-                with self._lock:
-                    self._partitions.add(partition)
-                    self._written = True
+                self._call(partial(self._add_partitions, reg.partitions))
             except BaseException as e:
-                with self._lock:  # a later send registers again, and meets the error itself
-                    self._registering_parts.pop(partition, None)
-                fut.set_exception(e)
+                # Not registered, or not known to be: a later append registers again (the TC re-reads
+                # its log first when a write's outcome was unknown), and meets the error itself.
+                with self._lock:
+                    for p in reg.partitions:
+                        if self._registering_parts.get(p) is reg.done:
+                            del self._registering_parts[p]
+                reg.done.set_exception(e)
             else:
-                fut.set_result(None)  # kept until an append takes it as its check
+                with self._lock:
+                    self._partitions |= reg.partitions
+                    self._written = True
+                reg.done.set_result(None)
+            if once:
+                with self._lock:
+                    if self._next_registration is None:
+                        self._registration_running = False
+                        return
+                self._start_registrations()
+                return
 
+    def _add_partitions(self, partitions: set[str]) -> None:
+        self._tc().add_partitions(self.id, partitions)
+
+    def _start_registrations(self) -> None:
+        """``_run_registrations`` on a helper thread (the caller set ``_registration_running``)."""
         try:
-            helper_pool().submit(register)
+            helper_pool().submit(self._run_registrations)
         except RuntimeError:  # the interpreter is shutting down: no new threads
-            register()
-            return
+            self._run_registrations()
+
+    def _register_early(self) -> None:
+        """Begin ADD_PARTITION on a helper thread for every partition this transaction has
+        messages queued for, once one of its queues is long (``EARLY_REGISTRATION_AT``), as
+        Pulsar's producer sends addPartitionToTxn at its first send to a partition: the
+        registration is then written while the batches fill instead of after, and each batch's
+        append (``_register_partitions``) waits for it, so data still never precedes it. All of
+        them at once: partitions filling side by side (keyed messages, several producers) share
+        one TC commit instead of one each as each queue reaches the threshold. Only partitions
+        with queued messages: those are written, or dropped by an abort, so none gets a marker
+        for nothing."""
+        queued: set[str] = set()
+        for producer in list(self._producers):
+            queued |= producer.transaction_partitions(self)
+        waiting, lead = self._queue_registration(queued)
+        if not lead:
+            return  # registered, or queued behind the call in flight
+        self._start_registrations()
         # Let the helper take the GIL now: a sender looping over send_async would keep it for the
         # interpreter's switch interval (5 ms), longer than the batch takes to fill.
         time.sleep(0)
@@ -215,7 +282,7 @@ class Transaction:
         own transaction's ADD_PARTITION (their outcome is reported where it is needed: a failed
         one fails the append that waited for it)."""
         with self._lock:
-            waiting = list(self._registering_parts.values())
+            waiting = set(self._registering_parts.values())
         for f in waiting:
             f.exception()
 
@@ -317,6 +384,12 @@ class Transaction:
             if self.state is TransactionState.COMMITTED:
                 return
             if self.state in (TransactionState.ABORTED, TransactionState.ABORTING, TransactionState.TIME_OUT):
+                if self.state is not TransactionState.ABORTING:
+                    # Fenced or timed out as a TC call learnt (a registration beside a filling batch
+                    # may be the first to): what is still queued would never be sent. Report it failed
+                    # now, not at the producer's next flush.
+                    for p in list(self._producers):
+                        p.discard_transaction(self)
                 raise self._aborted_error()
             if self._must_abort is not None:
                 self._abort_locked()
