@@ -308,7 +308,7 @@ def test_registrations_asked_during_a_call_share_the_next(root, monkeypatch, dat
     gate.release.set()
     txn.commit()
     client.flush()
-    assert gate.calls == [{str(TopicName.parse("a"))}, {str(TopicName.parse(t)) for t in "bc"}]
+    assert gate.calls == [{names("a", 1)[0]}, {names(t, 1)[0] for t in "bc"}]
     for t in "abc":
         assert len(read_all(client, t, 1)) == producer_mod.EARLY_REGISTRATION_AT
     assert all(ok for _, ok in data_after_registration) and len(data_after_registration) == 3
@@ -342,7 +342,7 @@ def test_commit_racing_a_registration_under_way(root, monkeypatch, data_after_re
     assert out == [None] and txn.state.value == "COMMITTED"
     client.flush()
     assert len(gate.calls) == 1 and ends == [1]
-    assert data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert data_after_registration == [(names("one", 1)[0], True)]
     assert sorted(read_all(client, "one", 1)) == sorted(values)
     client.close()
 
@@ -374,7 +374,7 @@ def test_abort_decides_after_the_registration_under_way(root, monkeypatch, data_
     assert out == [None] and txn.state.value == "ABORTED" and ends == [True]
     client.flush()
     meta = client.admin.transactions.get_transaction_metadata(txn.id)
-    assert meta["status"] == "ABORTED" and meta["partitions"] == [str(TopicName.parse("one"))]
+    assert meta["status"] == "ABORTED" and meta["partitions"] == [names("one", 1)[0]]
     assert len(results) == 300 and pulsartx.Result.Ok not in results
     assert data_after_registration == [] and read_all(client, "one", 1) == []
     client.close()
@@ -399,7 +399,7 @@ def test_producer_closed_during_a_registration(root, monkeypatch, data_after_reg
     assert out == [None]
     txn.commit()
     client.flush()
-    assert len(gate.calls) == 1 and data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert len(gate.calls) == 1 and data_after_registration == [(names("one", 1)[0], True)]
     assert sorted(read_all(client, "one", 1)) == sorted(values)
     client.close()
 
@@ -465,7 +465,7 @@ def test_registration_whose_outcome_is_unknown_is_asked_again(root, monkeypatch,
     txn.commit()
     client.flush()
     assert len(calls) == 2
-    assert data_after_registration == [(str(TopicName.parse("one")), True)]
+    assert data_after_registration == [(names("one", 1)[0], True)]
     assert sorted(read_all(client, "one", 1)) == sorted(values)
     assert client.admin.transactions.get_transaction_metadata(txn.id)["status"] == "COMMITTED"
     client.close()
@@ -477,8 +477,8 @@ def test_lazily_begun_transaction_acknowledges_then_registers_early(root, data_a
     subscription, and the commit makes both the acknowledgement and the messages effective."""
     client = pulsartx.Client(root)
     client.admin.create_topic("in")
-    client.create_producer("in").send(b"input")
     cons = client.subscribe("in", "s")
+    client.create_producer("in").send(b"input")
     prod = client.create_producer("out", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
     txn = client.new_transaction()
     cons.acknowledge(cons.receive(5000), txn=txn)
@@ -489,7 +489,7 @@ def test_lazily_begun_transaction_acknowledges_then_registers_early(root, data_a
     while not txn._partitions and time.monotonic() < deadline:
         time.sleep(0.01)
     meta = client.admin.transactions.get_transaction_metadata(txn.id)
-    assert meta["status"] == "OPEN" and meta["partitions"] == [str(TopicName.parse("out"))]
+    assert meta["status"] == "OPEN" and meta["partitions"] == [names("out", 1)[0]]
     assert len(meta["subscriptions"]) == 1
     txn.commit()
     client.flush()
@@ -527,3 +527,29 @@ def test_keyed_transaction_fenced_during_a_registration(root, monkeypatch, data_
     assert meta["status"] == "ABORTED" and meta["reason"].startswith("fenced")
     old.close()
     new.close()
+
+
+def test_full_batch_whose_registration_fails_fails_through_its_callbacks(root, monkeypatch, data_after_registration):
+    """A registration failing when a send_async fills the batch: send_async does not raise (the
+    message is queued, and a sender told otherwise would send it again), the batch fails through
+    its callbacks, each message once, and nothing is appended or visible."""
+    def failing(self, txn_id, partitions):
+        raise PulsarException("injected: TC log unavailable")
+
+    monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
+    client = pulsartx.Client(root)
+    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    results: list[tuple[bytes, pulsartx.Result]] = []
+    values = [b"%d" % i for i in range(1000)]
+    for v in values:
+        prod.send_async(v, lambda res, _mid, v=v: results.append((v, res)), txn=txn)
+    assert sorted(v for v, _ in results) == sorted(values)  # the full batch failed, each message once
+    assert pulsartx.Result.Ok not in {r for _, r in results}
+    with pytest.raises(PulsarException):
+        prod.flush()  # the failure is reported by flush() too, once
+    prod.flush()
+    txn.abort()
+    monkeypatch.undo()
+    assert data_after_registration == [] and read_all(client, "one", 1) == []
+    client.close()

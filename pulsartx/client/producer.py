@@ -185,11 +185,19 @@ class Producer(TableSending):
             refuse_unknown("Producer.send_async", unknown, _SEND_ASYNC)
         p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
         if p.full:
+            registered = False
             if txn is not None:
                 # Register every partition this transaction has messages queued for in one TC write,
                 # rather than one write per partition as each batch fills.
-                txn._register_partitions(self.transaction_partitions(txn))
-            self._flush_queue(self._queue_key(p, txn), registered=txn is not None)
+                try:
+                    txn._register_partitions(self.transaction_partitions(txn))
+                    registered = True
+                except PulsarException:
+                    # Not raised here: the message is queued, and a sender told it failed would send
+                    # it again while the queue still holds it. The batch's append registers again,
+                    # and a failure then fails the batch through its callbacks.
+                    pass
+            self._flush_queue(self._queue_key(p, txn), registered=registered)
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
