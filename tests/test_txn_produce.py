@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import pulsartx
 from pulsartx import MessageId
 from pulsartx.client import producer as producer_mod
+from pulsartx.client import transaction as transaction_mod
 from pulsartx.coordinator.coordinator import TransactionCoordinator
 from pulsartx.exceptions import (
     ExpiredTransactionError,
@@ -21,6 +22,7 @@ from pulsartx.exceptions import (
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.retry import OutcomeUnknown
 
 pytestmark = pytest.mark.parametrize("storage", ["local"], indirect=True)
@@ -552,4 +554,124 @@ def test_full_batch_whose_registration_fails_fails_through_its_callbacks(root, m
     txn.abort()
     monkeypatch.undo()
     assert data_after_registration == [] and read_all(client, "one", 1) == []
+    client.close()
+
+
+# ---- progress without a free helper; a finished registration is no TC check for a later append -------------
+
+
+@pytest.fixture
+def one_helper(monkeypatch) -> Iterator[ProcessPool]:
+    """The transaction helper pool with one thread (64 in production): a wait that needs a free
+    helper shows up as a deadlock with few threads busy."""
+    pool = ProcessPool(1, "test-txn-helper")
+    monkeypatch.setattr(transaction_mod, "_HELPERS", pool)
+    yield pool
+    started = pool.started()
+    if started is not None:
+        started.shutdown(wait=True)
+
+
+def test_queued_registration_runs_on_its_waiter_when_no_helper_is_free(root, monkeypatch, one_helper,
+                                                                       data_after_registration):
+    """Two producers' flush loops append batches of one transaction: A's makes the registration
+    call, B's waits for the next one, queued behind it. commit() flushes the producers beside each
+    other, and its helper blocks on B's flush lock. When A's call ends, the next call must not wait
+    for a free helper (there is none: the only one waits for B, B for the call): B's append makes
+    it itself, and the commit goes through with every message once."""
+    gate = Gate(monkeypatch)
+    on_helper = threading.Event()
+    real_flush = producer_mod.Producer._flush_queue
+
+    def flush_queue(self, *a, **kw):
+        if threading.current_thread().name.startswith("test-txn-helper"):
+            on_helper.set()
+        return real_flush(self, *a, **kw)
+
+    monkeypatch.setattr(producer_mod.Producer, "_flush_queue", flush_queue)
+    client = pulsartx.Client(root)
+    a, b = (client.create_producer(t, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+            for t in ("a", "b"))
+    txn = client.new_transaction()
+    results: list[pulsartx.Result] = []
+    for i in range(5):
+        a.send_async(b"a%d" % i, lambda res, _mid: results.append(res), txn=txn)
+        b.send_async(b"b%d" % i, lambda res, _mid: results.append(res), txn=txn)
+    ka, kb = (next(k for k in p._queues if k[1] is txn) for p in (a, b))
+    flush_a, _ = in_thread(lambda: a._flush_queue(ka))  # what each flush loop does at its publish delay
+    gate.held()
+    flush_b, _ = in_thread(lambda: b._flush_queue(kb))
+    deadline = time.monotonic() + 30
+    while txn._next_registration is None and time.monotonic() < deadline:  # B waits behind A's call
+        time.sleep(0.01)
+    committer, out = in_thread(txn.commit)
+    assert on_helper.wait(30)  # the commit's helper flushes B: it waits for B's flush lock
+    gate.release.set()
+    committer.join(30)
+    stuck = committer.is_alive()
+    if stuck:
+        txn._run_registrations()  # break the cycle, so that the test ends instead of hanging
+    assert not stuck, "deadlock: the queued registration waited for a free helper"
+    flush_a.join(30)
+    flush_b.join(30)
+    assert out == [None] and txn.state.value == "COMMITTED"
+    client.flush()
+    assert gate.calls == [{names("a", 1)[0]}, {names("b", 1)[0]}]
+    assert results == [pulsartx.Result.Ok] * 10
+    assert sorted(data_after_registration) == [(names("a", 1)[0], True), (names("b", 1)[0], True)]
+    assert sorted(read_all(client, "a", 1) + read_all(client, "b", 1)) == sorted(
+        [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)])
+    client.close()
+
+
+def test_early_registration_runs_on_the_append_when_no_helper_is_free(root, one_helper, data_after_registration):
+    """The registration begun beside a filling batch waits for a helper, and every helper is busy
+    (here: the only one, held): the batch's append makes the call itself instead of waiting."""
+    busy, free = threading.Event(), threading.Event()
+    one_helper.get().submit(lambda: (busy.set(), free.wait(60)))
+    try:
+        assert busy.wait(30)
+        client = pulsartx.Client(root)
+        prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+        txn = client.new_transaction()
+        values = [b"%d" % i for i in range(producer_mod.EARLY_REGISTRATION_AT + 50)]
+        for v in values:
+            prod.send_async(v, None, txn=txn)
+        assert txn._registering_parts  # the early registration is queued for the helper
+        flusher, out = in_thread(prod.flush)
+        flusher.join(30)
+        assert not flusher.is_alive(), "the append waited for a free helper"
+        assert out == [None] and data_after_registration == [(names("one", 1)[0], True)]
+    finally:
+        free.set()
+    txn.commit()
+    client.flush()
+    assert sorted(read_all(client, "one", 1)) == sorted(values)
+    client.close()
+
+
+def test_admin_abort_after_an_early_registration_fails_the_flush(root, data_after_registration):
+    """The early registration ended long ago; an admin aborts the transaction; the batch's flush
+    must still ask the TC, so its messages fail with InvalidTxnStatus and nothing is appended (an
+    old registration is no check for a later append)."""
+    client = pulsartx.Client(root)
+    prod = client.create_producer("s", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    results: list[pulsartx.Result] = []
+    for i in range(150):
+        prod.send_async(b"t%d" % i, lambda res, _mid: results.append(res), txn=txn)
+    deadline = time.monotonic() + 30
+    while not (txn._partitions and all(f.done() for f in list(txn._registering_parts.values()))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert txn._partitions == {names("s", 1)[0]}
+    assert client.admin.transactions.abort_transaction(str(txn.id))["status"] == "ABORTED"
+    with pytest.raises(InvalidTxnStatusError):
+        prod.flush()
+    assert results == [pulsartx.Result.InvalidTxnStatus] * 150
+    assert data_after_registration == []
+    with pytest.raises(InvalidTxnStatusError):
+        txn.commit()
+    client.flush()
+    assert read_all(client, "s", 1) == []
     client.close()

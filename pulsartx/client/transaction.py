@@ -118,12 +118,15 @@ class Transaction:
         self._subscriptions: set[Subscription] = set()
         self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
         # Partition registrations (``_register_partitions``): the future of the ADD_PARTITION call
-        # that covers each partition under way, kept after it succeeded until an append takes it as
-        # its TC check; the partitions that wait for the call in flight, to go in the next one
-        # together; and whether a thread is making those calls.
+        # that covers each partition under way (queued or in flight); the partitions that wait for
+        # the call in flight, to go in the next one together; whether a thread is making those
+        # calls; and the helper job submitted to make them, which a waiter runs itself if no helper
+        # has started it (``_await_registrations``). The condition is notified when a call ends or
+        # a job is submitted.
         self._registering_parts: dict[str, Future[None]] = {}
         self._next_registration: _Registration | None = None
         self._registration_running = False
+        self._registration_job: Future[None] | None = None
         # Subscriptions acknowledged on before the TC log held the transaction: registered with
         # its first log write, at the latest its decision (``_defer_subscriptions``).
         self._deferred: set[Subscription] = set()
@@ -139,6 +142,7 @@ class Transaction:
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
         self._lock = threading.Lock()
+        self._registrations_changed = threading.Condition(self._lock)
         self._end_lock = threading.RLock()  # one commit/abort at a time (a retry, commit_async)
 
     def __repr__(self) -> str:
@@ -170,10 +174,11 @@ class Transaction:
     def _register_partitions(self, partitions: set[str]) -> None:
         """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish;
         returns once every one of ``partitions`` is durably registered (raises if one is not).
-        Already-registered partitions still cost one check with the TC, so that a transaction fenced
-        or timed out elsewhere fails the send with ExpiredTransactionError instead of writing data
-        that could never become visible. A registration begun beside a filling batch
-        (``_register_early``) is waited for, and counts as that check.
+        Already-registered partitions still cost one check with the TC, so that a transaction fenced,
+        timed out or aborted elsewhere fails the send instead of writing data that could never
+        become visible. A registration call this caller waited for (begun beside a filling batch,
+        ``_register_early``, or by another append) counts as that check: it ended after this call
+        began. One that had already ended does not: the transaction may have been aborted since.
 
         One ADD_PARTITION call of the transaction is in flight at a time (the TC could not group two
         of them in one commit anyway: a group commit holds one request per transaction). Partitions
@@ -182,22 +187,18 @@ class Transaction:
         waiting, lead = self._queue_registration(partitions)
         if lead:
             self._run_registrations(once=True)
-        for f in set(waiting.values()):
+        self._await_registrations(waiting)
+        for f in waiting:
             f.result()
-        if waiting:
-            with self._lock:  # each registration answers for one append per partition only
-                for p, f in waiting.items():
-                    if self._registering_parts.get(p) is f:
-                        del self._registering_parts[p]
-        else:
+        if not waiting:
             self._call(lambda: self._tc().check_usable(self.id))
 
-    def _queue_registration(self, partitions: Iterable[str]) -> tuple[dict[str, Future[None]], bool]:
-        """The registration future of each of ``partitions`` not registered (or registered and not
-        yet taken as a check), queueing the unregistered ones for the next ADD_PARTITION call; and
-        whether the caller must make that call (no thread is making calls)."""
+    def _queue_registration(self, partitions: Iterable[str]) -> tuple[set[Future[None]], bool]:
+        """The futures of the registration calls under way (queued or in flight) that cover
+        ``partitions``, queueing the unregistered ones for the next ADD_PARTITION call; and whether
+        the caller must make that call (no thread is making calls)."""
         with self._lock:
-            waiting: dict[str, Future[None]] = {}
+            waiting: set[Future[None]] = set()
             for p in partitions:
                 f = self._registering_parts.get(p)
                 if f is None:
@@ -207,61 +208,98 @@ class Transaction:
                         self._next_registration = _Registration(set(), Future())
                     self._next_registration.partitions.add(p)
                     f = self._registering_parts[p] = self._next_registration.done
-                waiting[p] = f
+                waiting.add(f)
             lead = self._next_registration is not None and not self._registration_running
             if lead:
                 self._registration_running = True
         return waiting, lead
 
+    def _await_registrations(self, futures: set[Future[None]]) -> None:
+        """Wait until ``futures`` (registration calls) have ended. The calls queued for a helper
+        that no helper has started yet run on this thread instead, as in ``run_beside``: a waiter
+        may hold a producer's flush lock, and the helpers may all be waiting for such locks (a
+        commit flushes its producers on them), so a call left for a free helper could wait forever."""
+        while True:
+            with self._registrations_changed:
+                while True:
+                    if all(f.done() for f in futures):
+                        return
+                    job = self._registration_job
+                    if job is not None and job.cancel():
+                        self._registration_job = None
+                        break
+                    self._registrations_changed.wait()
+            self._run_registrations(once=True)  # the cancelled job's turn (``_registration_running``)
+
     def _run_registrations(self, once: bool = False) -> None:
         """Make the queued ADD_PARTITION calls one after the other until none is left (the caller
-        set ``_registration_running``). ``once``: the caller waits for its own call only, so the
-        calls queued behind it go on on a helper thread."""
-        while True:
-            with self._lock:
-                reg, self._next_registration = self._next_registration, None
-                if reg is None:
-                    self._registration_running = False
-                    return
+        set ``_registration_running``). ``once``: the caller waits for one call only, so the calls
+        queued behind it go on on a helper thread, or on a waiter that finds no helper has begun."""
+        with self._lock:
+            reg = self._take_registration()
+        while reg is not None:
+            error: BaseException | None = None
             try:
                 self._call(partial(self._add_partitions, reg.partitions))
             except BaseException as e:
                 # Not registered, or not known to be: a later append registers again (the TC re-reads
                 # its log first when a write's outcome was unknown), and meets the error itself.
-                with self._lock:
-                    for p in reg.partitions:
-                        if self._registering_parts.get(p) is reg.done:
-                            del self._registering_parts[p]
-                reg.done.set_exception(e)
-            else:
-                with self._lock:
+                error = e
+            inline = False
+            with self._lock:
+                for p in reg.partitions:
+                    if self._registering_parts.get(p) is reg.done:
+                        del self._registering_parts[p]
+                if error is None:
                     self._partitions |= reg.partitions
                     self._written = True
+                if once and self._next_registration is not None:
+                    inline = not self._start_registrations()
+                    nxt = None
+                else:
+                    nxt = self._take_registration()
+            # The next step is settled before the waiters wake: none of them finds a call queued
+            # and nobody to make it.
+            if error is None:
                 reg.done.set_result(None)
-            if once:
-                with self._lock:
-                    if self._next_registration is None:
-                        self._registration_running = False
-                        return
-                self._start_registrations()
-                return
+            else:
+                reg.done.set_exception(error)
+            with self._registrations_changed:
+                self._registrations_changed.notify_all()
+            if inline:
+                self._run_registrations()
+            reg = nxt
+
+    def _take_registration(self) -> _Registration | None:
+        """The queued call, now this thread's to make; None (and no thread making calls) when none
+        is queued. The caller holds ``_lock``."""
+        reg, self._next_registration = self._next_registration, None
+        if reg is None:
+            self._registration_running = False
+        return reg
 
     def _add_partitions(self, partitions: set[str]) -> None:
         self._tc().add_partitions(self.id, partitions)
 
-    def _start_registrations(self) -> None:
-        """``_run_registrations`` on a helper thread (the caller set ``_registration_running``)."""
+    def _start_registrations(self) -> bool:
+        """Submit ``_run_registrations`` to a helper (the caller set ``_registration_running`` and
+        holds ``_lock``), where a waiter that finds it not started takes it over
+        (``_await_registrations``). False when the interpreter is shutting down (no new threads):
+        the caller makes the calls."""
         try:
-            helper_pool().submit(self._run_registrations)
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            self._run_registrations()
+            self._registration_job = helper_pool().submit(self._run_registrations)
+        except RuntimeError:
+            return False
+        self._registrations_changed.notify_all()
+        return True
 
     def _register_early(self) -> None:
         """Begin ADD_PARTITION on a helper thread for every partition this transaction has
         messages queued for, once one of its queues is long (``EARLY_REGISTRATION_AT``), as
         Pulsar's producer sends addPartitionToTxn at its first send to a partition: the
         registration is then written while the batches fill instead of after, and each batch's
-        append (``_register_partitions``) waits for it, so data still never precedes it. All of
+        append (``_register_partitions``) waits for it (or makes it, when no helper has started it
+        yet), so data still never precedes it. All of
         them at once: partitions filling side by side (keyed messages, several producers) share
         one TC commit instead of one each as each queue reaches the threshold. Only partitions
         with queued messages: those are written, or dropped by an abort, so none gets a marker
@@ -269,10 +307,13 @@ class Transaction:
         queued: set[str] = set()
         for producer in list(self._producers):
             queued |= producer.transaction_partitions(self)
-        waiting, lead = self._queue_registration(queued)
+        _, lead = self._queue_registration(queued)
         if not lead:
             return  # registered, or queued behind the call in flight
-        self._start_registrations()
+        with self._lock:
+            started = self._start_registrations()
+        if not started:
+            self._run_registrations()
         # Let the helper take the GIL now: a sender looping over send_async would keep it for the
         # interpreter's switch interval (5 ms), longer than the batch takes to fill.
         time.sleep(0)
@@ -283,8 +324,7 @@ class Transaction:
         one fails the append that waited for it)."""
         with self._lock:
             waiting = set(self._registering_parts.values())
-        for f in waiting:
-            f.exception()
+        self._await_registrations(waiting)
 
     def _defer_subscriptions(self, subs: set[Subscription]) -> int | None:
         """For a transaction the TC log does not hold yet (begun lazily, nothing produced, no key):
