@@ -222,6 +222,7 @@ class Gate:
 
     def __init__(self, monkeypatch):
         self.calls: list[set[str]] = []
+        self.threads: list[str] = []
         self.entered = threading.Event()
         self.release = threading.Event()
         real = TransactionCoordinator.add_partitions
@@ -229,6 +230,7 @@ class Gate:
 
         def add(tc, txn_id, partitions):
             gate.calls.append(set(partitions))
+            gate.threads.append(threading.current_thread().name)
             if len(gate.calls) == 1:
                 gate.entered.set()
                 assert gate.release.wait(30)
@@ -617,6 +619,7 @@ def test_queued_registration_runs_on_its_waiter_when_no_helper_is_free(root, mon
     assert out == [None] and txn.state.value == "COMMITTED"
     client.flush()
     assert gate.calls == [{names("a", 1)[0]}, {names("b", 1)[0]}]
+    assert not gate.threads[1].startswith("test-txn-helper")  # made by B's append: the helper was busy
     assert results == [pulsartx.Result.Ok] * 10
     assert sorted(data_after_registration) == [(names("a", 1)[0], True), (names("b", 1)[0], True)]
     assert sorted(read_all(client, "a", 1) + read_all(client, "b", 1)) == sorted(
@@ -624,9 +627,12 @@ def test_queued_registration_runs_on_its_waiter_when_no_helper_is_free(root, mon
     client.close()
 
 
-def test_early_registration_runs_on_the_append_when_no_helper_is_free(root, one_helper, data_after_registration):
+@pytest.mark.parametrize("end", ["flush", "commit", "abort"])
+def test_early_registration_runs_on_its_waiter_when_no_helper_is_free(root, one_helper, data_after_registration,
+                                                                      end):
     """The registration begun beside a filling batch waits for a helper, and every helper is busy
-    (here: the only one, held): the batch's append makes the call itself instead of waiting."""
+    (here: the only one, held): the batch's flush, the commit or the abort (whose decision waits
+    for the registrations under way) makes the call itself instead of waiting."""
     busy, free = threading.Event(), threading.Event()
     one_helper.get().submit(lambda: (busy.set(), free.wait(60)))
     try:
@@ -638,15 +644,18 @@ def test_early_registration_runs_on_the_append_when_no_helper_is_free(root, one_
         for v in values:
             prod.send_async(v, None, txn=txn)
         assert txn._registering_parts  # the early registration is queued for the helper
-        flusher, out = in_thread(prod.flush)
-        flusher.join(30)
-        assert not flusher.is_alive(), "the append waited for a free helper"
-        assert out == [None] and data_after_registration == [(names("one", 1)[0], True)]
+        worker, out = in_thread({"flush": prod.flush, "commit": txn.commit, "abort": txn.abort}[end])
+        worker.join(30)
+        assert not worker.is_alive(), "the registration waited for a free helper"
+        assert out == [None]
+        assert data_after_registration == ([] if end == "abort" else [(names("one", 1)[0], True)])
+        assert client.admin.transactions.get_transaction_metadata(txn.id)["partitions"] == names("one", 1)
     finally:
         free.set()
-    txn.commit()
+    if end == "flush":
+        txn.commit()
     client.flush()
-    assert sorted(read_all(client, "one", 1)) == sorted(values)
+    assert sorted(read_all(client, "one", 1)) == ([] if end == "abort" else sorted(values))
     client.close()
 
 
