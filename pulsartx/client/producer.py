@@ -314,7 +314,7 @@ class Producer(TableSending):
                     with self._lock:
                         batch = [p for k in keys if k[1] is txn for p in self._queues.pop(k, [])]
                     if batch:
-                        self._fail(batch, e)
+                        self._fail(batch, e, txn)
                         self._errors.clear()
                     raise
         if len(keys) == 1:
@@ -397,13 +397,22 @@ class Producer(TableSending):
             if txn is not None:
                 txn._after_append(plog.topic, res)
             return res
-        except PulsarException:
-            raise
-        except Exception as e:  # storage errors surface as PulsarException to callers
-            raise PulsarException(f"send to {plog.topic} failed: {short_cause(e)}") from e
+        except Exception as e:
+            # storage errors surface as PulsarException to callers
+            err = e if isinstance(e, PulsarException) else PulsarException(
+                f"send to {plog.topic} failed: {short_cause(e)}")
+            if txn is not None:
+                txn._operation_failed(err)  # the rest of the transaction must not commit without it
+            if err is e:
+                raise
+            raise err from e
 
-    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+    def _fail(self, batch: list[_Pending], exc: BaseException, txn: Any = None) -> None:
+        """Fail ``batch``; a batch of ``txn`` also bars the transaction from committing: the rest of
+        it would otherwise commit without these messages."""
         log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)
+        if txn is not None:
+            txn._operation_failed(exc)
         if not all(p.sync for p in batch):
             self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
         for p in batch:

@@ -26,6 +26,7 @@ from pulsartx.exceptions import (
     ExpiredTransactionError,
     InvalidTxnStatusError,
     TransactionConflict,
+    TransactionHasOperationFailed,
     TransactionNotFound,
 )
 from pulsartx.naming import TopicName
@@ -411,6 +412,14 @@ class Transaction:
     def _mark_conflict(self, exc: BaseException) -> None:
         self._conflict = exc
 
+    def _operation_failed(self, exc: BaseException) -> None:
+        """A send of this transaction failed (its sender was told): committing would commit the
+        transaction without it, so commit() aborts instead (Pulsar's
+        TransactionHasOperationFailedException). The first failure is the one reported."""
+        with self._lock:
+            if self._must_abort is None:
+                self._must_abort = exc
+
     # ---- public API -----------------------------------------------------------------------------
     def commit(self) -> None:
         """Flush what this transaction buffered, then decide COMMIT. Returns once the decision is
@@ -448,7 +457,8 @@ class Transaction:
                         log.warning("abort of %s after its failed flush failed (retried by abort() or the "
                                     "transaction's timeout): %s", self.id, abort_error)
                     raise
-                if self._conflict is not None:
+                if self._conflict is not None or self._must_abort is not None:
+                    # An acknowledgement conflicted, or a send failed while flushing: abort.
                     self._abort_locked()
                     raise self._aborted_error()
             self._end(TxnAction.COMMIT)
@@ -490,8 +500,11 @@ class Transaction:
         if self._expired is not None:
             return ExpiredTransactionError(str(self._expired))
         if self._must_abort is not None:
-            return InvalidTxnStatusError(f"transaction {self.id} cannot commit: flushing its messages failed "
-                                         f"({self._must_abort}); it was aborted")
+            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send in it failed "
+                                                f"({self._must_abort}); it was aborted, so none of it is visible. "
+                                                "Send its messages again in a new transaction")
+            err.__cause__ = self._must_abort
+            return err
         if self.state is TransactionState.TIME_OUT:
             return ExpiredTransactionError(f"transaction {self.id} timed out and was aborted; begin a new transaction")
         return InvalidTxnStatusError(f"cannot commit transaction {self.id}: it was ABORTED")
