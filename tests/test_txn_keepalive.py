@@ -87,11 +87,10 @@ def _status_after(tc, txn_id) -> TxnStatus:
 
 
 def test_keeper_process_keeps_a_transaction_alive_while_its_driver_lives(client):
-    """Timeout 5 s (the keeper process starts in about 1-2 s, more on a loaded machine, and must
-    extend the transaction before it ends); the
-    keeper process, which knows the transaction only from the TC log (no thread of this process
-    helps), holds it OPEN for 11 s; once the driver is killed the transaction aborts within the
-    timeout."""
+    """Timeout 5 s: the keeper process starts in about 1-2 s (more on a loaded machine) and must
+    extend the transaction before it ends. The keeper process, which knows the transaction only
+    from the TC log (no thread of this process helps), holds it OPEN for 11 s; once the driver is
+    killed the transaction aborts within the timeout."""
     proc, driver = _stand_in_driver()
     try:
         tc = client._coordinators().tc(0)
