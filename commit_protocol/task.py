@@ -211,6 +211,8 @@ class TaskAppender:
         # per task instead of one per partition (the streaming sink registers nothing up front).
         unregistered = [p for p in names if self.buffers[p].rows and p not in self.registered]
         if self.job.transactional and unregistered:
+            for p in unregistered:  # a partition deleted or re-created since is noticed before ADD_PARTITION names it
+                self.buffers[p].log.sync_writer()
             self.job.register(unregistered)
             self.registered.update(unregistered)
         start = self.task_id % len(names) if names else 0
