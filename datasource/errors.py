@@ -56,6 +56,8 @@ def _outermost(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
+        if depth == 0:
+            worker_gc.before_call()
         _depth.n = depth + 1
         try:
             out = fn(*args, **kwargs)
@@ -65,8 +67,6 @@ def _outermost(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         finally:
             _depth.n = depth
-        if depth == 0:
-            worker_gc.after_call()
         return _iterating(out) if depth == 0 and isinstance(out, Iterator) else out
 
     return wrapper
