@@ -207,6 +207,14 @@ class TaskAppender:
         # at a partition of its own, they do not race for the same partition's next offset (a lost
         # race re-encodes the whole append).
         names = sorted(self.buffers)
+        # Every partition the task still has to register, in one ADD_PARTITION: one TC-log write
+        # per task instead of one per partition (the streaming sink registers nothing up front).
+        unregistered = [p for p in names if self.buffers[p].rows and p not in self.registered]
+        if self.job.transactional and unregistered:
+            for p in unregistered:  # a partition deleted or re-created since is noticed before ADD_PARTITION names it
+                self.buffers[p].log.sync_writer()
+            self.job.register(unregistered)
+            self.registered.update(unregistered)
         start = self.task_id % len(names) if names else 0
         for partition in names[start:] + names[:start]:
             self._flush(partition, self.buffers[partition])
