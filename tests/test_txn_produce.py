@@ -58,7 +58,7 @@ def test_full_batch_transaction_commits_like_the_protocol(root, commits):
     the decision and the final entry: nothing more than the protocol's steps."""
     client = pulsartx.Client(root)
     client.admin.create_topic("t", 4)
-    prod = client.create_producer("t", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "t")
     warm = client.new_transaction()  # the TC's lease and TxnID block, the partition handles
     prod.send(b"warm", txn=warm)
     warm.commit()
@@ -95,7 +95,7 @@ def test_registration_starts_while_the_batch_fills(root, monkeypatch):
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
     monkeypatch.setattr(producer_mod.Producer, "_write", write)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     for i in range(producer_mod.EARLY_REGISTRATION_AT - 1):
         prod.send_async(b"%d" % i, None, txn=txn)
@@ -117,7 +117,7 @@ def test_failed_early_registration_fails_the_batch_and_aborts(root, monkeypatch)
 
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     results = []
     for i in range(500):
@@ -146,7 +146,7 @@ def test_early_registration_failed_then_registered_again(root, monkeypatch):
 
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing_once)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     for i in range(500):
         prod.send_async(b"%d" % i, None, txn=txn)
@@ -165,7 +165,7 @@ def test_abort_waits_for_a_registration_under_way(root):
     """An abort while a partition's registration runs beside the batch: the decision follows it,
     the queued messages are dropped, and the partition holds nothing."""
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     for i in range(300):
         prod.send_async(b"%d" % i, None, txn=txn)
@@ -214,6 +214,19 @@ def data_after_registration(monkeypatch) -> list[tuple[str, bool]]:
 
     monkeypatch.setattr(PartitionLog, "submit_append", spy)
     return seen
+
+
+def slow_producer(client, topic: str):
+    """A producer whose batches are cut only by a flush or at 1,000 messages (never by time)."""
+    return client.create_producer(topic, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+
+
+def fill(prod, txn, n: int = 300) -> list[bytes]:
+    """Queue ``n`` messages of ``txn`` (past the early-registration threshold); their values."""
+    values = [b"%d" % i for i in range(n)]
+    for v in values:
+        prod.send_async(v, None, txn=txn)
+    return values
 
 
 class Gate:
@@ -273,7 +286,7 @@ def test_partitions_filling_together_register_in_one_call(root, commits, monkeyp
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
     client = pulsartx.Client(root)
     client.admin.create_topic("t", 4)
-    prod = client.create_producer("t", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "t")
     warm = client.new_transaction()
     prod.send(b"warm", txn=warm)
     warm.commit()
@@ -298,8 +311,7 @@ def test_registrations_asked_during_a_call_share_the_next(root, monkeypatch, dat
     for it and then go to the TC together, in one call."""
     gate = Gate(monkeypatch)
     client = pulsartx.Client(root)
-    a, b, c = (client.create_producer(t, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
-               for t in ("a", "b", "c"))
+    a, b, c = (slow_producer(client, t) for t in ("a", "b", "c"))
     txn = client.new_transaction()
     for i in range(producer_mod.EARLY_REGISTRATION_AT):
         a.send_async(b"a%d" % i, None, txn=txn)
@@ -332,11 +344,9 @@ def test_commit_racing_a_registration_under_way(root, monkeypatch, data_after_re
 
     monkeypatch.setattr(TransactionCoordinator, "end_transaction", end)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
-    values = [b"%d" % i for i in range(300)]
-    for v in values:
-        prod.send_async(v, None, txn=txn)
+    values = fill(prod, txn)
     gate.held()
     committer, out = in_thread(txn.commit)
     committer.join(0.3)
@@ -364,7 +374,7 @@ def test_abort_decides_after_the_registration_under_way(root, monkeypatch, data_
 
     monkeypatch.setattr(TransactionCoordinator, "end_transaction", end)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     results = []
     for i in range(300):
@@ -389,11 +399,9 @@ def test_producer_closed_during_a_registration(root, monkeypatch, data_after_reg
     transaction then commits every message once."""
     gate = Gate(monkeypatch)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
-    values = [b"%d" % i for i in range(300)]
-    for v in values:
-        prod.send_async(v, None, txn=txn)
+    values = fill(prod, txn)
     gate.held()
     closer, out = in_thread(prod.close)
     closer.join(0.3)
@@ -413,7 +421,7 @@ def test_transaction_timing_out_during_a_registration(root, monkeypatch, data_af
     the transaction is TIME_OUT, its messages are reported failed and nothing is appended."""
     gate = Gate(monkeypatch)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction(timeout_ms=300)
     results = []
     for i in range(150):
@@ -457,7 +465,7 @@ def test_registration_whose_outcome_is_unknown_is_asked_again(root, monkeypatch,
 
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     values = [b"%d" % i for i in range(500)]
     for v in values:
@@ -483,12 +491,10 @@ def test_lazily_begun_transaction_acknowledges_then_registers_early(root, data_a
     client.admin.create_topic("in")
     cons = client.subscribe("in", "s")
     client.create_producer("in").send(b"input")
-    prod = client.create_producer("out", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "out")
     txn = client.new_transaction()
     cons.acknowledge(cons.receive(5000), txn=txn)
-    values = [b"%d" % i for i in range(300)]
-    for v in values:
-        prod.send_async(v, None, txn=txn)
+    values = fill(prod, txn)
     deadline = time.monotonic() + 30
     while not txn._partitions and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -511,7 +517,7 @@ def test_keyed_transaction_fenced_during_a_registration(root, monkeypatch, data_
     ever appended or visible."""
     gate = Gate(monkeypatch)
     old = pulsartx.Client(root, transaction_key="app")
-    prod = old.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(old, "one")
     txn = old.new_transaction()
     results = []
     for i in range(150):
@@ -542,7 +548,7 @@ def test_full_batch_whose_registration_fails_fails_through_its_callbacks(root, m
 
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
     client = pulsartx.Client(root)
-    prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "one")
     txn = client.new_transaction()
     results: list[tuple[bytes, pulsartx.Result]] = []
     values = [b"%d" % i for i in range(1000)]
@@ -592,8 +598,7 @@ def test_queued_registration_runs_on_its_waiter_when_no_helper_is_free(root, mon
 
     monkeypatch.setattr(producer_mod.Producer, "_flush_queue", flush_queue)
     client = pulsartx.Client(root)
-    a, b = (client.create_producer(t, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
-            for t in ("a", "b"))
+    a, b = (slow_producer(client, t) for t in ("a", "b"))
     txn = client.new_transaction()
     results: list[pulsartx.Result] = []
     for i in range(5):
@@ -638,7 +643,7 @@ def test_early_registration_runs_on_its_waiter_when_no_helper_is_free(root, one_
     try:
         assert busy.wait(30)
         client = pulsartx.Client(root)
-        prod = client.create_producer("one", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+        prod = slow_producer(client, "one")
         txn = client.new_transaction()
         values = [b"%d" % i for i in range(producer_mod.EARLY_REGISTRATION_AT + 50)]
         for v in values:
@@ -664,7 +669,7 @@ def test_admin_abort_after_an_early_registration_fails_the_flush(root, data_afte
     must still ask the TC, so its messages fail with InvalidTxnStatus and nothing is appended (an
     old registration is no check for a later append)."""
     client = pulsartx.Client(root)
-    prod = client.create_producer("s", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    prod = slow_producer(client, "s")
     txn = client.new_transaction()
     results: list[pulsartx.Result] = []
     for i in range(150):
