@@ -65,3 +65,38 @@ def test_an_empty_batch_commits_without_participants_and_a_full_one_registers_wh
     again = _batch(url, ck, 2, [])
     assert again.status is TxnStatus.COMMITTED and again.partitions == frozenset()
     assert _ends(root, 4) == ends
+
+
+def test_a_task_of_a_batch_aborted_meanwhile_writes_nothing_and_raises_nothing(tmp_path: Path, caplog) -> None:
+    """query.stop() aborts the batch's transaction while tasks still run. A task registering its
+    partitions after that is refused; it must then end quietly (an exception would be an ERROR
+    line and a stack trace in Spark's log for a requested stop), write nothing, and leave the
+    batch unable to commit."""
+    import logging
+
+    import pytest
+    from pulsartx.coordinator.state import TxnAction
+    from pulsartx.exceptions import InvalidTxnStatusError
+
+    url = str(tmp_path / "root")
+    with pulsartx.Client(url) as c:
+        c.admin.create_topic("out", partitions=2)
+    root = StorageRoot.resolve(url)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata").write_text(json.dumps({"id": "query-1"}) + "\n")
+    options = {"service.url": url, "topic": "out", "checkpointLocation": str(ck), "transactionKeepAlive": "false"}
+    writer = prepare_stream_write(options, SCHEMA, overwrite=False)
+    txn = writer.job.txn_id
+    tc = Coordinators.shared(root).for_txn(txn)
+    tc.end_transaction(txn, TxnAction.ABORT, reason="batch 0 aborted")  # the stop, from the driver
+    table = pa.table({"value": pa.array([b"a", b"b"], pa.binary()), "__key": pa.array(["k1", "k2"], pa.string())})
+    with caplog.at_level(logging.INFO):
+        report = writer.write(iter(table.to_batches()))
+    assert report.entries == [] and report.rows == 0
+    assert _ends(root, 2) == [0, 0]  # nothing appended anywhere
+    assert tc.get(txn, refresh=True).status is TxnStatus.ABORTED
+    assert "no longer open" in caplog.text and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    with pytest.raises(InvalidTxnStatusError):  # the batch cannot commit: Spark replays it
+        writer.commit([report], 0)
+    assert committed_messages(url, "out") == []
