@@ -55,6 +55,12 @@ def register_arrow_sink(spark: Any) -> None:
             self.path = path
 
         def write(self, iterator: Iterator[Any]) -> Any:
+            # Under PULSARTX_PROFILE_DIR, profiled like the data source's tasks (per-task CPU compared).
+            from pulsartx.datasource.profiling import profiled
+
+            return profiled(self._write, "ArrowParquetWriter.write")(iterator)
+
+        def _write(self, iterator: Iterator[Any]) -> Any:
             import uuid
 
             import pyarrow as pa

@@ -250,18 +250,39 @@ def parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None,
     }
 
 
+# From this many bytes of Arrow data, a local data file is encoded into the file rather than into
+# memory first (put_parquet): the crossover measured between 1 and 4 MB.
+STREAMED_FILE_BYTES = 2 * 1024 * 1024
+
+
 def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: pa.Table,
                 codecs: Mapping[str, str] | None = None) -> int:
     """Write ``data`` as the parquet file ``name`` of a table; returns its size. Encoded in memory,
     then one write: a third cheaper than pyarrow's file sink for the small files most appends are,
     and on S3 one PUT with a known length (pyarrow's S3 stream uploads parts without a
-    Content-Length, which Ceph RGW refuses: 411 MissingContentLength during UploadPart)."""
+    Content-Length, which Ceph RGW refuses: 411 MissingContentLength during UploadPart).
+
+    Except a big file on a local root, encoded straight into the file: a growing in-memory buffer
+    of many megabytes (fresh pages, copies as it grows, then one big write) cost a Spark write task
+    of 500,000 rows about as much kernel CPU as the encoding itself
+    (docs/design/big-local-files-streamed.md)."""
     import pyarrow.parquet as pq
 
-    buf = pa.BufferOutputStream()
-    pq.write_table(data, buf, **parquet_options(data.schema, codecs, data.num_rows))
-    body = buf.getvalue()
+    options = parquet_options(data.schema, codecs, data.num_rows)
     path = root.fs_path(*segments, name)
+    if root.is_local and data.nbytes >= STREAMED_FILE_BYTES:
+        faults.before(Op.WRITE, path)
+        with open(path, "wb") as f:
+            pq.write_table(data, f, **options)
+            size = f.tell()
+            if local_fsync():  # before the commit that references it is published
+                f.flush()
+                os.fsync(f.fileno())
+        faults.after(Op.WRITE, path)
+        return size
+    buf = pa.BufferOutputStream()
+    pq.write_table(data, buf, **options)
+    body = buf.getvalue()
     faults.before(Op.WRITE, path)
     if root.is_local:
         with open(path, "wb") as f:
