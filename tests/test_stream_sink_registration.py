@@ -75,6 +75,7 @@ def test_a_task_of_a_batch_aborted_meanwhile_writes_nothing_and_raises_nothing(t
     import logging
 
     import pytest
+
     from pulsartx.coordinator.state import TxnAction
     from pulsartx.exceptions import InvalidTxnStatusError
 
