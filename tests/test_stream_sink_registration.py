@@ -6,16 +6,19 @@ markers on exactly those. Driven without Spark: the planner's ``streamWriter``, 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from pulsartx.datasource.stream_writer import prepare_stream_write
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 from stream_jobs.harness import committed_messages
 
 import pulsartx
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.coordinator.state import TxnStatus
+from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.exceptions import InvalidTxnStatusError
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage.root import StorageRoot
@@ -27,10 +30,24 @@ def _ends(root: StorageRoot, n: int) -> list[int]:
     return [PartitionLog(root, TopicName.parse("out").with_partition(i)).end_offset() for i in range(n)]
 
 
+def _sink(tmp_path: Path, partitions: int) -> tuple[str, StorageRoot, Path]:
+    """A root with the topic "out" and a query checkpoint: (url, root, checkpoint)."""
+    url = str(tmp_path / "root")
+    with pulsartx.Client(url) as c:
+        c.admin.create_topic("out", partitions=partitions)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata").write_text(json.dumps({"id": "query-1"}) + "\n")
+    return url, StorageRoot.resolve(url), ck
+
+
+def _options(url: str, ck: Path) -> dict[str, str]:
+    return {"service.url": url, "topic": "out", "checkpointLocation": str(ck), "transactionKeepAlive": "false"}
+
+
 def _batch(url: str, ck: Path, batch_id: int, rows: list[tuple[bytes, str]]):
     """One micro-batch through the sink: begin (planner), one task's write, commit (sink runner)."""
-    options = {"service.url": url, "topic": "out", "checkpointLocation": str(ck), "transactionKeepAlive": "false"}
-    writer = prepare_stream_write(options, SCHEMA, overwrite=False)
+    writer = prepare_stream_write(_options(url, ck), SCHEMA, overwrite=False)
     txn = writer.job.txn_id
     meta = Coordinators.shared(StorageRoot.resolve(url)).for_txn(txn).get(txn, refresh=True)
     assert meta.partitions == frozenset()  # nothing registered up front
@@ -42,13 +59,7 @@ def _batch(url: str, ck: Path, batch_id: int, rows: list[tuple[bytes, str]]):
 
 
 def test_an_empty_batch_commits_without_participants_and_a_full_one_registers_what_it_wrote(tmp_path: Path) -> None:
-    url = str(tmp_path / "root")
-    with pulsartx.Client(url) as c:
-        c.admin.create_topic("out", partitions=4)
-    root = StorageRoot.resolve(url)
-    ck = tmp_path / "ck"
-    ck.mkdir()
-    (ck / "metadata").write_text(json.dumps({"id": "query-1"}) + "\n")
+    url, root, ck = _sink(tmp_path, 4)
 
     empty = _batch(url, ck, 0, [])
     assert empty.status is TxnStatus.COMMITTED and empty.partitions == frozenset()
@@ -72,22 +83,8 @@ def test_a_task_of_a_batch_aborted_meanwhile_writes_nothing_and_raises_nothing(t
     partitions after that is refused; it must then end quietly (an exception would be an ERROR
     line and a stack trace in Spark's log for a requested stop), write nothing, and leave the
     batch unable to commit."""
-    import logging
-
-    import pytest
-
-    from pulsartx.coordinator.state import TxnAction
-    from pulsartx.exceptions import InvalidTxnStatusError
-
-    url = str(tmp_path / "root")
-    with pulsartx.Client(url) as c:
-        c.admin.create_topic("out", partitions=2)
-    root = StorageRoot.resolve(url)
-    ck = tmp_path / "ck"
-    ck.mkdir()
-    (ck / "metadata").write_text(json.dumps({"id": "query-1"}) + "\n")
-    options = {"service.url": url, "topic": "out", "checkpointLocation": str(ck), "transactionKeepAlive": "false"}
-    writer = prepare_stream_write(options, SCHEMA, overwrite=False)
+    url, root, ck = _sink(tmp_path, 2)
+    writer = prepare_stream_write(_options(url, ck), SCHEMA, overwrite=False)
     txn = writer.job.txn_id
     tc = Coordinators.shared(root).for_txn(txn)
     tc.end_transaction(txn, TxnAction.ABORT, reason="batch 0 aborted")  # the stop, from the driver

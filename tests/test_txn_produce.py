@@ -112,10 +112,7 @@ def test_registration_starts_while_the_batch_fills(root, monkeypatch):
 def test_failed_early_registration_fails_the_batch_and_aborts(root, monkeypatch):
     """Registrations that fail: the batch is never appended, commit() raises, the transaction
     aborts, every message is reported failed and nothing of it is ever visible."""
-    def failing(self, txn_id, partitions):
-        raise PulsarException("injected: TC log unavailable")
-
-    monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
+    refuse_registrations(monkeypatch)
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
@@ -214,6 +211,14 @@ def data_after_registration(monkeypatch) -> list[tuple[str, bool]]:
 
     monkeypatch.setattr(PartitionLog, "submit_append", spy)
     return seen
+
+
+def refuse_registrations(monkeypatch) -> None:
+    """Every ADD_PARTITION fails, as when the TC log cannot be written."""
+    def failing(self, txn_id, partitions):
+        raise PulsarException("injected: TC log unavailable")
+
+    monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
 
 
 def slow_producer(client, topic: str):
@@ -543,10 +548,7 @@ def test_full_batch_whose_registration_fails_fails_through_its_callbacks(root, m
     """A registration failing when a send_async fills the batch: send_async does not raise (the
     message is queued, and a sender told otherwise would send it again), the batch fails through
     its callbacks, each message once, and nothing is appended or visible."""
-    def failing(self, txn_id, partitions):
-        raise PulsarException("injected: TC log unavailable")
-
-    monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
+    refuse_registrations(monkeypatch)
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
