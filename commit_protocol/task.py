@@ -183,18 +183,19 @@ class TaskAppender:
     def _flush(self, partition: str, buf: _Buffer) -> None:
         if not buf.rows:
             return
-        # Other tasks of the job appended to this partition since this worker last looked: without
-        # catching up first (one probe per new commit), the append would take a stale next offset,
-        # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
-        # Also notices a partition deleted or re-created since, before ADD_PARTITION names it.
-        buf.log.sync_writer()
-        if self.job.transactional and partition not in self.registered:
-            self._register([partition])  # ADD_PARTITION before any data reaches the partition
-        if self.ended is not None:
-            buf.chunks, buf.rows, buf.bytes = [], 0, 0
-            return
-        rows = pa.concat_tables(buf.chunks)
+        if self.ended is None:
+            # Other tasks of the job appended to this partition since this worker last looked: without
+            # catching up first (one probe per new commit), the append would take a stale next offset,
+            # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
+            # Also notices a partition deleted or re-created since, before ADD_PARTITION names it.
+            buf.log.sync_writer()
+            if self.job.transactional and partition not in self.registered:
+                self._register([partition])  # ADD_PARTITION before any data reaches the partition
+        chunks = buf.chunks
         buf.chunks, buf.rows, buf.bytes = [], 0, 0
+        if self.ended is not None:  # the transaction ended: nothing of this task is written
+            return
+        rows = pa.concat_tables(chunks)
         records = records_from_arrow(
             rows.column("value"),
             keys=rows.column("__key") if "__key" in rows.column_names else None,
@@ -233,7 +234,7 @@ class TaskAppender:
         # Every partition the task still has to register, in one ADD_PARTITION: one TC-log write
         # per task instead of one per partition (the streaming sink registers nothing up front).
         unregistered = [p for p in names if self.buffers[p].rows and p not in self.registered]
-        if self.job.transactional and unregistered:
+        if self.job.transactional and unregistered and self.ended is None:
             for p in unregistered:  # a partition deleted or re-created since is noticed before ADD_PARTITION names it
                 self.buffers[p].log.sync_writer()
             self._register(unregistered)
