@@ -263,10 +263,11 @@ def main() -> None:
         print(f"{args.rows:,} rows x {args.value_size} B in {args.slices} tasks on {args.master}, cached in "
               f"{time.perf_counter() - t0:.1f}s; {args.rounds} interleaved round(s); load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
-        warm = source_df(spark, 20_000, args.value_size, args.slices)
-        for side in sides:  # Python workers, imports, JIT: paid once, outside the timings
-            runner.run(side, warm)
-        warm.unpersist()
+        # Python workers, imports and the JVM's JIT at full size: paid once, outside the timings. A
+        # small warm-up left the first counted round slower on every side (Spark's parquet writer
+        # 1.5-1.8x its later rounds), charged most to the side that ran first.
+        warm = [runner.run(side, df)[0] for side in sides]
+        print("warm-up round (not counted): " + ", ".join(f"{s} {t:.2f}s" for s, t in zip(sides, warm, strict=True)), flush=True)
         times: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
         for r in range(args.rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]
