@@ -418,7 +418,7 @@ def test_store_latency_delays_every_call_with_the_median_and_tail_it_was_given(t
     assert 0.018 < draws[10_000] < 0.022 and 0.085 < draws[19_800] < 0.115
 
     root = StorageRoot.resolve(str(tmp_path))
-    faults.install(faults.store_latency(50))  # no tail: every call waits exactly 50 ms
+    faults.install(faults.store_latency(200))  # no tail: every call waits exactly 200 ms
     t0 = time.perf_counter()
     workers = [threading.Thread(target=root.put_if_absent, args=(b"x", "d", f"{i}.json")) for i in range(8)]
     for w in workers:
@@ -426,7 +426,8 @@ def test_store_latency_delays_every_call_with_the_median_and_tail_it_was_given(t
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - t0
-    assert 0.05 <= elapsed < 0.3, elapsed  # 8 puts in flight together, not 8 x 50 ms
+    # 8 puts in flight together, not 8 x 200 ms: wide slack for a loaded machine, far from 1.6 s
+    assert 0.2 <= elapsed < 1.0, elapsed
     assert sorted(os.listdir(tmp_path / "d")) == sorted(f"{i}.json" for i in range(8))
     assert all(f.fired >= 1 for f in faults.plan() if f.op is Op.CREATE)
 

@@ -672,7 +672,8 @@ class DeltaAppender:
         if mode != "append" or any(a in self._apps for a in apps):
             self.sync_handle()
         try:
-            version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
+            version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode,
+                                  read_commit=self._tail.read_commit)
         except delta.ConcurrentCommit:
             # delta-rs checks against its handle's snapshot, and a conflict it finds there (another
             # writer's metadata change or compaction) stays for every retry from that handle, however
