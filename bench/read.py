@@ -24,7 +24,7 @@ Sides, each forced to produce every column of every row (``write.format("noop")`
     pruning, so this gap is the price of the topic schema, not of the implementation);
 * ``spark parquet``: ``spark.read.parquet`` of the same files and columns (JVM vectorized reader).
 
-Runs are interleaved round by round (``--rounds``, 5 by default), rotating which side goes first.
+Runs are interleaved round by round (``--rounds``, 5 by default, after ``--warmup`` uncounted rounds, 2 by default), rotating which side goes first.
 Ratios are throughput ratios (pulsartx ÷ side, higher is better), taken per round, on wall time and
 on CPU time of the process tree, and printed as their median, spread (min-max) and target: pulsartx
 ÷ arrow same schema >= 0.95; the other sides are informative. Nothing is asserted.
@@ -270,17 +270,22 @@ def force(df: Any) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def interleave(sides: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Run each side once to warm up, then ``rounds`` rounds, rotating which side goes first."""
+def interleave(sides: dict[str, Callable[[], Any]], rounds: int, warmup: int = 2) -> dict[str, list[tuple[float, float]]]:
+    """``warmup`` rounds that are printed but not counted, then ``rounds`` rounds, every one rotating
+    which side goes first. The JVM's JIT on 2 cores keeps warming for several full-size runs (Spark's
+    parquet reader ran 1.8x its later time in the first round after a single warm-up run), and a
+    round still warming charges most the side that runs first in it."""
     names = list(sides)
-    for name in names:
-        force(sides[name]())
     times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for r in range(rounds):
+    for r in range(warmup + rounds):
+        took = {}
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(measure(lambda name=name: force(sides[name]())))
-        print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1][0]:.2f}s ({times[n][-1][1]:.1f} cpu-s)"
-                                             for n in names), flush=True)
+            took[name] = measure(lambda name=name: force(sides[name]()))
+        label = f"warm-up round {r + 1} (not counted)" if r < warmup else f"round {r - warmup + 1}"
+        if r >= warmup:
+            for name in names:
+                times[name].append(took[name])
+        print(f"{label}: " + ", ".join(f"{n} {took[n][0]:.2f}s ({took[n][1]:.1f} cpu-s)" for n in names), flush=True)
     return times
 
 
@@ -388,6 +393,7 @@ def main() -> None:
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--batch", type=int, default=10_000, help="messages per Delta commit (data file)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the median counts)")
+    ap.add_argument("--warmup", type=int, default=2, help="interleaved rounds run first and not counted")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--breakdown", action="store_true", help="time the read path's steps outside Spark")
     args = ap.parse_args()
@@ -411,7 +417,7 @@ def main() -> None:
             "spark parquet": lambda: spark.read.parquet(*flat).select(*STORED),
         }
         print(f"{args.rounds} interleaved round(s) on {args.master}; load average {os.getloadavg()[0]:.1f}", flush=True)
-        times = interleave(sides, args.rounds)
+        times = interleave(sides, args.rounds, args.warmup)
         report(times, args.messages, "pulsartx", READ_TARGETS)
         if args.breakdown:
             read_breakdown(root, TOPIC)

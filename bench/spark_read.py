@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the median counts)")
+    ap.add_argument("--warmup", type=int, default=2, help="interleaved rounds run first and not counted")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--breakdown", action="store_true", help="time the read path's steps outside Spark")
     ap.add_argument("--dir", default=None, help="keep the written data here and reuse it when it exists "
@@ -127,7 +128,7 @@ def main() -> None:
             read_breakdown(root, TOPIC, repeat=2)
             return
         print(f"{args.rounds} interleaved round(s) on {args.master}; load average {os.getloadavg()[0]:.1f}", flush=True)
-        times = interleave(sides, args.rounds)
+        times = interleave(sides, args.rounds, args.warmup)
         report(times, rc, "pulsartx RC", TARGETS)
         if args.breakdown:
             read_breakdown(root, TOPIC)

@@ -14,7 +14,7 @@ tasks, written to a fresh 4-partition topic / directory per run):
   the floor for any Python data source writing parquet;
 * ``spark parquet``: ``df.write.parquet`` (JVM writer, zstd), for reference.
 
-Runs are interleaved round by round, rotating which side goes first, so load from other processes
+Runs are interleaved round by round, after ``--warmup`` uncounted rounds (2 by default), rotating which side goes first, so load from other processes
 hits every side alike; each run is timed in wall seconds and in CPU seconds of the whole process
 tree (driver JVM and pyspark workers), which a shared machine skews far less. Ratios are throughput
 ratios (higher is better for pulsartx), taken per round (``--rounds``, 5 by default) and printed as
@@ -55,6 +55,12 @@ def register_arrow_sink(spark: Any) -> None:
             self.path = path
 
         def write(self, iterator: Iterator[Any]) -> Any:
+            # Under PULSARTX_PROFILE_DIR, profiled like the data source's tasks (per-task CPU compared).
+            from pulsartx.datasource.profiling import profiled
+
+            return profiled(self._write, "ArrowParquetWriter.write")(iterator)
+
+        def _write(self, iterator: Iterator[Any]) -> Any:
             import uuid
 
             import pyarrow as pa
@@ -239,6 +245,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the median counts)")
+    ap.add_argument("--warmup", type=int, default=2, help="interleaved rounds run first and not counted")
     ap.add_argument("--slices", type=int, default=4, help="tasks per write (the DataFrame's partitions)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--breakdown", action="store_true", help="one more pulsartx run with timers in the workers")
@@ -257,17 +264,19 @@ def main() -> None:
         print(f"{args.rows:,} rows x {args.value_size} B in {args.slices} tasks on {args.master}, cached in "
               f"{time.perf_counter() - t0:.1f}s; {args.rounds} interleaved round(s); load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
-        warm = source_df(spark, 20_000, args.value_size, args.slices)
-        for side in sides:  # Python workers, imports, JIT: paid once, outside the timings
-            runner.run(side, warm)
-        warm.unpersist()
+        # Python workers, imports and the JVM's JIT at full size: paid in ``--warmup`` rounds that are
+        # printed and not counted. A 20k-row warm-up left every side's first counted round 1.3-1.8x
+        # slower than its later ones, charged most to the side that ran first in it.
         times: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
-        for r in range(args.rounds):
+        for r in range(args.warmup + args.rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]
-            for side in order:
-                times[side].append(runner.run(side, df))
-            print(f"round {r + 1}: " + ", ".join(f"{s} {times[s][-1][0]:.2f}s ({times[s][-1][1]:.1f} cpu-s)"
-                                                 for s in sides), flush=True)
+            took = {side: runner.run(side, df) for side in order}
+            label = f"warm-up round {r + 1} (not counted)" if r < args.warmup else f"round {r - args.warmup + 1}"
+            if r >= args.warmup:
+                for side in sides:
+                    times[side].append(took[side])
+            print(f"{label}: " + ", ".join(f"{s} {took[s][0]:.2f}s ({took[s][1]:.1f} cpu-s)" for s in sides),
+                  flush=True)
         report(times, args.rows, "pulsartx tx", TARGETS)
         if args.breakdown:
             breakdown(runner, df, timings)

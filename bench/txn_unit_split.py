@@ -1,12 +1,13 @@
 """Where a transactional produce unit's cost goes beside a plain one. Prints figures; asserts nothing.
 
-    .venv/bin/python bench/txn_unit_split.py [--n 1000] [--units 150] [--warmup 5] [--sides txn,plain]
+    .venv/bin/python bench/txn_unit_split.py [--n 1000] [--units 150] [--warmup 5] [--sides txn,plain] [--keyed]
 
 The unit is bench/transactions.py's: ``--n`` 1 KiB messages with ``send_async`` (batches of 1,000,
 a publish delay long enough that only full batches, ``flush()`` or ``commit()`` cut one) to a topic
-of 4 partitions, then ``flush()`` (plain) or ``commit()`` (transactional); ``--units`` of them back
-to back in one process on a fresh local root, then ``client.flush()`` (so the background markers and
-final TC entries count). Each side prints per unit:
+of 4 partitions (``--keyed``: each message with its own key, so the 4 partitions fill side by side
+instead of one batch after another), then ``flush()`` (plain) or ``commit()`` (transactional);
+``--units`` of them back to back in one process on a fresh local root, then ``client.flush()`` (so
+the background markers and final TC entries count). Each side prints per unit:
 
 - wall and process CPU (``time.process_time``: every thread);
 - CPU by thread, read from ``/proc/self/task`` and named by ``threading`` (MainThread is the
@@ -63,7 +64,7 @@ def group(name: str) -> str:
     return name.split(" ")[0].rstrip("0123456789_-()")
 
 
-def run(side: str, n: int, units: int, warmup: int, work: str) -> None:
+def run(side: str, n: int, units: int, warmup: int, work: str, keyed: bool = False) -> None:
     import pulsartx
 
     root = os.path.join(work, side)
@@ -72,16 +73,17 @@ def run(side: str, n: int, units: int, warmup: int, work: str) -> None:
     prod = client.create_producer("t", batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
     blob = np.random.default_rng(1).bytes(n * 1024)
     values = [blob[i * 1024:(i + 1) * 1024] for i in range(n)]
+    keys = [str(i) if keyed else None for i in range(n)]
 
     def unit() -> None:
         if side == "txn":
             txn = client.new_transaction()
-            for v in values:
-                prod.send_async(v, None, txn=txn)
+            for v, k in zip(values, keys, strict=True):
+                prod.send_async(v, None, partition_key=k, txn=txn)
             txn.commit()
         else:
-            for v in values:
-                prod.send_async(v, None)
+            for v, k in zip(values, keys, strict=True):
+                prod.send_async(v, None, partition_key=k)
             prod.flush()
 
     for _ in range(warmup):
@@ -115,11 +117,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--sides", default="txn,plain")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--keyed", action="store_true", help="a key per message: the partitions fill side by side")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="txn-unit-split-", dir=a.dir)
     try:
         for side in a.sides.split(","):
-            run(side, a.n, a.units, a.warmup, work)
+            run(side, a.n, a.units, a.warmup, work, a.keyed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -21,7 +21,7 @@ from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.client.routing import partitions_for_keys
-from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
+from pulsartx.exceptions import InvalidConfiguration, InvalidTxnStatusError, TopicNotFound
 from pulsartx.log.partition import PartitionLog, records_from_arrow, shared_log
 from pulsartx.naming import TopicName
 
@@ -71,6 +71,9 @@ class TaskAppender:
         self.buffers: dict[str, _Buffer] = {}
         self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)
         self.sequence = 0
+        # Set when the transaction was found ended (aborted by a stopped query or a failed job) as
+        # the task registered: its rows are then dropped, not written.
+        self.ended: InvalidTxnStatusError | None = None
         # The partition of the task's next unkeyed Arrow batch: rotating by batch from a start that
         # differs between the tasks of a job and from job to job (each micro-batch is a new
         # transaction), as Pulsar's router starts each producer at a random partition.
@@ -180,16 +183,19 @@ class TaskAppender:
     def _flush(self, partition: str, buf: _Buffer) -> None:
         if not buf.rows:
             return
-        # Other tasks of the job appended to this partition since this worker last looked: without
-        # catching up first (one probe per new commit), the append would take a stale next offset,
-        # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
-        # Also notices a partition deleted or re-created since, before ADD_PARTITION names it.
-        buf.log.sync_writer()
-        if self.job.transactional and partition not in self.registered:
-            self.job.register([partition])  # ADD_PARTITION before any data reaches the partition
-            self.registered.add(partition)
-        rows = pa.concat_tables(buf.chunks)
+        if self.ended is None:
+            # Other tasks of the job appended to this partition since this worker last looked: without
+            # catching up first (one probe per new commit), the append would take a stale next offset,
+            # lose its commit race and encode its file twice (11 of 16 appends did, in bench/spark_write.py).
+            # Also notices a partition deleted or re-created since, before ADD_PARTITION names it.
+            buf.log.sync_writer()
+            if self.job.transactional and partition not in self.registered:
+                self._register([partition])  # ADD_PARTITION before any data reaches the partition
+        chunks = buf.chunks
         buf.chunks, buf.rows, buf.bytes = [], 0, 0
+        if self.ended is not None:  # the transaction ended: nothing of this task is written
+            return
+        rows = pa.concat_tables(chunks)
         records = records_from_arrow(
             rows.column("value"),
             keys=rows.column("__key") if "__key" in rows.column_names else None,
@@ -202,11 +208,36 @@ class TaskAppender:
         self.report.entries.extend((partition, a, b) for a, b in res.entries)
         self.report.rows += rows.num_rows - res.duplicates
 
+    def _register(self, partitions: list[str]) -> None:
+        """ADD_PARTITION for ``partitions``. A refusal because the transaction is no longer OPEN
+        (the TC re-read its log before refusing) means the driver aborted it: a query stopped
+        mid-batch, a job that failed, a newer run fencing this one. Nothing of this task could then
+        ever be visible, and the batch or job cannot commit (its commit is refused and Spark replays
+        the batch), so the task drops its rows and ends without an error: an exception would be an
+        ERROR line and a stack trace in Spark's log for a requested stop."""
+        if self.ended is not None:
+            return
+        try:
+            self.job.register(partitions)
+        except InvalidTxnStatusError as e:
+            self.ended = e
+            log.info("task %s: transaction %s is no longer open (%s); its rows are not written", self.producer,
+                     self.job.txn_id, e)
+            return
+        self.registered.update(partitions)
+
     def finish(self) -> TaskReport:
         # Tasks of one job finish at about the same time, each with a buffer per partition: starting
         # at a partition of its own, they do not race for the same partition's next offset (a lost
         # race re-encodes the whole append).
         names = sorted(self.buffers)
+        # Every partition the task still has to register, in one ADD_PARTITION: one TC-log write
+        # per task instead of one per partition (the streaming sink registers nothing up front).
+        unregistered = [p for p in names if self.buffers[p].rows and p not in self.registered]
+        if self.job.transactional and unregistered and self.ended is None:
+            for p in unregistered:  # a partition deleted or re-created since is noticed before ADD_PARTITION names it
+                self.buffers[p].log.sync_writer()
+            self._register(unregistered)
         start = self.task_id % len(names) if names else 0
         for partition in names[start:] + names[:start]:
             self._flush(partition, self.buffers[partition])

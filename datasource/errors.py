@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from pulsartx.datasource import worker_gc
 from pulsartx.datasource.profiling import profiled
+from pulsartx.datasource.worker_gc import in_spark_worker
 
 HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
 NOTE = "pulsartx traceback, for debugging:\n"
@@ -35,13 +36,6 @@ SPARK_METHODS = ("schema", "reader", "writer", "streamReader", "streamWriter", "
                  "prepareForTriggerAvailableNow", "getDefaultReadLimit", "pushFilters")
 _depth = threading.local()
 C = TypeVar("C", bound=type)
-
-
-def in_spark_worker() -> bool:
-    """True in a process pyspark started (``python -m pyspark.daemon``, ``pyspark.worker``, the
-    planner and streaming runners), whose errors go to Spark rather than to a caller."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return (getattr(spec, "name", None) or "").startswith("pyspark.")
 
 
 def is_ours(exc: BaseException) -> bool:
@@ -62,6 +56,8 @@ def _outermost(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
+        if depth == 0:
+            worker_gc.before_call()
         _depth.n = depth + 1
         try:
             out = fn(*args, **kwargs)

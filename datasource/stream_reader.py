@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -48,10 +49,12 @@ from pyspark.sql.streaming.datasource import (
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import resolved_filter
+from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
+from pulsartx.storage import delta
 from pulsartx.subscription.store import shared_store
 
 log = logging.getLogger("pulsartx.datasource")
@@ -251,23 +254,34 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Spark processed everything up to ``end``: move the subscription there (a no-op when the
-        pulsartx sink already acknowledged it inside its transaction)."""
+        pulsartx sink already acknowledged it inside its transaction). The input partitions are
+        separate tables: their cursors are read with ``delta.read_each`` (side by side on an
+        object store, where each read waits on the network; one after another on a local disk,
+        where threads only add CPU), and the ones behind are moved side by side (``run_beside``,
+        as the sink's commit acknowledges them). The hand-off record goes once every one ended."""
         if self.opts.subscription is None:
             return
-        for topic, parts in end.items():
-            for part, off in parts.items():
-                p = TopicName.parse(topic).with_partition(int(part))
-                store = self._store(p)
-                if not store.exists() or off <= 0:
-                    continue
-                # Read the cursor fresh first: the sink acknowledged the batch in another process, so
-                # this process's cached state is stale, and an update planned on it attempts a
-                # write (a data file and a commit, lost to the sink's) before finding nothing to do.
-                cursor = store.cursor()
-                if cursor is not None and not cursor.deleted and cursor.mark_delete >= off - 1:
-                    continue
-                store.update(lambda c, off=off: c.ack_cumulative(off - 1))
+        targets = [(TopicName.parse(topic).with_partition(int(part)), off)
+                   for topic, parts in end.items() for part, off in parts.items() if off > 0]
+        behind = delta.read_each(self.root, self._behind, targets, "pulsartx-source-commit")
+        run_beside([partial(self._move, p, off) for (p, off), b in zip(targets, behind, strict=True) if b])
         handoff.forget(self.root, self.opts.subscription, end)
+
+    def _behind(self, target: tuple[TopicName, int]) -> bool:
+        """Whether the partition's cursor exists and is not yet at ``off - 1``.
+
+        The cursor is read fresh: the sink acknowledged the batch in another process, so this
+        process's cached state is stale, and an update planned on it attempts a write (a data
+        file and a commit, lost to the sink's) before finding nothing to do."""
+        p, off = target
+        store = self._store(p)
+        if not store.exists():
+            return False
+        cursor = store.cursor()
+        return cursor is None or cursor.deleted or cursor.mark_delete < off - 1
+
+    def _move(self, p: TopicName, off: int) -> None:
+        self._store(p).update(lambda c: c.ack_cumulative(off - 1))
 
     def stop(self) -> None:
         """Never called by pyspark (docs/design/spark-job-state-in-storage.md); nothing depends on it."""

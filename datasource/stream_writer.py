@@ -58,16 +58,20 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
                                    "micro-batch is one transaction")
     key = query_transaction_key(checkpoint, explicit)
     timeout = opts.transaction_timeout_ms
-    columns, counts, registered, skip = resolve_targets(opts, schema, overwrite)
+    # No partition is registered up front (a batch write registers its topic's): each task
+    # registers the partitions it has rows for before appending to them (Pulsar's ADD_PARTITION
+    # before send). A micro-batch with no output then has no participant, and its commit is one
+    # TC-log write instead of a marker on every partition of the topic
+    # (docs/design/empty-micro-batches-register-nothing.md).
+    columns, counts, _, skip = resolve_targets(opts, schema, overwrite)
     create = opts.partitions if opts.create_topic else None
     if in_sink_runner():
         return PulsarTxStreamWriter(None, opts.root, key, checkpoint, timeout, opts.keep_alive, opts.topic, counts,
-                                    create, registered, columns, skip)
+                                    create, frozenset(), columns, skip)
     mbt = MicroBatchTransaction.begin(opts.root, key, checkpoint, timeout_ms=timeout,
-                                      producer_name=opts.producer_name, partitions=registered,
-                                      keep_alive=opts.keep_alive)
+                                      producer_name=opts.producer_name, keep_alive=opts.keep_alive)
     writer = PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.keep_alive, opts.topic, counts,
-                                  create, registered, columns, skip)
+                                  create, frozenset(), columns, skip)
     writer.compression = opts.compression
     return writer
 

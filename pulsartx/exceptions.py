@@ -110,6 +110,13 @@ class ExpiredTransactionError(InvalidTxnStatusError):
     the general case keeps working."""
 
 
+class TransactionHasOperationFailed(InvalidTxnStatusError):
+    """An operation of the transaction (a send) failed, so committing it would commit only part of
+    it: the transaction was aborted instead, as Pulsar's client fails such a commit with
+    TransactionHasOperationFailedException. A subclass of InvalidTxnStatusError, which a commit of
+    an aborted transaction raised before."""
+
+
 class TransactionFenced(ProducerFenced, ExpiredTransactionError):
     """The transaction's transaction key moved to a newer epoch (a newer client or run claimed
     it): the transaction was aborted and may not commit. A ProducerFenced, as Kafka fences an old

@@ -186,6 +186,54 @@ def test_tables_with_writer_features_we_do_not_implement_go_through_delta_rs(tab
     assert dl.DeltaTable(a.uri).to_pyarrow_table().num_rows == 2
 
 
+def _through_delta_rs(table) -> DeltaAppender:
+    root, segments = table
+    delta.open_table(root, *segments).alter.add_constraint({"offset_not_negative": "offset >= 0"})
+    a = appender(table)
+    assert not a.fast
+    return a
+
+
+@pytest.mark.parametrize("apps", [{}, {"app.a": 1}], ids=["no-app-ids", "app-ids"])
+def test_a_delta_rs_write_whose_response_was_lost_is_found_not_written_twice(table, monkeypatch, apps):
+    """The write landed and its caller saw a transient error: the retry re-reads the log and finds
+    its own commit, as the put-if-absent path does, instead of writing the rows a second time (no
+    app ids) or failing on its own app ids as another writer's (with them)."""
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Mode, Op
+
+    a = _through_delta_rs(table)
+    monkeypatch.setenv(delta.RETRY_ENV, "5")
+    lost = Fault(Op.DELTA, Mode.LOST, match=a.uri, transient=True)
+    faults.install([lost])
+    try:
+        version = a.append(rows(0, 2), apps)
+    finally:
+        faults.clear()
+    assert lost.fired == 1
+    assert version == 2
+    assert dl.DeltaTable(a.uri).version() == 2
+    assert sorted(dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist()) == [0, 1]
+    assert a.append(rows(2, 3), {k: v + 1 for k, v in apps.items()}) == 3
+    assert sorted(dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist()) == [0, 1, 2]
+
+
+def test_a_delta_rs_write_that_failed_before_landing_is_written_once_on_retry(table, monkeypatch):
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Mode, Op
+
+    a = _through_delta_rs(table)
+    monkeypatch.setenv(delta.RETRY_ENV, "5")
+    failed = Fault(Op.DELTA, Mode.ERROR, match=a.uri, transient=True)
+    faults.install([failed])
+    try:
+        assert a.append(rows(0, 2), {"app.a": 1}) == 2
+    finally:
+        faults.clear()
+    assert failed.fired == 1
+    assert sorted(dl.DeltaTable(a.uri).to_pyarrow_table().column("seq").to_pylist()) == [0, 1]
+
+
 def test_a_writer_kept_across_tasks_notices_its_topic_was_recreated(tmp_path):
     """Spark's Python workers keep one PartitionLog per partition across tasks (pulsartx.commit_protocol.task):
     when the topic is deleted and re-created meanwhile (by another process, whose forget_shared does

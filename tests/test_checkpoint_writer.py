@@ -407,6 +407,43 @@ def test_a_checkpoint_file_that_exists_is_left_as_it_is(tmp_path):
     assert existing.read_bytes() == b"placeholder"
 
 
+def test_temporary_files_of_writers_that_died_are_swept_with_a_checkpoint(tmp_path, monkeypatch):
+    """A process killed between writing a temporary file and renaming (or linking) it leaves it in
+    _delta_log; the next checkpoint of the table deletes those older than an hour, at most once an
+    hour per table in a process, and leaves young ones (a write may be under way) and log files."""
+    monkeypatch.setattr(StorageRoot, "has_put_if_absent", property(lambda self: False))  # the rename path
+    monkeypatch.setattr(appender, "CHECKPOINT_INTERVAL", 1)  # every version asked for is due
+    root, segments = _table(tmp_path)
+    w = DeltaAppender(root, segments, delta.open_table(root, *segments), SCHEMA)
+    for i in range(3):
+        w.append(_rows(i, 1))
+    folder = _log_dir(root, segments)
+    old = [f".{checkpoint.checkpoint_file(2)}.tmp-4242-0123456789ab-7", "._last_checkpoint.tmp-4242-0123456789ab-8",
+           f"{delta.commit_file(3)}.tmp-99-abcdef012345-0"]  # a put-if-absent's, on local disk
+    young = ".00000000000000000005.checkpoint.parquet.tmp-4242-0123456789ab-9"
+    lookalike = ".notes.tmp-old"  # not a name these writes make
+    two_hours_ago = time.time() - 7200
+    for name in [*old, young, lookalike]:
+        (folder / name).write_bytes(b"partial")
+        if name != young:
+            os.utime(folder / name, (two_hours_ago, two_hours_ago))
+    logs = sorted(p.name for p in folder.iterdir() if p.name not in {*old, young, lookalike})
+    appender.schedule_checkpoint(root, segments, 3).result(30)
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == sorted({*logs, young, lookalike, checkpoint.checkpoint_file(3), "_last_checkpoint"})
+    # Within the hour this process does not list the folder again.
+    (folder / old[0]).write_bytes(b"partial")
+    os.utime(folder / old[0], (two_hours_ago, two_hours_ago))
+    w.append(_rows(3, 1))
+    appender.schedule_checkpoint(root, segments, 4).result(30)
+    assert (folder / old[0]).exists()
+    monkeypatch.setattr(appender, "TEMPORARY_SWEEP_INTERVAL_S", 0.0)
+    w.append(_rows(4, 1))
+    appender.schedule_checkpoint(root, segments, 5).result(30)
+    assert not (folder / old[0]).exists() and (folder / young).exists()
+    assert _view(root.uri(*segments), 5, []) == _view(_json_only(root, segments, tmp_path).uri(*segments), 5, [])
+
+
 def test_a_commit_field_the_checkpoint_schema_lacks_is_not_dropped():
     """pa.array drops a struct's unknown keys without a word: such an action is left to delta-rs."""
     schema = pa.schema([pa.field("add", pa.struct([pa.field("path", pa.string())])),

@@ -418,7 +418,7 @@ def test_store_latency_delays_every_call_with_the_median_and_tail_it_was_given(t
     assert 0.018 < draws[10_000] < 0.022 and 0.085 < draws[19_800] < 0.115
 
     root = StorageRoot.resolve(str(tmp_path))
-    faults.install(faults.store_latency(50))  # no tail: every call waits exactly 50 ms
+    faults.install(faults.store_latency(200))  # no tail: every call waits exactly 200 ms
     t0 = time.perf_counter()
     workers = [threading.Thread(target=root.put_if_absent, args=(b"x", "d", f"{i}.json")) for i in range(8)]
     for w in workers:
@@ -426,7 +426,8 @@ def test_store_latency_delays_every_call_with_the_median_and_tail_it_was_given(t
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - t0
-    assert 0.05 <= elapsed < 0.3, elapsed  # 8 puts in flight together, not 8 x 50 ms
+    # 8 puts in flight together, not 8 x 200 ms: wide slack for a loaded machine, far from 1.6 s
+    assert 0.2 <= elapsed < 1.0, elapsed
     assert sorted(os.listdir(tmp_path / "d")) == sorted(f"{i}.json" for i in range(8))
     assert all(f.fired >= 1 for f in faults.plan() if f.op is Op.CREATE)
 
@@ -531,3 +532,39 @@ def test_receive_table_returns_what_it_fetched_when_another_partitions_fetch_fai
         got = cons.receive_table(10, timeout_millis=500)
         assert list(zip(got["__partition"].to_pylist(), got["value"].to_pylist(), strict=True)) == [
             (1, b"m0"), (1, b"m2"), (1, b"m4")]
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """Every data file takes the big-file path (encoded straight into the local file)."""
+    monkeypatch.setattr(delta, "STREAMED_FILE_BYTES", 0)
+
+
+def test_a_streamed_data_file_holds_exactly_the_rows_and_is_fsynced_when_asked(table, streamed, monkeypatch):
+    import pulsartx.storage.root as root_mod
+
+    calls: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("file"), real_fsync(fd))[1])
+    monkeypatch.setattr(root_mod, "fsync_dir", lambda p: calls.append(f"dir:{os.path.basename(p)}"))
+    root, segments = table
+    root.check_put_if_absent()
+    a = appender(table)
+    monkeypatch.setenv(root_mod.LOCAL_FSYNC_ENV, "1")
+    a.append(rows(1, 2, 3))
+    assert calls == ["file", "file", "dir:_delta_log"]
+    dt = dl.DeltaTable(a.uri)
+    (add,) = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert add["size_bytes"] == os.path.getsize(os.path.join(a.uri, add["path"]))
+    assert dt.to_pyarrow_table().sort_by("seq").to_pylist() == rows(1, 2, 3).to_pylist()
+
+
+def test_a_failed_streamed_data_file_write_leaves_the_table_unchanged(table, streamed):
+    a = appender(table)
+    faults.install([Fault(Op.WRITE, match=".parquet")])
+    with pytest.raises(Exception, match="injected I/O error"):
+        a.append(rows(1))
+    assert dl.DeltaTable(a.uri).version() == 0
+    faults.clear()
+    assert a.append(rows(2)) == 1
+    assert dl.DeltaTable(a.uri).to_pyarrow_table().to_pylist() == rows(2).to_pylist()

@@ -5,6 +5,7 @@ depends on the tombstones that expire."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pulsartx.exceptions import StorageError
 from pulsartx.storage import delta, keyed_log
+from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.keyed_log import RETENTION_PROPERTY, KeyedLog
 from pulsartx.storage.root import StorageRoot
 
@@ -113,6 +116,40 @@ def test_the_upgrade_through_delta_rs_when_the_store_has_no_conditional_put(tmp_
         model[f"k{i}"] = "v0"
     assert _configuration(tmp_path / "kl")[RETENTION_PROPERTY] == "interval 60 seconds"
     assert _state(log) == model
+    assert _state(_log(root)) == model
+
+
+def test_a_failing_upgrade_warns_once_and_the_log_still_compacts(tmp_path, monkeypatch, caplog):
+    """Without conditional put the upgrade is a delta-rs commit of its own; one that keeps failing
+    must neither stop compaction (every open would read the whole history) nor go unseen."""
+    monkeypatch.setattr(StorageRoot, "has_put_if_absent", property(lambda self: False))
+
+    def refuse(self, properties):
+        raise StorageError("metadata writes are not allowed here")
+
+    monkeypatch.setattr(DeltaAppender, "set_properties_with_deltalake", refuse)
+    root = StorageRoot.resolve(str(tmp_path))
+    table = tmp_path / "kl"
+    _old_style_table(root)
+    first, second = _log(root), _log(root)  # two logs of the table in one process
+    model: dict[str, str] = {}
+    with caplog.at_level(logging.DEBUG, logger="pulsartx.storage.keyed_log"):
+        for i in range(24):
+            log = first if i % 2 == 0 else second
+            _update(log, f"k{i % 7}", f"v{i}")
+            model[f"k{i % 7}"] = f"v{i}"
+    overwrites = [c for c in _commits(table)
+                  if any(x.get("commitInfo", {}).get("operationParameters", {}).get("mode") == "Overwrite" for x in c)]
+    assert len(overwrites) >= 3  # compaction went on without the upgrade
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1  # once per table and process, not per attempt nor per log instance
+    message = warnings[0].getMessage()
+    assert str(table) in message and RETENTION_PROPERTY in message and "SET TBLPROPERTIES" in message
+    assert len([r for r in caplog.records if "failed again" in r.getMessage()]) >= 2
+    assert RETENTION_PROPERTY not in _configuration(table)
+    for log in (first, second):
+        log.refresh()
+        assert _state(log) == model
     assert _state(_log(root)) == model
 
 

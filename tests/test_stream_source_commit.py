@@ -55,3 +55,25 @@ def test_source_commit_writes_nothing_when_the_sink_already_acknowledged(root: s
         _WATCH["dir"] = None
     assert _WATCH["written"] == []  # no commit attempted
     assert cached.cursor().mark_delete == 5
+
+
+def test_source_commit_moves_every_partition_behind_and_leaves_the_others(root: str, tmp_path: Path) -> None:
+    """The partitions are committed side by side: each one behind moves to exactly ``end - 1``, one
+    the sink already moved past is left alone, one at offset 0 is skipped, and the hand-off record
+    goes only after all of them."""
+    from pulsartx.commit_protocol import handoff
+
+    with pulsartx.Client(root) as client:
+        seed(client, "many", 40, partitions=4, keyed=True)
+    reader = PulsarTxStreamReader(parse_stream_options({"service.url": root, "topic": "many", "subscription": "s",
+                                                        "startingOffsets": "earliest"}))
+    start = reader.initialOffset()
+    assert start == {"public/default/many": {str(i): 0 for i in range(4)}}
+    r = StorageRoot.resolve(root)
+    parts = [TopicName.parse("many").with_partition(i) for i in range(4)]
+    SubscriptionStore(r, parts[1], "s").update(lambda c: c.ack_cumulative(6))  # the sink, past the end
+    end = {"public/default/many": {"0": 3, "1": 2, "2": 0, "3": 5}}
+    handoff.record(r, "s", start, end)
+    reader.commit(end)
+    assert [shared_store(r, p, "s").cursor().mark_delete for p in parts] == [2, 6, -1, 4]
+    assert r.listdir("streaming", "handoff", handoff.offsets_key(end)) == []

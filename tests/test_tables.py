@@ -22,6 +22,7 @@ from pulsartx import (
     ConsumerType,
     InitialPosition,
     MessageId,
+    PulsarException,
     Timeout,
     TransactionState,
 )
@@ -567,3 +568,27 @@ def test_the_consume_bench_tables_side_runs_and_prints_its_ratio(tmp_path):
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("tables c-t-p, ")]
     assert [ln.split(" / ")[0] for ln in lines] == ["tables c-t-p, 20-row tables", "tables c-t-p, 200-row tables"]
     assert all(">= 3.0" in ln and "(median of 5 rounds, spread " in ln for ln in lines), done.stdout
+
+
+def test_a_failed_send_table_bars_its_transaction_from_committing(client):
+    """send_table raised for one partition's batch while others landed: committing would show the
+    table in part, so the transaction aborts instead."""
+    from pulsartx.exceptions import TransactionHasOperationFailed
+    from pulsartx.storage import faults
+
+    client.admin.create_topic("tblfail", partitions=2)
+    p = client.create_producer("tblfail")
+    txn = client.new_transaction()
+    table = pa.table({"value": [b"v%d" % i for i in range(20)], "__key": [f"k{i}" for i in range(20)]})
+    faults.install([faults.Fault(faults.Op.WRITE, match="tblfail/partition-1/part-")])
+    try:
+        with pytest.raises(PulsarException, match="tblfail"):
+            p.send_table(table, txn=txn)
+    finally:
+        faults.clear()
+    with pytest.raises(TransactionHasOperationFailed):
+        txn.commit()
+    assert txn.state is TransactionState.ABORTED
+    p.send(b"plain")
+    client.flush()
+    assert read_all(client, "tblfail") == ["plain"]

@@ -502,6 +502,7 @@ def test_rebuild_is_snapshot_plus_tail_and_equals_a_full_fold(client):
         client.flush()  # the marker, written in the background, before the next transaction's data
         s = tb.state()  # folds and snapshots every 3 markers
         snapshots.append(s.snapshot_offset)
+    tb.wait_for_snapshot()  # the last one is written in the background; the checks below load it
     still_open = client.new_transaction()
     p.send(b"open", txn=still_open)
     p.send(b"tail")
@@ -592,3 +593,45 @@ def test_a_producer_keeps_nothing_of_its_ended_transactions(client):
     client.flush()
     values = sorted(m.data() for m in client.create_reader("churn", MessageId.earliest))
     assert values == sorted([b"plain"] + [f"{s}{i}".encode() for i in range(60) if i % 3 for s in "ab"])
+
+
+@pytest.mark.parametrize("appended", [False, True], ids=["rest-queued", "rest-appended"])
+def test_commit_refuses_a_transaction_one_of_whose_sends_failed(client, appended):
+    """A send that failed in the background (its callback said so) leaves a hole in the
+    transaction: commit() must not decide COMMIT over it. As Pulsar's client fails such a commit
+    with TransactionHasOperationFailedException, it aborts and raises, and nothing of it shows."""
+    from pulsartx.client.result import Result
+    from pulsartx.exceptions import TransactionHasOperationFailed
+    from pulsartx.storage import faults
+
+    client.admin.create_topic("opfail")
+    p = client.create_producer("opfail", batching_max_messages=1000, batching_max_publish_delay_ms=5)
+    txn = client.new_transaction()
+    results: list[tuple[bytes, Result]] = []
+    faults.install([faults.Fault(faults.Op.WRITE, match="opfail/partition-0/part-")])  # one data file write fails
+    try:
+        for i in range(5):
+            p.send_async(b"a%d" % i, lambda r, m, i=i: results.append((b"a%d" % i, r)), txn=txn)
+        deadline = time.monotonic() + 10
+        while len(results) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        faults.clear()
+    assert sorted(results) == [(b"a%d" % i, Result.UnknownError) for i in range(5)]
+    for i in range(5):
+        p.send_async(b"b%d" % i, lambda r, m, i=i: results.append((b"b%d" % i, r)), txn=txn)
+    if appended:
+        with pytest.raises(pulsartx.PulsarException):  # flush() reports the earlier failed batch
+            p.flush()
+        assert sorted(results[5:]) == [(b"b%d" % i, Result.Ok) for i in range(5)]
+    with pytest.raises(TransactionHasOperationFailed, match="opfail"):
+        txn.commit()
+    assert txn.state is TransactionState.ABORTED
+    with pytest.raises(InvalidTxnStatusError):  # a retry reports the real outcome (PIP-254)
+        txn.commit()
+    assert sorted(m for m, _ in results[5:]) == [b"b%d" % i for i in range(5)]
+    if not appended:  # still queued: the abort fails them, and none was appended
+        assert all(r is not Result.Ok for _, r in results[5:]), results[5:]
+    p.send(b"plain")
+    client.flush()
+    assert read(client, "opfail") == [b"plain"]

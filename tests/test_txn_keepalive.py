@@ -14,9 +14,11 @@ from pulsartx.commit_protocol import keepalive
 
 import pulsartx
 from pulsartx.coordinator.coordinator import CoordinatorConfig, now_ms
+from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError
 from pulsartx.naming import TopicName
+from pulsartx.storage.root import StorageRoot
 
 KEEP = CoordinatorConfig(compact_every=10**6, recovery_grace_ms=0)
 
@@ -71,6 +73,57 @@ def test_extend_refuses_an_expired_or_ended_transaction(client):
         tc.extend(ended.txn_id, 0)
 
 
+def _driver_and_worker(client) -> tuple[Coordinators, Coordinators]:
+    """Two processes' views of one root (each its own cached TC rows): the driver's keeper, and a
+    reused pyspark worker whose tasks register partitions (``Coordinators.shared`` there)."""
+    client.admin.create_topic("kw", 2)
+    return (Coordinators(StorageRoot.resolve(client.root.url), config=KEEP),
+            Coordinators(StorageRoot.resolve(client.root.url), config=KEEP))
+
+
+KW = [str(TopicName.parse(f"kw-partition-{i}")) for i in range(2)]
+
+
+def test_a_worker_holding_a_row_from_before_a_keep_alive_still_registers(client):
+    """The worker's row says OPEN past its deadline; the log, extended since by the keeper, says
+    OPEN for another minute: the log's word is taken, on the first try and on a retry."""
+    driver, worker = _driver_and_worker(client)
+    t = driver.tc(0).new_transaction(500).txn_id
+    worker.for_txn(t).add_partitions(t, [KW[0]])  # task A: the worker now holds the row, deadline 500 ms
+    driver.tc(0).extend(t, 60_000)  # the keeper
+    time.sleep(0.7)  # past the deadline the worker's row holds, well before the log's
+    assert worker.for_txn(t).add_partitions(t, [KW[1]]).partitions == frozenset(KW)  # task B, same worker
+    assert worker.for_txn(t).add_partitions(t, [KW[1]]).partitions == frozenset(KW)  # a retry: a no-op
+    logged = driver.tc(0).get(t, refresh=True)
+    assert (logged.status, logged.partitions) == (TxnStatus.OPEN, frozenset(KW))
+    assert driver.tc(0).end_transaction(t, TxnAction.COMMIT).status is TxnStatus.COMMITTED
+
+
+def test_a_commit_from_a_process_holding_a_row_from_before_a_keep_alive(client):
+    driver, committer = _driver_and_worker(client)
+    t = driver.tc(0).new_transaction(500, partitions=[KW[0]]).txn_id
+    assert committer.for_txn(t).get(t).timeout_ms == 500  # the committer now holds the row
+    driver.tc(0).extend(t, 60_000)
+    time.sleep(0.7)
+    assert committer.for_txn(t).end_transaction(t, TxnAction.COMMIT).status is TxnStatus.COMMITTED
+    assert driver.tc(0).get(t, refresh=True).status is TxnStatus.COMMITTED
+
+
+def test_a_transaction_the_log_holds_expired_is_still_refused_after_the_re_read(client):
+    driver, worker = _driver_and_worker(client)
+    t = driver.tc(0).new_transaction(300).txn_id
+    worker.for_txn(t).add_partitions(t, [KW[0]])
+    time.sleep(0.4)  # no keep-alive: the log's deadline passed too
+    for _ in range(2):
+        with pytest.raises(ExpiredTransactionError, match="passed its timeout"):
+            worker.for_txn(t).add_partitions(t, [KW[1]])
+    logged = driver.tc(0).get(t, refresh=True)
+    assert (logged.status, logged.partitions) == (TxnStatus.OPEN, frozenset(KW[:1]))
+    assert driver.tc(0).abort_expired(t).status is TxnStatus.ABORTED
+    with pytest.raises(ExpiredTransactionError, match="timed out"):  # the decision, read from the log
+        worker.for_txn(t).add_partitions(t, [KW[1]])
+
+
 def _stand_in_driver() -> tuple[subprocess.Popen, keepalive.Driver]:
     """A process playing the driver JVM: the keeper watches its pid and start time."""
     proc = subprocess.Popen(["sleep", "600"])
@@ -87,17 +140,18 @@ def _status_after(tc, txn_id) -> TxnStatus:
 
 
 def test_keeper_process_keeps_a_transaction_alive_while_its_driver_lives(client):
-    """Timeout 3 s (the keeper process starts in about 1-2 s); the keeper process, which knows the
-    transaction only from the TC log (no thread of this process helps), holds it OPEN for 8 s; once the driver is killed the
-    transaction aborts within the timeout."""
+    """Timeout 5 s: the keeper process starts in about 1-2 s (more on a loaded machine) and must
+    extend the transaction before it ends. The keeper process, which knows the transaction only
+    from the TC log (no thread of this process helps), holds it OPEN for 11 s; once the driver is
+    killed the transaction aborts within the timeout."""
     proc, driver = _stand_in_driver()
     try:
         tc = client._coordinators().tc(0)
-        m = tc.new_transaction(3_000, partitions=[P], properties=keepalive.properties(3_000, driver))
-        pid = keepalive.ensure_keeper(client.root, driver, 3_000)
+        m = tc.new_transaction(5_000, partitions=[P], properties=keepalive.properties(5_000, driver))
+        pid = keepalive.ensure_keeper(client.root, driver, 5_000)
         assert pid is not None
-        assert keepalive.ensure_keeper(client.root, driver, 3_000) is None  # exactly one keeper
-        end = time.monotonic() + 8
+        assert keepalive.ensure_keeper(client.root, driver, 5_000) is None  # exactly one keeper
+        end = time.monotonic() + 11
         while time.monotonic() < end:
             assert _status_after(tc, m.txn_id) is TxnStatus.OPEN
             time.sleep(0.2)
@@ -105,7 +159,7 @@ def test_keeper_process_keeps_a_transaction_alive_while_its_driver_lives(client)
         proc.wait()
         killed = time.monotonic()
         while _status_after(tc, m.txn_id) is TxnStatus.OPEN:
-            assert time.monotonic() - killed < 3.0 + 1.0, "not aborted within the timeout after the driver died"
+            assert time.monotonic() - killed < 5.0 + 1.0, "not aborted within the timeout after the driver died"
             time.sleep(0.05)
         assert tc.get(m.txn_id).status is TxnStatus.ABORTED and tc.get(m.txn_id).reason == "timed out"
         deadline = time.monotonic() + 10

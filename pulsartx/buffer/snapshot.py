@@ -4,10 +4,18 @@ so that rebuilding it costs the snapshot plus the records after it (Pulsar's TB 
 Each snapshot replaces the previous one in a single overwrite commit; any snapshot is valid,
 because the fold is deterministic over a prefix of the log, so concurrent writers need no
 coordination (a losing overwrite is simply skipped).
+
+Each overwrite leaves a tombstone of the files it replaced, and a checkpoint carries them for the
+table's ``delta.deletedFileRetentionDuration``. The table keeps them 60 s, as keyed logs do, not
+Delta's default 7 days: a snapshot is only ever read at its newest commit, within milliseconds of
+finding its files, and nothing in pulsartx vacuums it
+(docs/design/short-tombstone-retention-for-buffer-snapshots.md). A table created before gets the
+property at its next snapshot.
 """
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pyarrow as pa
 
@@ -15,6 +23,7 @@ from pulsartx.buffer.state import BufferState
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
+from pulsartx.storage.keyed_log import missing_retention, short_tombstone_retention
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -154,11 +163,25 @@ class SnapshotStore:
         t = delta.open_table(self.root, *self.segments)
         if t is None:
             delta.create_table(self.root, SNAPSHOT_SCHEMA, *self.segments, name="transaction-buffer-snapshot",
-                               configuration=delta.stats_config(["offset"]))
+                               configuration={**delta.stats_config(["offset"]), **short_tombstone_retention()})
             t = delta.open_table(self.root, *self.segments)
+        self._upgrade(t)
         try:
             delta.write(t, table, mode="overwrite")
         except Exception as e:
             log.debug("snapshot of %s skipped: %s", self.segments, e)
             return False
         return True
+
+    def _upgrade(self, table: Any) -> None:
+        """Give a table created before the short tombstone retention that property: one metadata
+        commit, the first time a snapshot is written to it by this version. A failure (a racing
+        writer's commit, a store refusing it) costs nothing but the tombstones: the next snapshot
+        tries again."""
+        missing = missing_retention(table.metadata().configuration)
+        if not missing:
+            return
+        try:
+            table.alter.set_table_properties(missing)
+        except Exception as e:
+            log.debug("snapshot table %s keeps Delta's default tombstone retention for now: %s", self.segments, e)

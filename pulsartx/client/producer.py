@@ -77,6 +77,14 @@ class _Pending:
             self.done.set()
 
 
+# A transaction's queue for a partition this long starts the registration of every partition the
+# transaction has messages queued for, beside the batches still filling
+# (``Transaction._register_early``). Not at the first message: a small transaction's partitions are
+# registered together in one TC entry at its flush, and registering at the first send would cost a
+# TC commit per partition as each got its first message.
+EARLY_REGISTRATION_AT = 100
+
+
 class Producer(TableSending):
     @checked_keywords()
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
@@ -177,13 +185,19 @@ class Producer(TableSending):
             refuse_unknown("Producer.send_async", unknown, _SEND_ASYNC)
         p = self._enqueue(content, callback, properties, partition_key, sequence_id, event_timestamp, txn)
         if p.full:
+            registered = False
             if txn is not None:
                 # Register every partition this transaction has messages queued for in one TC write,
                 # rather than one write per partition as each batch fills.
-                with self._lock:
-                    queued = {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
-                txn._register_partitions(queued)
-            self._flush_queue(self._queue_key(p, txn), registered=txn is not None)
+                try:
+                    txn._register_partitions(self.transaction_partitions(txn))
+                    registered = True
+                except PulsarException:
+                    # Not raised here: the message is queued, and a sender told it failed would send
+                    # it again while the queue still holds it. The batch's append registers again,
+                    # and a failure then fails the batch through its callbacks.
+                    pass
+            self._flush_queue(self._queue_key(p, txn), registered=registered)
 
     def flush(self) -> None:
         """Make every queued message durable; raises the first error a background flush met."""
@@ -234,7 +248,8 @@ class Producer(TableSending):
         check_message_fields(partition_key, properties)  # before queueing: a bad field must not fail its batch
         if txn is not None:
             txn._check_usable()
-            txn._attach_producer(self)
+            if txn not in self._txn_keys:  # attached already when it has a queue here: a send is per message
+                txn._attach_producer(self)
         n = len(self._partitions)
         if n == 1:
             idx = 0
@@ -264,11 +279,14 @@ class Producer(TableSending):
                     self._txn_keys.setdefault(txn, []).append(key)
             q.append(p)
             p.full = len(q) >= self._max_messages
+            early = txn is not None and len(q) == EARLY_REGISTRATION_AT and not p.full
             if unkeyed:
                 if p.full:  # this batch is complete: the next unkeyed message starts the next one
                     self._end_round()
                 else:
                     self._round.add(key)
+        if early:
+            txn._register_early()
         return p
 
     def _end_round(self) -> None:
@@ -296,7 +314,7 @@ class Producer(TableSending):
                     with self._lock:
                         batch = [p for k in keys if k[1] is txn for p in self._queues.pop(k, [])]
                     if batch:
-                        self._fail(batch, e)
+                        self._fail(batch, e, txn)
                         self._errors.clear()
                     raise
         if len(keys) == 1:
@@ -379,13 +397,22 @@ class Producer(TableSending):
             if txn is not None:
                 txn._after_append(plog.topic, res)
             return res
-        except PulsarException:
-            raise
-        except Exception as e:  # storage errors surface as PulsarException to callers
-            raise PulsarException(f"send to {plog.topic} failed: {short_cause(e)}") from e
+        except Exception as e:
+            # storage errors surface as PulsarException to callers
+            err = e if isinstance(e, PulsarException) else PulsarException(
+                f"send to {plog.topic} failed: {short_cause(e)}")
+            if txn is not None:
+                txn._operation_failed(err)  # the rest of the transaction must not commit without it
+            if err is e:
+                raise
+            raise err from e
 
-    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+    def _fail(self, batch: list[_Pending], exc: BaseException, txn: Any = None) -> None:
+        """Fail ``batch``; a batch of ``txn`` also bars the transaction from committing: the rest of
+        it would otherwise commit without these messages."""
         log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)
+        if txn is not None:
+            txn._operation_failed(exc)
         if not all(p.sync for p in batch):
             self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
         for p in batch:
@@ -431,7 +458,7 @@ class Producer(TableSending):
     def transaction_partitions(self, txn: Any) -> set[str]:
         """The partitions that messages queued under ``txn`` go to (to register them all at once)."""
         with self._lock:
-            return {str(self._logs[k[0]].topic) for k, q in self._queues.items() if k[1] is txn and q}
+            return {str(self._logs[k[0]].topic) for k in self._txn_keys.get(txn, ()) if self._queues.get(k)}
 
     def flush_transaction(self, txn: Any, registered: bool = False) -> None:
         """Make the messages queued under ``txn`` durable (``txn.commit()`` calls this first);

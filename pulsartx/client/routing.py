@@ -8,18 +8,46 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# Keys up to this many characters are remembered (the last MEMO_KEYS of them); longer ones are hashed
+# with numpy each time. The memo then holds at most MEMO_KEYS x MEMO_MAX_CHARS characters: about 5 MB
+# with its entries for ASCII keys, 11 MB at most (4 bytes a character), where remembering every key
+# held up to 160 MB of 10 KB ones.
+MEMO_KEYS = 1 << 14
+MEMO_MAX_CHARS = 128
 
-@functools.lru_cache(maxsize=1 << 14)
+
 def java_string_hash(key: str) -> int:
     """Java's ``String.hashCode`` (Pulsar's default ``HashingScheme.JavaStringHash``): stable across
     processes and languages, unlike Python's salted ``hash``.
 
-    Remembered for the last 16,384 keys: a byte loop in Python costs 4-8 us a key, and a Spark
-    write task hashed the same few keys again in every Arrow batch (2 ms of a 50,000-row task)."""
+    Short keys are remembered: a byte loop in Python costs 4-8 us a key, and a Spark write task
+    hashed the same few keys again in every Arrow batch (2 ms of a 50,000-row task). A long key is
+    not (the memo would keep it alive); numpy hashes it in 10-30 us (docs/design/bounded-key-hash-memo.md)."""
+    if len(key) <= MEMO_MAX_CHARS:
+        return _memo_hash(key)
+    return _signed(_vector_hash(key))
+
+
+@functools.lru_cache(maxsize=MEMO_KEYS)
+def _memo_hash(key: str) -> int:
     h = 0
     data = key.encode("utf-16-be", "surrogatepass")
     for i in range(0, len(data), 2):
         h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return _signed(h)
+
+
+def _vector_hash(key: str) -> int:
+    """``s[0]*31^(n-1) + ... + s[n-1]`` over the UTF-16 code units, mod 2^32: uint32 products and
+    sums wrap exactly as Java's int arithmetic does."""
+    units = np.frombuffer(key.encode("utf-16-be", "surrogatepass"), dtype=">u2").astype(np.uint32)
+    powers = np.full(len(units), 31, dtype=np.uint32)
+    powers[0] = 1
+    powers = np.cumprod(powers, dtype=np.uint32)[::-1]  # 31^(n-1) ... 31, 1
+    return int(np.sum(units * powers, dtype=np.uint32))
+
+
+def _signed(h: int) -> int:
     return h - (1 << 32) if h >= (1 << 31) else h
 
 

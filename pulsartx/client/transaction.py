@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from pulsartx.exceptions import (
     ExpiredTransactionError,
     InvalidTxnStatusError,
     TransactionConflict,
+    TransactionHasOperationFailed,
     TransactionNotFound,
 )
 from pulsartx.naming import TopicName
@@ -97,6 +100,14 @@ def _end_pool() -> ThreadPoolExecutor:
     return _ENDS.get()
 
 
+@dataclass
+class _Registration:
+    """One ADD_PARTITION call of a transaction: its partitions and its outcome."""
+
+    partitions: set[str]
+    done: Future[None]
+
+
 class Transaction:
     def __init__(self, client: Client, meta: TxnMeta, written: bool = True):
         self._client = client
@@ -107,6 +118,16 @@ class Transaction:
         self._partitions: set[str] = set()
         self._subscriptions: set[Subscription] = set()
         self._registering: dict[Subscription, Future[None]] = {}  # ADD_SUBSCRIPTIONs under way
+        # Partition registrations (``_register_partitions``): the future of the ADD_PARTITION call
+        # that covers each partition under way (queued or in flight); the partitions that wait for
+        # the call in flight, to go in the next one together; whether a thread is making those
+        # calls; and the helper job submitted to make them, which a waiter runs itself if no helper
+        # has started it (``_await_registrations``). The condition is notified when a call ends or
+        # a job is submitted.
+        self._registering_parts: dict[str, Future[None]] = {}
+        self._next_registration: _Registration | None = None
+        self._registration_running = False
+        self._registration_job: Future[None] | None = None
         # Subscriptions acknowledged on before the TC log held the transaction: registered with
         # its first log write, at the latest its decision (``_defer_subscriptions``).
         self._deferred: set[Subscription] = set()
@@ -122,6 +143,7 @@ class Transaction:
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
         self._lock = threading.Lock()
+        self._registrations_changed = threading.Condition(self._lock)
         self._end_lock = threading.RLock()  # one commit/abort at a time (a retry, commit_async)
 
     def __repr__(self) -> str:
@@ -136,6 +158,8 @@ class Transaction:
         forks.check(self._made, lambda: f"transaction {self.id}")
 
     def _check_usable(self) -> None:
+        if self.state is TransactionState.OPEN and self._expired is None and self._made == forks.generation:
+            return  # the common case, first: producers check on every message
         self._check_process()
         if self._expired is not None:
             raise ExpiredTransactionError(str(self._expired))
@@ -149,19 +173,159 @@ class Transaction:
         return self._client._coordinators().for_txn(self.id)
 
     def _register_partitions(self, partitions: set[str]) -> None:
-        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish.
-        Already-registered partitions still cost one check with the TC, so that a transaction fenced
-        or timed out elsewhere fails the send with ExpiredTransactionError instead of writing data
-        that could never become visible."""
-        with self._lock:
-            new = partitions - self._partitions
-        if new:
-            self._call(lambda: self._tc().add_partitions(self.id, new))
-            with self._lock:
-                self._partitions |= new
-                self._written = True
-        else:
+        """ADD_PARTITION before any data reaches the partition, so the TC knows all it must finish;
+        returns once every one of ``partitions`` is durably registered (raises if one is not).
+        Already-registered partitions still cost one check with the TC, so that a transaction fenced,
+        timed out or aborted elsewhere fails the send instead of writing data that could never
+        become visible. A registration call this caller waited for (begun beside a filling batch,
+        ``_register_early``, or by another append) counts as that check: it ended after this call
+        began. One that had already ended does not: the transaction may have been aborted since.
+
+        One ADD_PARTITION call of the transaction is in flight at a time (the TC could not group two
+        of them in one commit anyway: a group commit holds one request per transaction). Partitions
+        asked for meanwhile, here or beside other batches, wait for it and then go to the TC
+        together in the next call: registrations begun close together share one TC commit."""
+        waiting, lead = self._queue_registration(partitions)
+        if lead:
+            self._run_registrations(once=True)
+        self._await_registrations(waiting)
+        for f in waiting:
+            f.result()
+        if not waiting:
             self._call(lambda: self._tc().check_usable(self.id))
+
+    def _queue_registration(self, partitions: Iterable[str]) -> tuple[set[Future[None]], bool]:
+        """The futures of the registration calls under way (queued or in flight) that cover
+        ``partitions``, queueing the unregistered ones for the next ADD_PARTITION call; and whether
+        the caller must make that call (no thread is making calls)."""
+        with self._lock:
+            waiting: set[Future[None]] = set()
+            for p in partitions:
+                f = self._registering_parts.get(p)
+                if f is None:
+                    if p in self._partitions:
+                        continue
+                    if self._next_registration is None:
+                        self._next_registration = _Registration(set(), Future())
+                    self._next_registration.partitions.add(p)
+                    f = self._registering_parts[p] = self._next_registration.done
+                waiting.add(f)
+            lead = self._next_registration is not None and not self._registration_running
+            if lead:
+                self._registration_running = True
+        return waiting, lead
+
+    def _await_registrations(self, futures: set[Future[None]]) -> None:
+        """Wait until ``futures`` (registration calls) have ended. The calls queued for a helper
+        that no helper has started yet run on this thread instead, as in ``run_beside``: a waiter
+        may hold a producer's flush lock, and the helpers may all be waiting for such locks (a
+        commit flushes its producers on them), so a call left for a free helper could wait forever."""
+        while True:
+            with self._registrations_changed:
+                while True:
+                    if all(f.done() for f in futures):
+                        return
+                    job = self._registration_job
+                    if job is not None and job.cancel():
+                        self._registration_job = None
+                        break
+                    self._registrations_changed.wait()
+            self._run_registrations(once=True)  # the cancelled job's turn (``_registration_running``)
+
+    def _run_registrations(self, once: bool = False) -> None:
+        """Make the queued ADD_PARTITION calls one after the other until none is left (the caller
+        set ``_registration_running``). ``once``: the caller waits for one call only, so the calls
+        queued behind it go on on a helper thread, or on a waiter that finds no helper has begun."""
+        with self._lock:
+            reg = self._take_registration()
+        while reg is not None:
+            error: BaseException | None = None
+            try:
+                self._call(partial(self._add_partitions, reg.partitions))
+            except BaseException as e:
+                # Not registered, or not known to be: a later append registers again (the TC re-reads
+                # its log first when a write's outcome was unknown), and meets the error itself.
+                error = e
+            inline = False
+            with self._lock:
+                for p in reg.partitions:
+                    if self._registering_parts.get(p) is reg.done:
+                        del self._registering_parts[p]
+                if error is None:
+                    self._partitions |= reg.partitions
+                    self._written = True
+                if once and self._next_registration is not None:
+                    inline = not self._start_registrations()
+                    nxt = None
+                else:
+                    nxt = self._take_registration()
+            # The next step is settled before the waiters wake: none of them finds a call queued
+            # and nobody to make it.
+            if error is None:
+                reg.done.set_result(None)
+            else:
+                reg.done.set_exception(error)
+            with self._registrations_changed:
+                self._registrations_changed.notify_all()
+            if inline:
+                self._run_registrations()
+            reg = nxt
+
+    def _take_registration(self) -> _Registration | None:
+        """The queued call, now this thread's to make; None (and no thread making calls) when none
+        is queued. The caller holds ``_lock``."""
+        reg, self._next_registration = self._next_registration, None
+        if reg is None:
+            self._registration_running = False
+        return reg
+
+    def _add_partitions(self, partitions: set[str]) -> None:
+        self._tc().add_partitions(self.id, partitions)
+
+    def _start_registrations(self) -> bool:
+        """Submit ``_run_registrations`` to a helper (the caller set ``_registration_running`` and
+        holds ``_lock``), where a waiter that finds it not started takes it over
+        (``_await_registrations``). False when the interpreter is shutting down (no new threads):
+        the caller makes the calls."""
+        try:
+            self._registration_job = helper_pool().submit(self._run_registrations)
+        except RuntimeError:
+            return False
+        self._registrations_changed.notify_all()
+        return True
+
+    def _register_early(self) -> None:
+        """Begin ADD_PARTITION on a helper thread for every partition this transaction has
+        messages queued for, once one of its queues is long (``EARLY_REGISTRATION_AT``), as
+        Pulsar's producer sends addPartitionToTxn at its first send to a partition: the
+        registration is then written while the batches fill instead of after, and each batch's
+        append (``_register_partitions``) waits for it (or makes it, when no helper has started it
+        yet), so data still never precedes it. All of
+        them at once: partitions filling side by side (keyed messages, several producers) share
+        one TC commit instead of one each as each queue reaches the threshold. Only partitions
+        with queued messages: those are written, or dropped by an abort, so none gets a marker
+        for nothing."""
+        queued: set[str] = set()
+        for producer in list(self._producers):
+            queued |= producer.transaction_partitions(self)
+        _, lead = self._queue_registration(queued)
+        if not lead:
+            return  # registered, or queued behind the call in flight
+        with self._lock:
+            started = self._start_registrations()
+        if not started:
+            self._run_registrations()
+        # Let the helper take the GIL now: a sender looping over send_async would keep it for the
+        # interpreter's switch interval (5 ms), longer than the batch takes to fill.
+        time.sleep(0)
+
+    def _settle_registrations(self) -> None:
+        """Wait for the partition registrations under way: the decision entry must not race its
+        own transaction's ADD_PARTITION (their outcome is reported where it is needed: a failed
+        one fails the append that waited for it)."""
+        with self._lock:
+            waiting = set(self._registering_parts.values())
+        self._await_registrations(waiting)
 
     def _defer_subscriptions(self, subs: set[Subscription]) -> int | None:
         """For a transaction the TC log does not hold yet (begun lazily, nothing produced, no key):
@@ -248,6 +412,14 @@ class Transaction:
     def _mark_conflict(self, exc: BaseException) -> None:
         self._conflict = exc
 
+    def _operation_failed(self, exc: BaseException) -> None:
+        """A send of this transaction failed (its sender was told): committing would commit the
+        transaction without it, so commit() aborts instead (Pulsar's
+        TransactionHasOperationFailedException). The first failure is the one reported."""
+        with self._lock:
+            if self._must_abort is None:
+                self._must_abort = exc
+
     # ---- public API -----------------------------------------------------------------------------
     def commit(self) -> None:
         """Flush what this transaction buffered, then decide COMMIT. Returns once the decision is
@@ -261,6 +433,12 @@ class Transaction:
             if self.state is TransactionState.COMMITTED:
                 return
             if self.state in (TransactionState.ABORTED, TransactionState.ABORTING, TransactionState.TIME_OUT):
+                if self.state is not TransactionState.ABORTING:
+                    # Fenced or timed out as a TC call learnt (a registration beside a filling batch
+                    # may be the first to): what is still queued would never be sent. Report it failed
+                    # now, not at the producer's next flush.
+                    for p in list(self._producers):
+                        p.discard_transaction(self)
                 raise self._aborted_error()
             if self._must_abort is not None:
                 self._abort_locked()
@@ -279,7 +457,8 @@ class Transaction:
                         log.warning("abort of %s after its failed flush failed (retried by abort() or the "
                                     "transaction's timeout): %s", self.id, abort_error)
                     raise
-                if self._conflict is not None:
+                if self._conflict is not None or self._must_abort is not None:
+                    # An acknowledgement conflicted, or a send failed while flushing: abort.
                     self._abort_locked()
                     raise self._aborted_error()
             self._end(TxnAction.COMMIT)
@@ -321,8 +500,11 @@ class Transaction:
         if self._expired is not None:
             return ExpiredTransactionError(str(self._expired))
         if self._must_abort is not None:
-            return InvalidTxnStatusError(f"transaction {self.id} cannot commit: flushing its messages failed "
-                                         f"({self._must_abort}); it was aborted")
+            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send in it failed "
+                                                f"({self._must_abort}); it was aborted, so none of it is visible. "
+                                                "Send its messages again in a new transaction")
+            err.__cause__ = self._must_abort
+            return err
         if self.state is TransactionState.TIME_OUT:
             return ExpiredTransactionError(f"transaction {self.id} timed out and was aborted; begin a new transaction")
         return InvalidTxnStatusError(f"cannot commit transaction {self.id}: it was ABORTED")
@@ -339,6 +521,7 @@ class Transaction:
         run_beside([partial(p.flush_transaction, self, registered=bool(parts)) for p in producers])
 
     def _end(self, action: TxnAction) -> None:
+        self._settle_registrations()
         self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         if action is TxnAction.COMMIT:
             self._commit_tried = True

@@ -111,11 +111,23 @@ class TransactionCoordinator:
     def _cas(self, txn_id: TxnID, prepare: Callable[[TxnMeta], tuple[TxnMeta, MetadataOp] | None]) -> TxnMeta:
         """Read-validate-write: ``prepare`` sees the latest durable metadata and returns the new
         metadata to log (or None for "nothing to do"). Concurrent requests of this process's
-        threads share one commit (group commit); on a lost race each is re-read and re-validated."""
+        threads share one commit (group commit); on a lost race each is re-read and re-validated.
+
+        ``prepare`` first sees the row this process last read, which only a write's conflict
+        corrects. A refusal judged on it (:class:`InvalidTxnStatusError`: ended, fenced, or OPEN
+        past a deadline that another process, the driver's keeper, may have moved since) is
+        judged again once on the log as it is now, and only that judgement is raised: a worker
+        that cached the row before a keep-alive would otherwise refuse, on every retry, a
+        transaction the log holds open. The re-read costs one probe, on the refusing path only."""
+        judged: list[TxnMeta] = []
 
         def plan() -> Done | Write:
             meta = self._require(txn_id)
-            prepared = prepare(meta)
+            try:
+                prepared = prepare(meta)
+            except InvalidTxnStatusError:
+                judged.append(meta)
+                raise
             if prepared is None:
                 return Done(meta)
             new, op = prepared
@@ -136,7 +148,12 @@ class TransactionCoordinator:
                 self._emit("append", final)
             return Write(rows, final, written)
 
-        new = self._group.run(txn_id, plan)
+        try:
+            new = self._group.run(txn_id, plan)
+        except InvalidTxnStatusError:
+            if not judged:
+                raise
+            new = self._group.run(txn_id, plan, before=True)  # the group re-reads the log first
         if self.txlog.log.needs_compaction():  # a hint read unlocked: most requests need no lock again
             with self._lock:
                 self._maybe_compact()

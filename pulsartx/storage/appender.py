@@ -25,7 +25,9 @@ response was lost and is retried finds its own commit (same unique ``txnId``) an
 State: ``version`` and the app-id versions set by commits after the DeltaTable handle's snapshot
 (``txn_version`` consults these first, then the handle), kept current by reading every commit
 after ``version`` in order (``catch_up``). Owners that keep derived state (a KeyedLog's rows and
-files) see each commit through ``on_commit``, flagged when it is their own.
+files) see each commit through ``on_commit``, flagged when it is their own; our own commits made
+through delta-rs (:meth:`DeltaAppender.write_with_deltalake`) are not among them, and the handle,
+which stands at such a commit's version, holds their files.
 """
 from __future__ import annotations
 
@@ -73,6 +75,13 @@ CLEANUP_EVERY = 10
 CLEANUP_MIN_INTERVAL_S = 3600.0
 # table URI -> time.monotonic() of this process's last cleanup of it
 _LAST_CLEANUP: forks.ProcessCache[str, float] = forks.ProcessCache()
+# A process that dies while writing a commit, a checkpoint or its hint on local disk leaves the
+# temporary file it was writing in _delta_log, where nothing else would ever delete it: the
+# checkpoint thread deletes those older than TEMPORARY_MIN_AGE_S, listing the folder at most once
+# per TEMPORARY_SWEEP_INTERVAL_S per table in a process (a listing grows with the log, as cleanup's).
+TEMPORARY_MIN_AGE_S = 3600.0
+TEMPORARY_SWEEP_INTERVAL_S = 3600.0
+_LAST_SWEEP: forks.ProcessCache[str, float] = forks.ProcessCache()
 # table URI -> newest version waiting for a checkpoint. A forked child starts empty: the parent's
 # queued checkpoints are the parent's (left queued here, their tables would never be checkpointed
 # again), and its lock may have been held by its checkpoint thread.
@@ -170,15 +179,30 @@ def _write_checkpoint(root: StorageRoot, segments: tuple[str, ...], uri: str) ->
                 t.cleanup_metadata()
     except Exception as e:  # an optimisation: the commits alone are the table
         log.info("checkpoint of %s at version %d skipped: %s", uri, version, e)
+    if root.is_local and _once_per(_LAST_SWEEP, uri, TEMPORARY_SWEEP_INTERVAL_S):
+        try:
+            gone = root.remove_stale_temporaries(*segments, "_delta_log", older_than_s=TEMPORARY_MIN_AGE_S)
+        except OSError as e:
+            log.info("leftover temporary files of %s not swept: %s", uri, e)
+        else:
+            if gone:
+                log.info("deleted %d temporary file(s) left in %s/_delta_log by writers that died: %s",
+                         len(gone), uri, ", ".join(gone))
 
 
 def _cleanup_due(uri: str) -> bool:
     """Whether this process cleans the expired log of ``uri`` now (and then notes that it did)."""
+    return _once_per(_LAST_CLEANUP, uri, CLEANUP_MIN_INTERVAL_S)
+
+
+def _once_per(last_run: forks.ProcessCache[str, float], uri: str, interval_s: float) -> bool:
+    """Whether a job of ``uri`` that runs at most every ``interval_s`` in a process is due now (and
+    then notes that it runs)."""
     now = time.monotonic()
-    last = _LAST_CLEANUP.get(uri)
-    if last is not None and now - last < CLEANUP_MIN_INTERVAL_S:
+    last = last_run.get(uri)
+    if last is not None and now - last < interval_s:
         return False
-    _LAST_CLEANUP[uri] = now
+    last_run[uri] = now
     return True
 
 
@@ -449,7 +473,7 @@ class DeltaAppender:
 
     def rewrite(self, parts: Sequence[tuple[pa.Table, bool]], removes: Sequence[tuple[str, int | None, bool]],
                 codecs: Mapping[str, str] | None = None, apps: Mapping[str, int] | None = None,
-                properties: Mapping[str, str] | None = None) -> int:
+                properties: Mapping[str, str] | None = None, metadata: Mapping[str, str] | None = None) -> int:
         """Commit a compaction as Delta records an OPTIMIZE: ``removes`` ((path, size, dataChange)
         of data files as of :attr:`version`) replaced by one new file per ``parts`` entry
         ((rows, dataChange)); returns the version. ``dataChange`` False says the rows are the same
@@ -461,7 +485,8 @@ class DeltaAppender:
         ``properties``: table properties the same commit sets, as a metaData action restating the
         metadata as of :attr:`version` with them (what delta-rs's SET TBLPROPERTIES writes). A
         commit after our snapshot that changed the metadata raises ConcurrentCommit, as for any
-        commit; one that only appended is stepped over (its files are valid under either)."""
+        commit; one that only appended is stepped over (its files are valid under either).
+        ``metadata``: fields added to the commit's ``commitInfo``, as :meth:`append` adds them."""
         if not self.fast:
             raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         self._check_fresh()
@@ -492,7 +517,7 @@ class DeltaAppender:
                                 "numRemovedFiles": str(len(removes)), "numAddedFiles": str(len(adds)),
                                 "numRemovedBytes": str(sum(s or 0 for _, s, _ in removes)),
                                 "numAddedBytes": str(sum(a["size"] for a in adds))},
-                            "txnId": commit_id}},
+                            "txnId": commit_id, **dict(metadata or {})}},
             *([{"metaData": meta}] if meta is not None else []),
             *({"txn": {"appId": k, "version": int(v), "lastUpdated": now}} for k, v in (apps or {}).items()),
             *({"remove": {"path": p, "deletionTimestamp": now, "dataChange": change, "extendedFileMetadata": True,
@@ -647,6 +672,17 @@ class DeltaAppender:
         apps = dict(apps or {})
         if mode != "append" or any(a in self._apps for a in apps):
             self.sync_handle()
-        version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode)
+        try:
+            version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode,
+                                  read_commit=self._tail.read_commit)
+        except delta.ConcurrentCommit:
+            # delta-rs checks against its handle's snapshot, and a conflict it finds there (another
+            # writer's metadata change or compaction) stays for every retry from that handle, however
+            # far catch_up has read: the retry must start from the latest snapshot.
+            try:
+                self.sync_handle()
+            except Exception as e:  # the conflict stands; the next write syncs again
+                log.debug("%s: bringing the handle up after a conflict failed: %s", self.uri, e)
+            raise
         self._rebase(version, ours=True)
         return version

@@ -250,18 +250,39 @@ def parquet_options(schema: pa.Schema, codecs: Mapping[str, str] | None = None,
     }
 
 
+# From this many bytes of Arrow data, a local data file is encoded into the file rather than into
+# memory first (put_parquet): the crossover measured between 1 and 4 MB.
+STREAMED_FILE_BYTES = 2 * 1024 * 1024
+
+
 def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: pa.Table,
                 codecs: Mapping[str, str] | None = None) -> int:
     """Write ``data`` as the parquet file ``name`` of a table; returns its size. Encoded in memory,
     then one write: a third cheaper than pyarrow's file sink for the small files most appends are,
     and on S3 one PUT with a known length (pyarrow's S3 stream uploads parts without a
-    Content-Length, which Ceph RGW refuses: 411 MissingContentLength during UploadPart)."""
+    Content-Length, which Ceph RGW refuses: 411 MissingContentLength during UploadPart).
+
+    Except a big file on a local root, encoded straight into the file: a growing in-memory buffer
+    of many megabytes (fresh pages, copies as it grows, then one big write) cost a Spark write task
+    of 500,000 rows about as much kernel CPU as the encoding itself
+    (docs/design/big-local-files-streamed.md)."""
     import pyarrow.parquet as pq
 
-    buf = pa.BufferOutputStream()
-    pq.write_table(data, buf, **parquet_options(data.schema, codecs, data.num_rows))
-    body = buf.getvalue()
+    options = parquet_options(data.schema, codecs, data.num_rows)
     path = root.fs_path(*segments, name)
+    if root.is_local and data.nbytes >= STREAMED_FILE_BYTES:
+        faults.before(Op.WRITE, path)
+        with open(path, "wb") as f:
+            pq.write_table(data, f, **options)
+            size = f.tell()
+            if local_fsync():  # before the commit that references it is published
+                f.flush()
+                os.fsync(f.fileno())
+        faults.after(Op.WRITE, path)
+        return size
+    buf = pa.BufferOutputStream()
+    pq.write_table(data, buf, **options)
+    body = buf.getvalue()
     faults.before(Op.WRITE, path)
     if root.is_local:
         with open(path, "wb") as f:
@@ -343,8 +364,12 @@ def stats_config(columns: Iterable[str]) -> dict[str, str]:
     return {"delta.dataSkippingStatsColumns": ",".join(columns)}
 
 
+COMMIT_ID = "pulsartxCommitId"  # commitInfo key naming one write_deltalake call, however often it is sent
+
+
 def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | None = None,
-          metadata: Mapping[str, str] | None = None, mode: str = "append") -> int:
+          metadata: Mapping[str, str] | None = None, mode: str = "append",
+          read_commit: Callable[[int], list[dict[str, Any]] | None] | None = None) -> int:
     """Write ``data`` as one commit through a reused DeltaTable handle and return the new version.
 
     ``write_deltalake`` on a handle advances the handle in place (no ``update_incremental``) and
@@ -352,33 +377,63 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     :class:`ConcurrentCommit` when another commit set one of those app ids after the handle's
     snapshot; the handle is then unchanged and the caller refreshes and retries. A lost attempt
     may leave an unreferenced data file, which vacuum removes.
+
+    A transient error leaves the outcome unknown: the commit may have landed and only its answer
+    failed. With ``read_commit`` (the table's commit at a version, None past the last) the commits
+    after the handle's first version are read back for this write's unique :data:`COMMIT_ID`
+    before it is sent again, so a landed write is found, never written twice (delta-rs checks app
+    ids against its snapshot only; it would append the same rows again).
     """
+    import uuid
+
     dl = _deltalake()
+    commit_id = str(uuid.uuid4())
     props = dl.CommitProperties(
-        custom_metadata=dict(metadata) if metadata else None,
+        custom_metadata={**dict(metadata or {}), COMMIT_ID: commit_id},
         # last_updated lets delta.setTransactionRetentionDuration expire idle app ids (producers, markers).
         app_transactions=[dl.Transaction(k, int(v), int(time.time() * 1000))
                           for k, v in (app_transactions or {}).items()] or None,
         max_commit_retries=32,
     )
+    base = table.version()
+    sent = False
 
-    def attempt() -> None:
+    def attempt() -> int:
+        nonlocal sent
+        if sent and read_commit is not None:
+            landed = _find_commit(read_commit, base, commit_id)
+            if landed is not None:
+                log.info("%s: a write whose answer was lost had landed as version %d", table.table_uri, landed)
+                if table.version() != landed:
+                    table.load_as_version(landed)
+                return landed
         faults.before(Op.DELTA, table.table_uri)
+        sent = True
         try:
             dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(),
                                commit_properties=props)
         except dl.exceptions.CommitFailedError as e:
             raise ConcurrentCommit(str(e)) from e
         faults.after(Op.DELTA, table.table_uri)
+        return int(table.version())
 
     try:
-        retrying("write to Delta table", table.table_uri, attempt)
+        return retrying("write to Delta table", table.table_uri, attempt)
     except StorageError:
         raise
     except (OSError, dl.exceptions.DeltaError) as e:
         # Permanent store answers (access denied, no such bucket) arrive as DeltaError too.
         raise StorageError(f"cannot write to Delta table {table.table_uri}: {describe(e)}") from e
-    return table.version()
+
+
+def _find_commit(read_commit: Callable[[int], list[dict[str, Any]] | None], after: int, commit_id: str) -> int | None:
+    """The version after ``after`` whose commitInfo carries ``commit_id``, or None if none has."""
+    version = after + 1
+    while (actions := read_commit(version)) is not None:
+        if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions):
+            return version
+        version += 1
+    return None
 
 
 def update(table: Any, root: StorageRoot, segments: tuple[str, ...]) -> None:

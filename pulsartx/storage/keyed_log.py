@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
@@ -43,13 +44,47 @@ MAX_MINOR_FILES = 32  # minor compactions between two full ones, at most
 # (docs/design/short-tombstone-retention-for-keyed-logs.md).
 TOMBSTONE_RETENTION_S = 60
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+# A compaction commit says in its commitInfo which it is: a reader that catches up over another
+# writer's "minor" one knows no key left the log; over any other commit that removes files (a full
+# compaction, a delta-rs overwrite, an earlier pulsartx's) it re-reads the live files, because rows
+# that commit dropped would otherwise stay in its memory (docs/design/two-level-keyed-log-compaction.md).
+COMPACTION_INFO = "pulsartx.compaction"
+MINOR = "minor"
+FULL = "full"
 T = TypeVar("T")
+# Table URIs whose failed retention upgrade this process has warned about: a failure that repeats
+# at every compaction is one operator problem, said once per table.
+_UPGRADE_WARNED: forks.ProcessCache[str, bool] = forks.ProcessCache()
 
 
 def table_properties() -> dict[str, str]:
     """The properties of a keyed log's table: statistics on ``seq`` (where replay is cut) and
     the short tombstone retention."""
-    return {**delta.stats_config([SEQ]), RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
+    return {**delta.stats_config([SEQ]), **short_tombstone_retention()}
+
+
+def short_tombstone_retention() -> dict[str, str]:
+    """The short tombstone retention as a table property; also set on buffer-snapshot tables,
+    which are overwritten whole and read at their newest version only
+    (docs/design/short-tombstone-retention-for-keyed-logs.md)."""
+    return {RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
+
+
+def missing_retention(configuration: Mapping[str, str]) -> dict[str, str]:
+    """The retention property a table created before it still needs; a table that sets it, to any
+    value, is left alone."""
+    return {} if RETENTION_PROPERTY in configuration else short_tombstone_retention()
+
+
+def _keeps_every_key(actions: list[dict[str, Any]]) -> bool:
+    """Whether a commit that removes files keeps every key's latest row: only a minor compaction
+    says so (it rewrites the latest row of each key of the files it removes)."""
+    return any(a.get("commitInfo", {}).get(COMPACTION_INFO) == MINOR for a in actions)
+
+
+def _live_files(table: Any) -> list[str]:
+    """The data files of a DeltaTable handle's snapshot."""
+    return [str(p) for p in delta.add_actions(table).column("path").to_pylist()]
 
 
 def bucket_app_id(name: str, key: str) -> str:
@@ -70,6 +105,7 @@ class KeyedLog:
         self._rows: dict[str, dict[str, Any]] = {}
         self._appender: DeltaAppender | None = None
         self._pending: list[str] = []  # data files of others' commits, read in one scan by _flush
+        self._rebuild = False  # another writer's commit may have dropped rows: _flush re-reads the live files
         self._active: set[str] | None = None  # the table's data files as of our version (None: unknown)
         self._reopen = False  # our writer lost track of the table (see _lost_track)
         self._moving = False  # a put or refresh is under way: the version may be ahead of the rows
@@ -98,13 +134,14 @@ class KeyedLog:
             if t is None:
                 raise StorageError(f"cannot create {self.name} table at {self.root.uri(*self.segments)}")
         self._check_schema(t)
-        files = [str(p) for p in delta.add_actions(t).column("path").to_pylist()]
+        files = _live_files(t)
         # Rows first: a reload that fails must leave the log marked for reloading, never a new file
         # list over missing rows (a compaction would then keep only the rows read since).
         self._reopen = True
         rows = self._read_files(files)
         self._rows = {}
         self._pending = []
+        self._rebuild = False
         self._appender = DeltaAppender(self.root, self.segments, t, self.schema, on_commit=self._on_commit)
         self._appender.on_reload = self._lost_track
         self._active = set(files)
@@ -165,7 +202,7 @@ class KeyedLog:
         reading fails: no answer is better than a stale one."""
         if self._reopen:
             self.open()
-        elif self._pending:
+        elif self._pending or self._rebuild:
             self._flush()
         return self._rows
 
@@ -196,21 +233,30 @@ class KeyedLog:
 
     def _on_commit(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
         adds = [a["add"]["path"] for a in actions if "add" in a]
+        removes = [a["remove"]["path"] for a in actions if "remove" in a]
         if self._active is not None:
-            self._active.difference_update(a["remove"]["path"] for a in actions if "remove" in a)
+            self._active.difference_update(removes)
             self._active.update(adds)
-        if ours:
+        if ours:  # only through our own commit path: delta-rs's commits of ours never get here (see _put)
             return
-        if any("remove" in a for a in actions):
+        if removes:
             self.files_since_compaction = len(adds)
             self._base = None  # another writer's compaction: ours starts over with a full one
+            if not _keeps_every_key(actions):
+                # Rows it dropped live only in the files it removed: applying its new file on top of
+                # what is held here would keep them, and a dropped key written again (seq 0) would
+                # lose to its old row. The live files are re-read instead (_flush).
+                self._rebuild = True
         else:
             self.files_since_compaction += len(adds)
         self._pending.extend(adds)
 
     def _flush(self) -> list[dict[str, Any]]:
         """Read the data files of the others' commits seen since the last flush, in one scan
-        (replay order does not matter: the highest seq per key wins)."""
+        (replay order does not matter: the highest seq per key wins); after another writer's commit
+        that may have dropped rows, every live file instead."""
+        if self._rebuild:
+            return self._reread_live_files()
         files, self._pending = self._pending, []
         if not files:
             return []
@@ -220,6 +266,36 @@ class KeyedLog:
             self._pending[:0] = files  # still to be read: a failed read must not lose their rows
             raise
         return self._apply(rows)
+
+    def _reread_live_files(self) -> list[dict[str, Any]]:
+        """The rows as the table's live files hold them, replacing those held here: a key no live file
+        holds is gone. Its cost is about what reading the other writer's full compaction file alone
+        was (that file is most of the live rows). Returns the rows that are new or changed; a row
+        the files hold as it is held here keeps its object (a TC log knows its parsed rows by identity)."""
+        if self._active is None:  # a reload is due whenever the files are unknown; never answer stale rows
+            self._lost_track()
+            raise StorageError(f"{self.name}: its live files are unknown after another writer's compaction; "
+                               "the table is re-read before the next decision")
+        fresh: dict[str, dict[str, Any]] = {}
+        for r in self._read_files(sorted(self._active)):  # a failure leaves the re-read due
+            k = self.key_of(r)
+            cur = fresh.get(k)
+            if cur is None or r[SEQ] > cur[SEQ]:
+                fresh[k] = r
+        changed = []
+        for k, r in fresh.items():
+            held = self._rows.get(k)
+            # Equal, not merely at the same seq: a key a full compaction dropped starts over at seq 0
+            # when written again (a lease store reuses its keys), and may reach the seq held here.
+            if held is not None and held == r:
+                fresh[k] = held
+            else:
+                changed.append(r)
+        self._touched.update(fresh)
+        self._rows = fresh
+        self._pending = []
+        self._rebuild = False
+        return changed
 
     def next_commit(self) -> delta.NextCommit | None:
         """The commit after the ones applied here (None before the log is opened)."""
@@ -237,7 +313,8 @@ class KeyedLog:
         left unread, no reload is due, no write or refresh is between moving the version and
         applying its rows): then :meth:`peek` answers as of that version. Read without the
         owner's lock, so a caller checks it before and after its peeks, with the version."""
-        return self._appender is not None and not self._pending and not self._reopen and not self._moving
+        return (self._appender is not None and not self._pending and not self._rebuild and not self._reopen
+                and not self._moving)
 
     def peek(self, key: str) -> dict[str, Any] | None:
         """The key's row as last read, without reading what is pending: a hint that costs no I/O,
@@ -301,6 +378,11 @@ class KeyedLog:
             log.info("%s: a write reported an error but landed (%s)", self.name, e)
             self.appended += 1
             return
+        if not writer.fast:
+            # delta-rs made the commit, so no on_commit saw its file: the live files are taken from the
+            # handle, which stands at our version. Missing, our rows would be lost by the next re-read
+            # of the live files (after another writer's overwrite), and a write on them would repeat a seq.
+            self._active = set(_live_files(writer.table))
         # Durable: applied to memory now (write, then apply). Others' commits stepped over before
         # ours are pending; reading them may fail, and they are then read before the next decision.
         self._apply(rows)
@@ -376,6 +458,32 @@ class KeyedLog:
             return outs
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
+    def _upgrade_with_deltalake(self, writer: DeltaAppender, upgrade: Mapping[str, str]) -> None:
+        """The retention upgrade as a delta-rs commit of its own (a store without conditional put).
+        It only shortens what checkpoints keep, so a failure does not cost the compaction, whose
+        absence would grow every open of the log: the compaction goes on without it, the upgrade is
+        tried again at the next one, and the operator is warned once per table and process (a
+        refusal that repeats, such as a metadata write the store does not allow, is one problem).
+        Whatever the failed commit did, the compaction's own catch-up reads it."""
+        try:
+            writer.set_properties_with_deltalake(upgrade)
+        except Exception as e:
+            uri = self.root.uri(*self.segments)
+            wanted = ", ".join(f"{k} = '{v}'" for k, v in upgrade.items())
+            with _UPGRADE_WARNED.lock:
+                first = uri not in _UPGRADE_WARNED
+                _UPGRADE_WARNED[uri] = True
+            if first:
+                log.warning(
+                    "%s table %s: setting %s failed (%s); compacting without it, so its checkpoints keep every "
+                    "compaction's tombstones for Delta's default 7 days and grow with them. It is tried again "
+                    "at each compaction (this is said once per table and process); to fix it, let this process "
+                    "write the table's metadata, or set the property once by hand (deltalake: "
+                    "DeltaTable(uri).alter.set_table_properties, Spark: ALTER TABLE ... SET TBLPROPERTIES)",
+                    self.name, uri, wanted, delta.describe(e, delta.secrets_of(self.root)))
+            else:
+                log.debug("%s table %s: setting %s failed again (%s)", self.name, uri, wanted, e)
+
     def app_version(self, app_id: str) -> int | None:
         return self._writer().txn_version(app_id)
 
@@ -406,11 +514,10 @@ class KeyedLog:
             fast = writer.fast and self._active is not None
             # A table created before the short tombstone retention gets it with its first
             # compaction by this version (the commits that make tombstones), not a separate step.
-            upgrade = {} if RETENTION_PROPERTY in writer.configuration() else \
-                {RETENTION_PROPERTY: table_properties()[RETENTION_PROPERTY]}
+            upgrade = missing_retention(writer.configuration())
             if not fast:
                 if upgrade:  # a commit of its own, before the rows are read
-                    writer.set_properties_with_deltalake(upgrade)
+                    self._upgrade_with_deltalake(writer, upgrade)
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
             full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
@@ -430,11 +537,11 @@ class KeyedLog:
             if fast:
                 # Superseded and trimmed rows are dropped: a data change in Delta's terms
                 # (docs/design/compaction-commits.md).
-                writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps, properties=upgrade)
+                writer.rewrite([(live, True)], [(p, None, True) for p in removes], apps=apps, properties=upgrade,
+                               metadata={COMPACTION_INFO: FULL if full else MINOR})
             else:
                 writer.write_with_deltalake(live, mode="overwrite", apps=apps)
-                self._active = {str(p) for p in delta.add_actions(writer.table).column("path")
-                                .to_pylist()}
+                self._active = set(_live_files(writer.table))
         except delta.ConcurrentCommit as e:
             # Our state stays exact (every commit seen was applied); the next due write retries.
             log.info("%s compaction skipped (concurrent compaction): %s", self.name, e)

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import posixpath
+import re
 import shutil
 import time
 import uuid
@@ -32,6 +33,9 @@ DEFAULT_SERVICE_URL = "./pulsartx-data"
 # tells forked children apart) without a uuid4 per commit, which costs a getrandom call.
 _TMP_TAG = uuid.uuid4().hex[:12]
 _TMP_SEQ = itertools.count()
+# ... and how those names end (``<name>.tmp-<pid>-<tag>-<n>``, with a leading dot from write_bytes),
+# which is how a later sweep tells a dead process's leftovers from real files.
+_TMP_NAME = re.compile(r"\.tmp-\d+-[0-9a-f]{12}-\d+$")
 UNSAFE_SKIP_CHECK_ENV = "PULSARTX_UNSAFE_SKIP_PUT_IF_ABSENT_CHECK"
 LOCAL_FSYNC_ENV = "PULSARTX_LOCAL_FSYNC"
 
@@ -483,6 +487,32 @@ class StorageRoot:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return faults.listing(path, sorted(names))
+
+    def remove_stale_temporaries(self, *segments: str, older_than_s: float) -> list[str]:
+        """Delete the temporary files that :meth:`write_bytes` and :meth:`put_if_absent` left in the
+        folder at ``segments`` when their process died between writing one and renaming or linking
+        it (otherwise they stay forever), once older than ``older_than_s``: a live write holds its
+        temporary for milliseconds, and one paused past that age only fails, as a failed write does.
+        Returns the names deleted. Local folders only: on an object store both writes are one PUT."""
+        if not self.is_local:
+            return []
+        folder = self.fs_path(*segments)
+        cutoff = time.time() - older_than_s
+        deleted = []
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return []
+        for e in entries:
+            if not _TMP_NAME.search(e.name):
+                continue
+            try:
+                if e.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(e.path)
+                    deleted.append(e.name)
+            except FileNotFoundError:  # its write finished (or another sweep got it) meanwhile
+                continue
+        return sorted(deleted)
 
     def rm(self, *segments: str) -> None:
         """Delete a file or a whole folder; nothing if it does not exist."""
