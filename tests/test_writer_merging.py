@@ -254,3 +254,31 @@ def test_a_merge_that_loses_its_commit_to_a_compaction_changes_nothing(tmp_path,
         assert merge_through(plog) == 0
         got = [m for _, m in _everything(c, "READ_COMMITTED")]
         assert got == [f"t{i}".encode() for i in range(FANOUT + 4) if i % 3 != 0]
+
+
+def test_a_writer_reloaded_onto_a_re_created_partition_merges_it_and_never_the_old_rows(tmp_path):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+        plog = PartitionLog(croot, PART)
+        for i in range(FANOUT):
+            plog.append(build_records([f"old{i}".encode()]))
+        old_run = plan_run(plog.refresh().files)
+        assert old_run is not None
+        old_rows = plog.remembered_rows(old_run)
+        assert old_rows is not None
+        c.admin.delete_topic("wm")
+        c.admin.create_topic("wm", 1)
+        # what a writer does when its snapshot is too old or a commit changed the table's metadata:
+        # it starts over from the latest snapshot, here the new table's
+        plog._appender().reload()
+        assert plog.remembered_paths() == []
+        assert plog.merge_files(old_run, old_rows) is None  # the old table's run: never into the new one
+        for i in range(FANOUT):
+            plog.append(build_records([f"new{i}".encode()]))
+        assert merge_through(plog) == FANOUT
+        fresh = PartitionLog(croot, PART).refresh()
+        assert len(fresh.files) == 1
+        assert [f.path for f in plog.refresh().files] == [f.path for f in fresh.files]
+        assert plog.remembered_paths() == [fresh.files[0].path]
+    assert _delta_rows(str(tmp_path / "root")).column("value").to_pylist() == [f"new{i}".encode() for i in range(FANOUT)]

@@ -247,12 +247,27 @@ class PartitionLog:
                 raise TopicNotFound(f"topic partition {self.topic} does not exist under {self.root.url}: create it "
                                     "with client.admin.create_topic() or "
                                     f"`{cli_command(self.root, 'topics', 'create', self.topic.base.short)}`")
-            self._writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset",
-                                         on_commit=self._on_commit)
-            self._writer.on_reload = self._forget_rows
+            writer = DeltaAppender(self.root, self.segments, t, RECORD_SCHEMA, track_max="offset",
+                                   on_commit=self._on_commit)
+            writer.on_reload = lambda: self._on_writer_reload(writer)
+            self._writer = writer
             self._writer_table_id = t.metadata().id
             self._forget_rows()
         return self._writer
+
+    def _on_writer_reload(self, writer: DeltaAppender) -> None:
+        """The writer started over from the latest snapshot (its own was too old, or a commit changed
+        the table's metadata), which may be a table deleted and re-created since: the remembered
+        rows go, the writer's table id follows its new snapshot (a stale one would refuse every
+        merge, or pass an old index's runs as the new table's), and an index of another table goes."""
+        self._forget_rows()
+        if writer is not self._writer:
+            return
+        table_id = writer.table.metadata().id
+        if table_id != self._writer_table_id:
+            log.info("%s: its writer reloaded onto a new table (re-created): starting over", self.topic)
+            self._writer_table_id = table_id
+            self._index = None
 
     def _on_commit(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
         """Every commit the writer applies, its own and others': the file index, once loaded, takes
