@@ -282,3 +282,40 @@ def test_a_writer_reloaded_onto_a_re_created_partition_merges_it_and_never_the_o
         assert [f.path for f in plog.refresh().files] == [f.path for f in fresh.files]
         assert plog.remembered_paths() == [fresh.files[0].path]
     assert _delta_rows(str(tmp_path / "root")).column("value").to_pylist() == [f"new{i}".encode() for i in range(FANOUT)]
+
+
+def test_appends_of_other_threads_do_not_wait_for_a_merge_writing_its_file(tmp_path, monkeypatch):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+    writing, appended = threading.Event(), threading.Event()
+    real = delta.put_parquet
+
+    def slow_merge_file(root, segments, name, data, codecs=None):
+        if data.num_rows == FANOUT:  # the merge's file: held until the append below is done
+            writing.set()
+            appended.wait(30)
+        return real(root, segments, name, data, codecs)
+
+    monkeypatch.setattr(delta, "put_parquet", slow_merge_file)
+    merged: list[int] = []
+    merger = threading.Thread(target=lambda: merged.append(merge_through(plog, max_runs=1)))
+    merger.start()
+    assert writing.wait(30)
+    results = []
+    appender_thread = threading.Thread(target=lambda: results.append(plog.append(build_records([b"during"]))))
+    appender_thread.start()
+    appender_thread.join(20)
+    done_meanwhile = not appender_thread.is_alive()
+    appended.set()
+    appender_thread.join()
+    merger.join()
+    assert done_meanwhile, "an append waited for the merge's data-file write"
+    assert results[0].first_offset == FANOUT and merged == [FANOUT]
+    fresh = PartitionLog(croot, PART)
+    assert fresh.read(0, FANOUT + 1, ["value"]).column("value").to_pylist() == [
+        f"m{i}".encode() for i in range(FANOUT)] + [b"during"]
+    assert [f.num_records for f in fresh.refresh().files] == [FANOUT, 1]

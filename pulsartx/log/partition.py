@@ -328,27 +328,38 @@ class PartitionLog:
 
     def merge_files(self, files: Sequence[DataFile], rows: pa.Table) -> int | None:
         """Replace ``files`` by one file of ``rows`` (the same rows: a merge, dataChange=false),
-        through this log's writer under its append lock: appends wait for the one commit, and the
-        writer stays the only one this process commits through. Returns the version, or None when
-        the files changed meanwhile (another merge, a compaction, retention: nothing committed),
-        or the store or table is not one :meth:`DeltaAppender.rewrite` commits to (no put-if-absent:
-        `pulsartx compact` merges those)."""
-        with self._append_lock:
-            self.sync_writer()  # caught up, and still on the table the files were planned from
-            writer = self._appender()
-            if not writer.fast:
-                return None
-            live = {f.path for f in self.refresh().files}
-            if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
-                return None
-            self._committing = rows
-            try:
-                return writer.rewrite([(rows, False)], [(f.path, f.size, False) for f in files])
-            except delta.ConcurrentCommit as e:
-                log.info("merging small files of %s stopped (a concurrent change): %s", self.topic, e)
-                return None
-            finally:
-                self._committing = None
+        through this log's writer, so that it stays the only one this process commits through.
+        The merged file is written first, outside the append lock (appends of other threads go on
+        meanwhile); under the lock only the checks and the commit itself: the writer caught up and
+        still on the table the files were planned from, the files still live. Returns the version,
+        or None when the files changed meanwhile (another merge, a compaction, retention: nothing
+        committed, the file deleted), or the store or table is not one
+        :meth:`DeltaAppender.rewrite` commits to (no put-if-absent: `pulsartx compact` merges those)."""
+        writer = self._appender()
+        if not writer.fast:
+            return None
+        written = writer.write_rewrite_files([(rows, False)])
+        committed = False
+        try:
+            with self._append_lock:
+                self.sync_writer()  # caught up, and still on the table the files were planned from
+                if self._writer is not writer:  # started over on a re-created table: another table's file
+                    return None
+                live = {f.path for f in self.refresh().files}
+                if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
+                    return None
+                self._committing = rows
+                committed = True  # from here on the commit deletes its file itself when it gives up
+                try:
+                    return writer.commit_rewrite(written, [(f.path, f.size, False) for f in files])
+                except delta.ConcurrentCommit as e:
+                    log.info("merging small files of %s stopped (a concurrent change): %s", self.topic, e)
+                    return None
+                finally:
+                    self._committing = None
+        finally:
+            if not committed:
+                writer.discard_rewrite(written)
 
     def _catch_up(self, writer: DeltaAppender) -> None:
         if not writer.catch_up():

@@ -39,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -281,6 +282,15 @@ def _stats_columns(table: Any, schema: pa.Schema) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class RewriteFiles:
+    """A rewrite's data files, written and not yet committed (:meth:`DeltaAppender.write_rewrite_files`)."""
+
+    commit_id: str  # the commit's txnId, which also names the files
+    now: int  # epoch ms the files were written at: their modificationTime, the commit's timestamp
+    adds: list[dict[str, Any]]  # their add actions
+
+
 class DeltaAppender:
     """The append path of one Delta table for one process (callers serialise their appends)."""
 
@@ -486,23 +496,52 @@ class DeltaAppender:
         metadata as of :attr:`version` with them (what delta-rs's SET TBLPROPERTIES writes). A
         commit after our snapshot that changed the metadata raises ConcurrentCommit, as for any
         commit; one that only appended is stepped over (its files are valid under either).
-        ``metadata``: fields added to the commit's ``commitInfo``, as :meth:`append` adds them."""
+        ``metadata``: fields added to the commit's ``commitInfo``, as :meth:`append` adds them.
+
+        The same as :meth:`write_rewrite_files` then :meth:`commit_rewrite`, which a caller that
+        serialises its commits calls apart, writing the files outside its lock."""
         if not self.fast:
             raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         self._check_fresh()
+        return self.commit_rewrite(self.write_rewrite_files(parts, codecs), removes, apps, properties, metadata)
+
+    def write_rewrite_files(self, parts: Sequence[tuple[pa.Table, bool]],
+                            codecs: Mapping[str, str] | None = None) -> RewriteFiles:
+        """The data files of a :meth:`rewrite`, written and not yet committed: they change no state
+        of this writer, so they may be written while other threads commit through it. Committed by
+        :meth:`commit_rewrite`, or deleted by :meth:`discard_rewrite`."""
+        if not self.fast:
+            raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
         now = int(time.time() * 1000)
         commit_id = str(uuid.uuid4())
+        schema = self.schema
         adds: list[dict[str, Any]] = []
         try:
             for i, (data, change) in enumerate(parts):
                 if data.num_rows:
-                    rows = data if data.schema.equals(self.schema, check_metadata=True) else data.cast(self.schema)
+                    rows = data if data.schema.equals(schema, check_metadata=True) else data.cast(schema)
                     add = self._write_data_file(rows, now, codecs, f"{commit_id}-{i}")
                     adds.append({**add, "dataChange": change})
         except BaseException:
-            for add in adds:
-                self._discard(add)
+            self._discard_all(adds)
             raise
+        return RewriteFiles(commit_id, now, adds)
+
+    def discard_rewrite(self, files: RewriteFiles) -> None:
+        """Delete the data files of a rewrite that will not be committed."""
+        self._discard_all(files.adds)
+
+    def commit_rewrite(self, files: RewriteFiles, removes: Sequence[tuple[str, int | None, bool]],
+                       apps: Mapping[str, int] | None = None, properties: Mapping[str, str] | None = None,
+                       metadata: Mapping[str, str] | None = None) -> int:
+        """Commit the files of :meth:`write_rewrite_files` as :meth:`rewrite` describes; their data
+        files are deleted when the commit gives up, as :meth:`rewrite`'s are."""
+        try:
+            self._check_fresh()
+        except BaseException:
+            self.discard_rewrite(files)
+            raise
+        now, commit_id, adds = files.now, files.commit_id, files.adds
         read_version = self.version
         meta = None
         if properties:
