@@ -5,6 +5,7 @@ duplicate nothing, the rows held stay within their bound, and a merge that loses
 compaction changes nothing."""
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import threading
@@ -17,6 +18,7 @@ import pulsartx
 from pulsartx import MessageId, TopicName
 from pulsartx.log import partition as partition_mod
 from pulsartx.log.partition import PartitionLog, build_records, shared_log
+from pulsartx.log.remembered import RememberedRows
 from pulsartx.maintenance import merging
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import FANOUT, merge_small_files, merge_through, plan_run
@@ -29,8 +31,9 @@ PART = TopicName.parse("wm-partition-0")
 @pytest.fixture(autouse=True)
 def _remember_but_merge_by_hand(monkeypatch):
     """Writers keep their rows (merging is on) but no background merge runs: each test merges
-    itself, when it means to."""
+    itself, when it means to. Each test starts with no rows held in the process (one budget)."""
     monkeypatch.setattr(partition_mod, "MERGE_EVERY", 10**9)
+    monkeypatch.setattr(partition_mod, "REMEMBERED", RememberedRows())
 
 
 def _no_reads(*args, **kwargs):
@@ -319,3 +322,36 @@ def test_appends_of_other_threads_do_not_wait_for_a_merge_writing_its_file(tmp_p
     assert fresh.read(0, FANOUT + 1, ["value"]).column("value").to_pylist() == [
         f"m{i}".encode() for i in range(FANOUT)] + [b"during"]
     assert [f.num_records for f in fresh.refresh().files] == [FANOUT, 1]
+
+
+def test_the_rows_held_are_bounded_per_process_the_least_recently_written_partition_forgotten_first(
+        tmp_path, monkeypatch):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm2", 3)
+        croot = c.root
+    p0, p1, p2 = (PartitionLog(croot, TopicName.parse(f"wm2-partition-{i}")) for i in range(3))
+    p0.append(build_records([b"x" * 1000]))
+    size = p0.remembered_bytes
+    monkeypatch.setattr(partition_mod, "REMEMBER_MAX_BYTES", 10 * size)
+    for _ in range(5):
+        p0.append(build_records([b"x" * 1000]))
+    for _ in range(4):
+        p1.append(build_records([b"x" * 1000]))
+    assert (len(p0.remembered_paths()), len(p1.remembered_paths())) == (6, 4)
+    for _ in range(3):  # over the bound: the rows of p0, written least recently, go first, oldest first
+        p2.append(build_records([b"x" * 1000]))
+    assert (len(p0.remembered_paths()), len(p1.remembered_paths()), len(p2.remembered_paths())) == (3, 4, 3)
+    assert p0.remembered_paths() == [f.path for f in p0.refresh().files][-3:]
+    p0.append(build_records([b"x" * 1000]))  # p0 now written last: p1's go
+    assert (len(p0.remembered_paths()), len(p1.remembered_paths()), len(p2.remembered_paths())) == (4, 3, 3)
+    for _ in range(4):  # an idle partition is emptied before a written one loses any
+        p2.append(build_records([b"x" * 1000]))
+    assert (len(p0.remembered_paths()), len(p1.remembered_paths()), len(p2.remembered_paths())) == (3, 0, 7)
+    assert p0.remembered_bytes + p1.remembered_bytes + p2.remembered_bytes == 10 * size
+    for _ in range(5):  # the partition being written alone: its own oldest go, as before
+        p2.append(build_records([b"x" * 1000]))
+    assert (len(p0.remembered_paths()), len(p2.remembered_paths())) == (0, 10)
+    assert p2.remembered_paths() == [f.path for f in p2.refresh().files][-10:]
+    del p0, p1, p2
+    gc.collect()
+    assert partition_mod.REMEMBERED.total_bytes == 0  # a log's rows go with it

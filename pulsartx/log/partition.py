@@ -12,10 +12,12 @@ the dedup check, which makes dedup race-free too).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,7 @@ from pulsartx.log.compression import CompressionType
 from pulsartx.log.constant import constant
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
+from pulsartx.log.remembered import REMEMBERED
 from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
@@ -58,8 +61,10 @@ EVERY_MERGE_INTERVAL: list[Callable[[PartitionLog], None]] = []
 # The rows of the small files a writer made, kept so that merging them needs no read back: files
 # of fewer records than this (a merge's inputs: FANOUT**2 of merging.py) ...
 REMEMBER_MAX_RECORDS = 1024
-# ... and at most this many bytes of them per partition, the oldest forgotten first.
+# ... and at most this many bytes of them in a process, whatever number of partitions it writes to:
+# the least recently written partition's oldest rows forgotten first (pulsartx/log/remembered.py).
 REMEMBER_MAX_BYTES = 4 << 20
+_ROWS_KEYS = itertools.count()
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
 
 
@@ -214,10 +219,10 @@ class PartitionLog:
         self._identity_checked = 0.0
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.RLock()
-        # The rows of small files this log's writer committed, by file path (see REMEMBER_MAX_*),
-        # oldest first; read and changed under _append_lock, as the writer's commits are.
-        self._remembered: dict[str, tuple[pa.Table, int]] = {}  # (rows, their bytes)
-        self._remembered_bytes = 0
+        # The rows of small files this log's writer committed are kept in the process's REMEMBERED
+        # under this key (see REMEMBER_MAX_*), and forgotten with the log.
+        self._rows_key = next(_ROWS_KEYS)
+        weakref.finalize(self, REMEMBERED.forget_all, self._rows_key)
         self._committing: pa.Table | None = None  # the rows of the commit in flight (_write_group, merge)
         self._writer_table_id: str | None = None
         # A producer's last sequence id as planned so far in the group being planned: its appends
@@ -295,36 +300,27 @@ class PartitionLog:
         size = rows.get_total_buffer_size()
         if size > REMEMBER_MAX_BYTES:
             return
-        self._remembered[path] = (rows, size)
-        self._remembered_bytes += size
-        while self._remembered_bytes > REMEMBER_MAX_BYTES:
-            self._forget_row(next(iter(self._remembered)))
+        REMEMBERED.remember(self._rows_key, path, rows, size, REMEMBER_MAX_BYTES)
 
     def _forget_row(self, path: str) -> None:
-        held = self._remembered.pop(path, None)
-        if held is not None:
-            self._remembered_bytes -= held[1]
+        REMEMBERED.forget(self._rows_key, path)
 
     def _forget_rows(self) -> None:
         """On a reload the commits in between reach no on_commit: start afresh."""
-        self._remembered, self._remembered_bytes = {}, 0
+        REMEMBERED.forget_all(self._rows_key)
 
     @property
     def remembered_bytes(self) -> int:
-        return self._remembered_bytes
+        return REMEMBERED.bytes_of(self._rows_key)
 
     def remembered_paths(self) -> list[str]:
-        with self._append_lock:
-            return list(self._remembered)
+        return REMEMBERED.paths(self._rows_key)
 
     def remembered_rows(self, files: Sequence[DataFile]) -> pa.Table | None:
         """The rows of ``files`` (consecutive, in offset order) exactly as this process's writer
         committed them, or None unless it still holds every one of them."""
-        with self._append_lock:
-            held = [self._remembered.get(f.path) for f in files]
-        if not held or any(h is None for h in held):
-            return None
-        return pa.concat_tables([h[0] for h in held])  # type: ignore[index]
+        held = REMEMBERED.rows(self._rows_key, [f.path for f in files])
+        return None if held is None else pa.concat_tables(held)
 
     def merge_files(self, files: Sequence[DataFile], rows: pa.Table) -> int | None:
         """Replace ``files`` by one file of ``rows`` (the same rows: a merge, dataChange=false),
