@@ -355,3 +355,42 @@ def test_the_rows_held_are_bounded_per_process_the_least_recently_written_partit
     del p0, p1, p2
     gc.collect()
     assert partition_mod.REMEMBERED.total_bytes == 0  # a log's rows go with it
+
+
+def test_a_failure_after_a_commit_landed_is_logged_and_drops_the_rows_held_not_the_commit(tmp_path, monkeypatch, caplog):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+    plog.refresh()
+    real_remember, real_apply = PartitionLog._remember_rows, partition_mod.FileIndex.apply_commit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    # an append: landed once, reported landed, the rows held dropped
+    monkeypatch.setattr(PartitionLog, "_remember_rows", broken)
+    with caplog.at_level("WARNING", logger="pulsartx.log.partition"):
+        result = plog.append(build_records([b"after"]))
+    assert (result.version, result.first_offset, result.attempts) == (FANOUT + 1, FANOUT, 1)
+    assert plog.remembered_paths() == [] and plog.remembered_bytes == 0
+    assert any("bookkeeping broke" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(PartitionLog, "_remember_rows", real_remember)
+    for i in range(FANOUT - 1):
+        plog.append(build_records([f"n{i}".encode()]))
+    # a merge: read back (its rows were dropped), landed, reported landed; the index, whose update
+    # failed, starts over rather than miss the commit
+    monkeypatch.setattr(partition_mod.FileIndex, "apply_commit",
+                        lambda self, version, actions, next_only=False:
+                        broken() if next_only else real_apply(self, version, actions, next_only))
+    assert merge_through(plog, max_runs=1) == FANOUT
+    monkeypatch.setattr(partition_mod.FileIndex, "apply_commit", real_apply)
+    fresh = PartitionLog(croot, PART).refresh()
+    assert fresh.version == 2 * FANOUT + 1  # one merge commit, not repeated
+    assert [f.path for f in plog.refresh().files] == [f.path for f in fresh.files]
+    assert [f.num_records for f in fresh.files] == [FANOUT] + [1] * FANOUT
+    assert plog.remembered_paths() == []
+    assert PartitionLog(croot, PART).read(0, 2 * FANOUT, ["value"]).column("value").to_pylist() == [
+        f"m{i}".encode() for i in range(FANOUT)] + [b"after"] + [f"n{i}".encode() for i in range(FANOUT - 1)]

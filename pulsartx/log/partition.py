@@ -277,7 +277,22 @@ class PartitionLog:
     def _on_commit(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
         """Every commit the writer applies, its own and others': the file index, once loaded, takes
         it too (so a merge planned from the index needs no reads of the log), and the remembered
-        rows follow the files: a removed file's are forgotten, our own new file's kept."""
+        rows follow the files: a removed file's are forgotten, our own new file's kept.
+
+        The commit has landed when this runs: a failure here must neither fail it nor have it made
+        again (an append's caller would send it twice), so it is logged, and what it may have left
+        half-done starts over: the rows held are dropped (runs are then read back) and the index is
+        loaded afresh when next read."""
+        try:
+            self._apply_to_derived(version, actions, ours)
+        except Exception as e:
+            self._committing = None
+            self._forget_rows()
+            self._index = None
+            log.warning("%s: version %d is committed, but updating this process's file index and held rows "
+                        "after it failed (both start over): %s", self.topic, version, e, exc_info=True)
+
+    def _apply_to_derived(self, version: int, actions: list[dict[str, Any]], ours: bool) -> None:
         idx = self._index
         if idx is not None and self._table_id == self._writer_table_id:
             idx.apply_commit(version, actions, next_only=True)
@@ -508,7 +523,10 @@ class PartitionLog:
             self._committing = None
         if version is not None and MERGE_EVERY > 0 and version % MERGE_EVERY == 0:
             for hook in EVERY_MERGE_INTERVAL:
-                hook(self)
+                try:
+                    hook(self)
+                except Exception as e:  # the append has landed: it must not be reported failed, or made again
+                    log.warning("%s: scheduling a merge after version %d failed: %s", self.topic, version, e)
         at = next_offset
         for i in items:
             k = i.rows.num_rows
