@@ -220,9 +220,9 @@ class PartitionLog:
         self._tail = delta.LogTail(root, self.segments)
         self._append_lock = threading.RLock()
         # The rows of small files this log's writer committed are kept in the process's REMEMBERED
-        # under this key (see REMEMBER_MAX_*), and forgotten with the log.
+        # under this key (see REMEMBER_MAX_*), and forgotten with the log (once it kept any).
         self._rows_key = next(_ROWS_KEYS)
-        weakref.finalize(self, REMEMBERED.forget_all, self._rows_key)
+        self._rows_finalizer: weakref.finalize | None = None
         self._committing: pa.Table | None = None  # the rows of the commit in flight (_write_group, merge)
         self._writer_table_id: str | None = None
         # A producer's last sequence id as planned so far in the group being planned: its appends
@@ -315,6 +315,8 @@ class PartitionLog:
         size = rows.get_total_buffer_size()
         if size > REMEMBER_MAX_BYTES:
             return
+        if self._rows_finalizer is None:
+            self._rows_finalizer = weakref.finalize(self, REMEMBERED.forget_all, self._rows_key)
         REMEMBERED.remember(self._rows_key, path, rows, size, REMEMBER_MAX_BYTES)
 
     def _forget_row(self, path: str) -> None:
@@ -346,7 +348,8 @@ class PartitionLog:
         or None when the files changed meanwhile (another merge, a compaction, retention: nothing
         committed, the file deleted), or the store or table is not one
         :meth:`DeltaAppender.rewrite` commits to (no put-if-absent: `pulsartx compact` merges those)."""
-        writer = self._appender()
+        with self._append_lock:  # the writer as appends use it (one is made under the lock only)
+            writer = self._appender()
         if not writer.fast:
             return None
         written = writer.write_rewrite_files([(rows, False)])
