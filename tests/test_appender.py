@@ -257,6 +257,42 @@ def test_a_writer_kept_across_tasks_notices_its_topic_was_recreated(tmp_path):
     assert t.version() == 1 and t.to_pyarrow_table().column("value").to_pylist() == [b"new-0"]
 
 
+def test_a_writer_whose_tables_first_commits_were_cleaned_up_keeps_its_table(tmp_path, caplog):
+    """Delta cleans up commits older than delta.logRetentionDuration (30 days) once a checkpoint
+    covers them, version 0 among them: the table is the same one, and a writer kept across tasks
+    must neither take it for a re-created table (and reload before every append) nor lose track of
+    a real re-creation."""
+    import logging
+
+    import pulsartx
+    from pulsartx.log.partition import PartitionLog, build_records
+    from pulsartx.naming import TopicName
+
+    client = pulsartx.Client(str(tmp_path))
+    client.admin.create_topic("t", 1)
+    plog = PartitionLog(client.root, TopicName.parse("t").with_partition(0))
+    for i in range(3):
+        plog.append(build_records([f"m-{i}".encode()]))
+    dl.DeltaTable(client.root.uri(*plog.segments)).create_checkpoint()
+    log_dir = tmp_path.joinpath(*plog.segments, "_delta_log")
+    for v in range(2):  # what expired-log cleanup removes: the commits below the checkpoint's
+        (log_dir / f"{v:020d}.json").unlink()
+    writer = plog._writer
+    assert writer is not None and writer.same_table()
+    with caplog.at_level(logging.INFO, logger="pulsartx"):
+        plog.sync_writer()
+        res = plog.append(build_records([b"m-3"]))
+    assert plog._writer is writer
+    assert not [r for r in caplog.records if "re-created" in r.getMessage()]
+    assert (res.first_offset, res.version) == (3, 4)
+
+    client.admin.delete_topic("t")
+    client.admin.create_topic("t", 1)
+    assert not writer.same_table()
+    plog.sync_writer()
+    assert plog.append(build_records([b"new-0"])).version == 1
+
+
 def test_the_losers_data_file_is_deleted(table):
     mine, theirs = appender(table), appender(table)
     mine.append(rows(0, 1), {"app.a": 0})

@@ -399,8 +399,16 @@ class DeltaAppender:
     def same_table(self) -> bool:
         """Whether the table here is still the one this writer loaded, not one deleted and
         re-created under the same path since (version 0 carries the table's unique id): a
-        process-wide writer kept across Spark tasks must not continue another table's log."""
-        return self._tail.table_id() == self.table.metadata().id
+        process-wide writer kept across Spark tasks must not continue another table's log.
+
+        No version 0: Delta cleans up commits past delta.logRetentionDuration once a checkpoint
+        covers them, so on a table older than that the id cannot be read there. The table is then
+        the same one while the commit at this writer's version is still there (a deleted table
+        has none, and a re-created one has its own version 0 for years to come)."""
+        table_id = self._tail.table_id()
+        if table_id is None:
+            return self._tail.has_commit(self.version)
+        return table_id == self.table.metadata().id
 
     def reload(self, table: Any | None = None) -> Any:
         """Start over from a fresh snapshot (``table``, or the latest one); returns the handle."""
