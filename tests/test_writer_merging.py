@@ -16,6 +16,7 @@ import pytest
 
 import pulsartx
 from pulsartx import MessageId, TopicName
+from pulsartx.exceptions import StorageError
 from pulsartx.log import partition as partition_mod
 from pulsartx.log.partition import PartitionLog, build_records, shared_log
 from pulsartx.log.remembered import RememberedRows
@@ -132,6 +133,7 @@ def test_merges_among_concurrent_appends_and_markers_lose_and_duplicate_nothing(
         c.admin.create_topic("wm", 1)
         committed: list[set[bytes]] = [set() for _ in range(threads)]
         sent: list[set[bytes]] = [set() for _ in range(threads)]
+        acked: list[list[tuple[int, bytes]]] = [[] for _ in range(threads)]  # (offset acked, message), in send order
         errors: list[BaseException] = []
 
         def produce(w: int) -> None:
@@ -141,11 +143,11 @@ def test_merges_among_concurrent_appends_and_markers_lose_and_duplicate_nothing(
                     msg = f"w{w}-{i}".encode()
                     sent[w].add(msg)
                     if i % 3 == 2:
-                        p.send(msg)
+                        acked[w].append((p.send(msg).offset(), msg))
                         committed[w].add(msg)
                         continue
                     t = c.new_transaction()
-                    p.send(msg, txn=t)
+                    acked[w].append((p.send(msg, txn=t).offset(), msg))
                     if i % 7 == 0:
                         t.abort()
                     else:
@@ -183,6 +185,13 @@ def test_merges_among_concurrent_appends_and_markers_lose_and_duplicate_nothing(
         fresh = PartitionLog(c.root, PART).refresh()
         offsets = PartitionLog(c.root, PART).read(0, fresh.end_offset, ["offset"]).column("offset").to_pylist()
         assert offsets == list(range(fresh.end_offset))  # every offset once: no row lost or doubled
+        # each message where its ack said, and each producer's messages in the order it sent them
+        with c.create_reader("wm", MessageId.earliest, isolation_level="READ_UNCOMMITTED") as r:
+            final = {(m.message_id().offset(), m.data()) for m in r}
+        assert final == {pair for w in range(threads) for pair in acked[w]}
+        for w in range(threads):
+            assert [o for o, _ in acked[w]] == sorted(o for o, _ in acked[w])
+            assert [m for _, m in sorted(acked[w])] == [f"w{w}-{i}".encode() for i in range(per_thread)]
         assert [f.path for f in shared_log(c.root, PART).refresh().files] == [f.path for f in fresh.files]
 
 
@@ -394,3 +403,198 @@ def test_a_failure_after_a_commit_landed_is_logged_and_drops_the_rows_held_not_t
     assert plog.remembered_paths() == []
     assert PartitionLog(croot, PART).read(0, 2 * FANOUT, ["value"]).column("value").to_pylist() == [
         f"m{i}".encode() for i in range(FANOUT)] + [b"after"] + [f"n{i}".encode() for i in range(FANOUT - 1)]
+
+
+def test_a_log_collected_while_its_process_remembers_rows_does_not_hang_and_its_rows_go(tmp_path, monkeypatch):
+    """The cyclic garbage collector frees a PartitionLog (it sits in reference cycles) wherever an
+    allocation triggers it, also inside RememberedRows while its lock is held and the thread holds
+    a partition's append lock: the log's release of its rows must not wait for that lock."""
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm2", 2)
+        croot = c.root
+    gone = PartitionLog(croot, TopicName.parse("wm2-partition-0"))
+    live = PartitionLog(croot, TopicName.parse("wm2-partition-1"))
+    gone.append(build_records([b"gone"]))
+    key, released = gone._rows_key, gone._rows_finalizer
+    remembered = partition_mod.REMEMBERED
+    assert remembered.bytes_of(key) > 0 and released is not None
+    real_drop = RememberedRows._drop
+    collected: list[int] = []
+
+    def drop_after_a_collection(self, owner, path):
+        if not collected:  # what an allocation here may do: a collection, with the lock held
+            collected.append(gc.collect())
+        return real_drop(self, owner, path)
+
+    gc.disable()  # the collection is the forced one, not one at a random point before it
+    try:
+        del gone
+        monkeypatch.setattr(RememberedRows, "_drop", drop_after_a_collection)
+        results = []
+        t = threading.Thread(target=lambda: results.append(live.append(build_records([b"live"]))), daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the collected log's release of its rows deadlocked on the rows' lock"
+    finally:
+        gc.enable()
+    assert collected and not released.alive  # the log was collected inside remember()
+    assert (results[0].first_offset, results[0].version) == (0, 1)
+    assert remembered.bytes_of(key) == 0
+    assert live.remembered_paths() == [f.path for f in live.refresh().files]
+    assert remembered.total_bytes == live.remembered_bytes > 0
+
+
+def test_a_throwaway_log_that_merges_remembers_no_rows(tmp_path):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    writer = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        writer.append(build_records([f"m{i}".encode()]))
+    held = writer.remembered_bytes
+    assert held > 0
+    gc.disable()  # the pass's log, garbage after it, is not collected: what it holds stays held
+    try:
+        assert merge_small_files(croot, PART) == FANOUT  # a coordinator's pass: its log is dropped after
+        assert partition_mod.REMEMBERED.total_bytes == held  # the writer's alone: the pass kept no rows
+    finally:
+        gc.enable()
+    writer.sync_writer()  # the foreign merge removed the files whose rows the writer held
+    assert writer.remembered_paths() == [] and partition_mod.REMEMBERED.total_bytes == 0
+
+
+def test_a_merge_from_memory_after_the_tables_first_commits_were_cleaned_up(tmp_path, monkeypatch):
+    """Delta's expired-log cleanup removes the commits a checkpoint covers, version 0 (which holds
+    the table's id) among them: the writer keeps its table and the rows it holds."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+    deltalake.DeltaTable(_table_dir(root)).create_checkpoint()
+    for v in range(FANOUT):  # what expired-log cleanup removes: every commit below the checkpoint's
+        os.unlink(f"{_table_dir(root)}/_delta_log/{v:020d}.json")
+    writer = plog._writer
+    monkeypatch.setattr(merging, "read_files", _no_reads)
+    assert merge_through(plog) == FANOUT
+    assert plog._writer is writer
+    fresh = PartitionLog(croot, PART)
+    assert [f.num_records for f in fresh.refresh().files] == [FANOUT] and fresh.index.version == FANOUT + 1
+    rows = fresh.read(0, FANOUT, ["offset", "value"])
+    assert rows.column("offset").to_pylist() == list(range(FANOUT))
+    assert rows.column("value").to_pylist() == [f"m{i}".encode() for i in range(FANOUT)]
+    assert plog.append(build_records([b"after"])).first_offset == FANOUT
+
+
+def test_a_merge_whose_index_is_current_reads_the_log_only_to_catch_up_under_the_append_lock(tmp_path, monkeypatch):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    plog.refresh()  # loaded: fed by the writer's commits from here on
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+    run = plan_run(plog.index.files)
+    rows = plog.remembered_rows(run) if run is not None else None
+    assert run is not None and rows is not None
+    reads: list[int] = []
+    real_read = delta.LogTail._read
+    monkeypatch.setattr(delta.LogTail, "_read", lambda self, version: reads.append(version) or real_read(self, version))
+    assert plog.merge_files(run, rows) == FANOUT + 1
+    assert reads == [0, FANOUT + 1]  # the table's identity, and the commit after the writer's: none else
+
+
+def test_a_store_without_put_if_absent_plans_and_reads_no_merge(tmp_path, monkeypatch):
+    monkeypatch.setattr(StorageRoot, "has_put_if_absent", property(lambda self: False))
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+
+    def no_planning(files):
+        raise AssertionError("a merge was planned where it cannot be committed")
+
+    monkeypatch.setattr(merging, "plan_run", no_planning)
+    monkeypatch.setattr(merging, "read_files", _no_reads)
+    assert merge_through(plog) == 0
+    assert merge_small_files(croot, PART) == 0
+    assert len(PartitionLog(croot, PART).refresh().files) == FANOUT
+
+
+def test_last_sequence_id_takes_the_writer_under_the_append_lock(tmp_path, monkeypatch):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    plog.append(build_records([b"a", b"b"], producer_name="p", sequence_ids=[4, 5]), producer_name="p")
+    real = PartitionLog._appender
+
+    def locked_only(self):
+        assert self._append_lock._is_owned(), "the writer was taken outside the append lock"
+        return real(self)
+
+    monkeypatch.setattr(PartitionLog, "_appender", locked_only)
+    assert plog.last_sequence_id("p") == 5
+
+
+def test_a_merge_whose_commit_put_did_not_happen_deletes_its_file(tmp_path, monkeypatch):
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(FANOUT):
+        plog.append(build_records([f"m{i}".encode()]))
+    run = plan_run(plog.refresh().files)
+    rows = plog.remembered_rows(run) if run is not None else None
+    assert run is not None and rows is not None
+
+    def refused(self, body, *segments):
+        raise PermissionError("access denied")
+
+    monkeypatch.setattr(StorageRoot, "put_if_absent", refused)
+    with pytest.raises(StorageError) as e:
+        plog.merge_files(run, rows)
+    assert not isinstance(e.value, delta.OutcomeUnknown)
+    monkeypatch.undo()
+    assert PartitionLog(croot, PART).refresh().version == FANOUT  # nothing committed
+    ever_added = {a["add"]["path"] for _, actions in delta.LogTail(croot, plog.segments).commits_after(-1)
+                  for a in actions if "add" in a}
+    assert {n for n in os.listdir(_table_dir(root)) if n.endswith(".parquet")} == ever_added  # the merged file deleted
+
+
+def test_a_background_merge_of_unknown_outcome_says_so(tmp_path, monkeypatch, caplog):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+
+    def unknown(plog, max_runs=merging.MAX_RUNS_PER_PASS):
+        raise delta.OutcomeUnknown("the commit's answer was lost and reading it back failed")
+
+    monkeypatch.setattr(merging, "merge_through", unknown)
+    with caplog.at_level("INFO", logger="pulsartx.maintenance.merging"):
+        merging.schedule_merge(croot, PART, PartitionLog(croot, PART))
+        merging.wait_for_merges()
+    said = [r.getMessage() for r in caplog.records if "merging small files" in r.getMessage()]
+    assert len(said) == 1 and "outcome unknown" in said[0] and "nothing changed" not in said[0]
+
+
+def test_a_superseded_writer_reloading_keeps_the_current_writers_rows(tmp_path):
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("wm", 1)
+        plog = PartitionLog(c.root, PART)
+        plog.append(build_records([b"old"]))
+        old = plog._writer
+        c.admin.delete_topic("wm")
+        c.admin.create_topic("wm", 1)
+        plog.sync_writer()  # notices the re-created table: a new writer
+        assert plog._writer is not old and old is not None
+        plog.append(build_records([b"new"]))
+        held = plog.remembered_paths()
+        assert held == [f.path for f in plog.refresh().files]
+        old.reload()  # the old writer, still held somewhere, starts over
+        assert plog.remembered_paths() == held

@@ -209,7 +209,9 @@ class PartitionLog:
     """Appends to and reads one partition. Holds a reusable DeltaTable for writing (re-reading the
     log on each append would make latency grow with history) and a :class:`FileIndex` for reads."""
 
-    def __init__(self, root: StorageRoot, topic: TopicName):
+    def __init__(self, root: StorageRoot, topic: TopicName, remember_rows: bool = True):
+        """``remember_rows`` False: a log made for one pass and dropped (`pulsartx coordinator run`'s
+        merges) keeps no rows of the files it commits, which nothing would merge from."""
         self.root = root
         self.topic = topic
         self.segments = partition_segments(topic)
@@ -222,6 +224,7 @@ class PartitionLog:
         # The rows of small files this log's writer committed are kept in the process's REMEMBERED
         # under this key (see REMEMBER_MAX_*), and forgotten with the log (once it kept any).
         self._rows_key = next(_ROWS_KEYS)
+        self._remembers = remember_rows
         self._rows_finalizer: weakref.finalize | None = None
         self._committing: pa.Table | None = None  # the rows of the commit in flight (_write_group, merge)
         self._writer_table_id: str | None = None
@@ -264,10 +267,12 @@ class PartitionLog:
         """The writer started over from the latest snapshot (its own was too old, or a commit changed
         the table's metadata), which may be a table deleted and re-created since: the remembered
         rows go, the writer's table id follows its new snapshot (a stale one would refuse every
-        merge, or pass an old index's runs as the new table's), and an index of another table goes."""
-        self._forget_rows()
+        merge, or pass an old index's runs as the new table's), and an index of another table goes.
+        A superseded writer's reload touches nothing: the rows held and the index are the current
+        writer's."""
         if writer is not self._writer:
             return
+        self._forget_rows()
         table_id = writer.table.metadata().id
         if table_id != self._writer_table_id:
             log.info("%s: its writer reloaded onto a new table (re-created): starting over", self.topic)
@@ -308,7 +313,7 @@ class PartitionLog:
                 self._remember_rows(adds[0], rows)
 
     def _remember_rows(self, path: str, rows: pa.Table) -> None:
-        if rows.num_rows >= REMEMBER_MAX_RECORDS:
+        if not self._remembers or rows.num_rows >= REMEMBER_MAX_RECORDS:
             return
         # The whole buffers the rows keep alive, slices of larger ones included: an upper bound,
         # and a sum of sizes (Table.nbytes walks the buffers: 30 µs an append against 1).
@@ -316,7 +321,8 @@ class PartitionLog:
         if size > REMEMBER_MAX_BYTES:
             return
         if self._rows_finalizer is None:
-            self._rows_finalizer = weakref.finalize(self, REMEMBERED.forget_all, self._rows_key)
+            # release(), not forget_all(): a finalizer must take no lock (RememberedRows says why)
+            self._rows_finalizer = weakref.finalize(self, REMEMBERED.release, self._rows_key)
         REMEMBERED.remember(self._rows_key, path, rows, size, REMEMBER_MAX_BYTES)
 
     def _forget_row(self, path: str) -> None:
@@ -352,6 +358,8 @@ class PartitionLog:
             writer = self._appender()
         if not writer.fast:
             return None
+        # Under the lock every append waits: two reads (the table's identity, the commits after the
+        # writer's), not a third for the file index, which the writer's commits keep up to date.
         written = writer.write_rewrite_files([(rows, False)])
         committed = False
         try:
@@ -359,7 +367,10 @@ class PartitionLog:
                 self.sync_writer()  # caught up, and still on the table the files were planned from
                 if self._writer is not writer:  # started over on a re-created table: another table's file
                     return None
-                live = {f.path for f in self.refresh().files}
+                idx = self._index
+                if idx is None or idx.version != writer.version or self._table_id != self._writer_table_id:
+                    idx = self.refresh()  # not loaded, or not following this writer's commits: read
+                live = {f.path for f in idx.files}
                 if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
                     return None
                 self._committing = rows
@@ -374,6 +385,12 @@ class PartitionLog:
         finally:
             if not committed:
                 writer.discard_rewrite(written)
+
+    def can_merge_files(self) -> bool:
+        """Whether :meth:`merge_files` can commit here at all (a store with put-if-absent, a table
+        this process commits to itself): asked before a merge is planned and its files read back."""
+        with self._append_lock:
+            return self._appender().fast
 
     def _catch_up(self, writer: DeltaAppender) -> None:
         if not writer.catch_up():
@@ -550,8 +567,8 @@ class PartitionLog:
             self._catch_up(self._appender())
 
     def last_sequence_id(self, producer_name: str) -> int | None:
-        writer = self._appender()
-        with self._append_lock:
+        with self._append_lock:  # the writer as appends use it: one is made, or replaced, under the lock only
+            writer = self._appender()
             self._catch_up(writer)
             return writer.txn_version(producer_app_id(producer_name))
 

@@ -8,6 +8,7 @@ least recently written one loses its oldest rows first (docs/design/small-file-m
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -17,7 +18,12 @@ from pulsartx import forks
 
 class RememberedRows:
     """Rows by owner (a partition writer's key) and file path, with their sizes. One lock, taken
-    for dict operations only and never while another is held: callers hold their append locks."""
+    for dict operations only and never while another is held: callers hold their append locks.
+
+    An owner that is garbage-collected releases its rows through :meth:`release`, which takes no
+    lock: the cyclic collector runs wherever an allocation triggers it, also inside a method here
+    with the lock held (non-reentrant: a release waiting for it would hang its thread, and with it
+    that thread's append lock). Released owners are dropped by the next method that takes the lock."""
 
     def __init__(self) -> None:
         self._reset()
@@ -29,19 +35,33 @@ class RememberedRows:
         self._held: dict[int, dict[str, tuple[pa.Table, int]]] = {}
         self._bytes: dict[int, int] = {}
         self._total = 0
+        self._released: deque[int] = deque()  # owners collected since: appended lock-free, dropped under the lock
 
     def _after_fork(self) -> None:  # the parent's rows are the parent's writers'
         self._reset()
 
     @property
     def total_bytes(self) -> int:
-        return self._total
+        with self._lock:
+            self._drain()
+            return self._total
+
+    def release(self, owner: int) -> None:
+        """Forget every row of ``owner``, soon: safe to call from a finalizer (see the class)."""
+        self._released.append(owner)
+
+    def _drain(self) -> None:
+        while self._released:
+            owner = self._released.popleft()
+            if self._held.pop(owner, None) is not None:
+                self._total -= self._bytes.pop(owner)
 
     def remember(self, owner: int, path: str, rows: pa.Table, size: int, budget: int) -> None:
         """Keep ``rows`` (``size`` bytes) as the file ``path`` of ``owner``, now the most recently
         written owner; then forget the least recently written owners' oldest rows while the process
         holds more than ``budget`` bytes."""
         with self._lock:
+            self._drain()
             self._drop(owner, path)  # remembered again: replaced
             held = self._held.pop(owner, None) or {}
             self._held[owner] = held  # (re-)inserted last: the most recently written
@@ -66,24 +86,28 @@ class RememberedRows:
 
     def forget(self, owner: int, path: str) -> None:
         with self._lock:
+            self._drain()
             self._drop(owner, path)
 
     def forget_all(self, owner: int) -> None:
         with self._lock:
-            held = self._held.pop(owner, None)
-            if held is not None:
-                self._total -= self._bytes.pop(owner)
+            self._released.append(owner)
+            self._drain()
 
     def bytes_of(self, owner: int) -> int:
-        return self._bytes.get(owner, 0)
+        with self._lock:
+            self._drain()
+            return self._bytes.get(owner, 0)
 
     def paths(self, owner: int) -> list[str]:
         with self._lock:
+            self._drain()
             return list(self._held.get(owner, ()))
 
     def rows(self, owner: int, paths: Sequence[str]) -> list[pa.Table] | None:
         """The rows of every one of ``paths``, or None unless all are held."""
         with self._lock:
+            self._drain()
             held = self._held.get(owner)
             if held is None or not paths:
                 return None

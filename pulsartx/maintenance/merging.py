@@ -24,6 +24,7 @@ from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
 from pulsartx.naming import TopicName
 from pulsartx.storage.pools import ProcessPool
+from pulsartx.storage.retry import OutcomeUnknown
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def plan_run(files: list[DataFile]) -> list[DataFile] | None:
 def merge_small_files(root: StorageRoot, partition: TopicName, max_runs: int = MAX_RUNS_PER_PASS) -> int:
     """Merge up to ``max_runs`` runs; returns how many files were replaced. A concurrent change to
     the same files (another merge, a compaction, retention) makes it stop until the next pass."""
-    return merge_through(PartitionLog(root, partition), max_runs)
+    return merge_through(PartitionLog(root, partition, remember_rows=False), max_runs)  # one pass, then dropped
 
 
 def merge_through(plog: PartitionLog, max_runs: int = MAX_RUNS_PER_PASS) -> int:
@@ -65,6 +66,8 @@ def merge_through(plog: PartitionLog, max_runs: int = MAX_RUNS_PER_PASS) -> int:
     are still in memory (:meth:`PartitionLog.remembered_rows`), so such a run is merged without a
     read of the log or of a data file. A run with any file it did not write (or no longer holds)
     is read back from storage."""
+    if not plog.can_merge_files():  # a store without put-if-absent: left to `pulsartx compact`, nothing read
+        return 0
     merged = 0
     for _ in range(max_runs):
         index = plog.refresh()
@@ -91,8 +94,9 @@ def merge_through(plog: PartitionLog, max_runs: int = MAX_RUNS_PER_PASS) -> int:
 
 def schedule_merge(root: StorageRoot, partition: TopicName, plog: PartitionLog | None = None) -> None:
     """Merge on the process's merge thread, once per partition at a time, through ``plog`` (the
-    writer whose commit asked for it; by default the process's shared one). A failed merge changed
-    nothing (its commit either landed whole or not at all) and is only logged."""
+    writer whose commit asked for it; by default the process's shared one). A failed merge is only
+    logged: it changed nothing (its commit either landed whole or not at all), or, its outcome
+    unknown, it landed whole or not at all, which the next pass reads from the log."""
     key = (root.url, str(partition))
     with _QUEUED.lock:
         if key in _QUEUED:
@@ -102,6 +106,9 @@ def schedule_merge(root: StorageRoot, partition: TopicName, plog: PartitionLog |
     def run() -> None:
         try:
             merge_through(plog if plog is not None else partition_log.shared_log(root, partition))
+        except OutcomeUnknown as e:
+            log.info("merging small files of %s failed, outcome unknown (it landed whole or not at all; "
+                     "the next pass reads which from the log): %s", partition, e)
         except Exception as e:
             log.info("merging small files of %s failed (nothing changed; retried later): %s", partition, e)
         finally:

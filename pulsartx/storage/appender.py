@@ -617,7 +617,7 @@ class DeltaAppender:
                 created = self._io(f"commit version {version} to",
                                    lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
             except StorageError as e:
-                created = self._slot_after_failed_put(version, e)
+                created = self._slot_after_failed_put(version, e, adds)
             if created:
                 self._apply(version, actions, foreign=False)
                 if version % CHECKPOINT_INTERVAL == 0:
@@ -651,11 +651,12 @@ class DeltaAppender:
                 self._discard_all(adds)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
 
-    def _slot_after_failed_put(self, version: int, error: StorageError) -> bool:
+    def _slot_after_failed_put(self, version: int, error: StorageError, adds: list[dict[str, Any]]) -> bool:
         """A put that raised has an unknown outcome, whatever the error says (the write may have
         happened and only its answer failed): the slot is read back, never guessed. Empty: the put
-        did not happen, and its error stands. Taken: False, and the caller's read-back tells our
-        own commit (a lost answer) from another writer's."""
+        did not happen, and its error stands: the commit gives up, deleting the data files of
+        ``adds`` (no commit refers to them). Taken: False, and the caller's read-back tells our own
+        commit (a lost answer) from another writer's. Unreadable: OutcomeUnknown, the files kept."""
         try:
             taken = self._tail.read_commit(version) is not None
         except Exception as e:
@@ -664,6 +665,7 @@ class DeltaAppender:
                 f"({delta.describe(e, delta.secrets_of(self.root))}): whether it was written is unknown; "
                 "re-read the table before acting on it") from error
         if not taken:
+            self._discard_all(adds)
             raise error
         return False
 
