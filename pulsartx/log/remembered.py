@@ -68,6 +68,7 @@ class RememberedRows:
             held[path] = (rows, size)
             self._bytes[owner] = self._bytes.get(owner, 0) + size
             self._total += size
+            self._drain()  # a log collected meanwhile (above): its rows go before a live one's
             while self._total > budget and self._held:
                 victim = next(iter(self._held))
                 self._drop(victim, next(iter(self._held[victim])))
