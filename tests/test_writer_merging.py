@@ -541,7 +541,9 @@ def test_last_sequence_id_takes_the_writer_under_the_append_lock(tmp_path, monke
     assert plog.last_sequence_id("p") == 5
 
 
-def test_a_merge_whose_commit_put_did_not_happen_deletes_its_file(tmp_path, monkeypatch):
+def test_a_merge_whose_commit_put_failed_keeps_its_file_for_vacuum(tmp_path, monkeypatch):
+    """A put whose slot reads back empty may still land later on an object store: a commit naming
+    a deleted file would break every reader, an orphaned file only costs space until vacuum."""
     root = str(tmp_path / "root")
     with pulsartx.Client(root) as c:
         c.admin.create_topic("wm", 1)
@@ -564,7 +566,8 @@ def test_a_merge_whose_commit_put_did_not_happen_deletes_its_file(tmp_path, monk
     assert PartitionLog(croot, PART).refresh().version == FANOUT  # nothing committed
     ever_added = {a["add"]["path"] for _, actions in delta.LogTail(croot, plog.segments).commits_after(-1)
                   for a in actions if "add" in a}
-    assert {n for n in os.listdir(_table_dir(root)) if n.endswith(".parquet")} == ever_added  # the merged file deleted
+    left = {n for n in os.listdir(_table_dir(root)) if n.endswith(".parquet")}
+    assert ever_added <= left and len(left - ever_added) == 1  # the merged file, kept as an orphan
 
 
 def test_a_background_merge_of_unknown_outcome_says_so(tmp_path, monkeypatch, caplog):

@@ -654,8 +654,10 @@ class DeltaAppender:
     def _slot_after_failed_put(self, version: int, error: StorageError, adds: list[dict[str, Any]]) -> bool:
         """A put that raised has an unknown outcome, whatever the error says (the write may have
         happened and only its answer failed): the slot is read back, never guessed. Empty: the put
-        did not happen, and its error stands: the commit gives up, deleting the data files of
-        ``adds`` (no commit refers to them). Taken: False, and the caller's read-back tells our own
+        did not happen (as far as anyone can tell now), and its error stands. The data files of
+        ``adds`` are kept: on an object store a put whose request failed can still land later, and
+        a commit naming a deleted file would break every reader of the table, where an orphaned
+        file costs only space until vacuum. Taken: False, and the caller's read-back tells our own
         commit (a lost answer) from another writer's. Unreadable: OutcomeUnknown, the files kept."""
         try:
             taken = self._tail.read_commit(version) is not None
@@ -665,7 +667,6 @@ class DeltaAppender:
                 f"({delta.describe(e, delta.secrets_of(self.root))}): whether it was written is unknown; "
                 "re-read the table before acting on it") from error
         if not taken:
-            self._discard_all(adds)
             raise error
         return False
 
