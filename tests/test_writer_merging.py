@@ -601,3 +601,33 @@ def test_a_superseded_writer_reloading_keeps_the_current_writers_rows(tmp_path):
         assert held == [f.path for f in plog.refresh().files]
         old.reload()  # the old writer, still held somewhere, starts over
         assert plog.remembered_paths() == held
+
+
+def test_a_merge_through_an_index_behind_the_writer_merges_nothing(tmp_path, monkeypatch):
+    """A long-lived log whose file index stopped behind its writer (the commits after the index's
+    version were cleaned up while it was idle, and it has not looked again): the files it lists as
+    live may have been merged elsewhere since. Fails without the check: the run was committed a
+    second time, and readers saw its offsets twice."""
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 10**9)  # it has not looked again
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    other = PartitionLog(croot, PART, remember_rows=False)  # another process's writer
+    for i in range(FANOUT):
+        other.append(build_records([f"m{i}".encode()]))
+    idle = PartitionLog(croot, PART)
+    run = plan_run(idle.refresh().files)
+    assert run is not None and len(run) == FANOUT
+    rows = merging.read_files(croot, idle.segments, run, run[0].min_offset, run[-1].max_offset + 1)
+    assert merge_small_files(croot, PART) == FANOUT  # merged elsewhere meanwhile
+    other.append(build_records([b"after"]))
+    deltalake.DeltaTable(_table_dir(root)).create_checkpoint()
+    last = deltalake.DeltaTable(_table_dir(root)).version()
+    for v in range(last):  # expired-log cleanup: the idle index's next commit is gone
+        os.unlink(f"{_table_dir(root)}/_delta_log/{v:020d}.json")
+    assert idle.merge_files(run, rows) is None
+    fresh = PartitionLog(croot, PART)
+    got = fresh.read(0, FANOUT + 1, ["offset", "value"])
+    assert got.column("offset").to_pylist() == list(range(FANOUT + 1))
+    assert got.column("value").to_pylist() == [f"m{i}".encode() for i in range(FANOUT)] + [b"after"]

@@ -370,6 +370,12 @@ class PartitionLog:
                 idx = self._index
                 if idx is None or idx.version != writer.version or self._table_id != self._writer_table_id:
                     idx = self.refresh()  # not loaded, or not following this writer's commits: read
+                if idx.version < writer.version:
+                    # The index could not follow the log up to the writer (commits cleaned up past
+                    # its version): files it lists may have been removed since, so nothing is merged.
+                    log.info("merging small files of %s skipped: its file index (version %d) is behind "
+                             "the writer (version %d)", self.topic, idx.version, writer.version)
+                    return None
                 live = {f.path for f in idx.files}
                 if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
                     return None
