@@ -101,3 +101,35 @@ def test_a_consumer_across_a_delete_and_recreate_shows_nothing_stale(tmp_path):
         got = [again.receive(timeout_millis=3000).data() for _ in range(2)]
         assert got == [b"new-0", b"new-1"]
         assert committed_values(fresh, "inc") == [b"new-0", b"new-1"]
+
+
+def test_a_long_lived_partition_handle_reads_past_commits_cleaned_up_since(tmp_path, monkeypatch):
+    """A reader idle on a partition longer than delta.logRetentionDuration: meanwhile others
+    appended, a checkpoint was written and the commits below it, the reader's next one among them,
+    were cleaned up. Fails before the fix: its catch-up stopped at the missing commit and it never
+    saw anything new again."""
+    import deltalake as dl
+
+    import pulsartx.log.partition as partition_mod
+
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("gap", partitions=1)
+        p = c.create_producer("gap")
+        p.send(b"m-0")
+        reader_side = PartitionLog(c.root, TopicName.parse("gap-partition-0"))
+        assert reader_side.end_offset() == 1
+        for i in range(1, 5):
+            p.send(f"m-{i}".encode())
+        p.close()
+        uri = c.root.uri(*reader_side.segments)
+        seen = reader_side.index.version
+    dl.DeltaTable(uri).create_checkpoint()
+    last = dl.DeltaTable(uri).version()
+    log_dir = tmp_path.joinpath("root", *reader_side.segments, "_delta_log")
+    for v in range(last):  # what expired-log cleanup removes: the commits below the checkpoint's
+        (log_dir / f"{v:020d}.json").unlink()
+    assert seen + 1 < last
+    assert reader_side.end_offset() == 5
+    assert reader_side.read(0, 5, ["value"]).column("value").to_pylist() == [f"m-{i}".encode() for i in range(5)]

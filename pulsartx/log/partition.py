@@ -602,6 +602,10 @@ class PartitionLog:
             if current is not None and current != self._table_id:
                 log.info("%s was deleted and re-created since this process loaded it: starting over", self.topic)
                 self._index = idx = None
+            elif self._log_moved_past(idx.version):
+                log.info("%s: the commits after version %d were cleaned up since this process read them: "
+                         "reloading from the last checkpoint", self.topic, idx.version)
+                self._index = idx = None
         if idx is None:
             idx = FileIndex()
             light = delta.read_checkpointed_snapshot(self.root, self.segments)
@@ -619,6 +623,15 @@ class PartitionLog:
         for version, actions in self._tail.commits_after(idx.version):
             idx.apply_commit(version, actions)
         return idx
+
+    def _log_moved_past(self, version: int) -> bool:
+        """Whether the commit after ``version`` is gone while the log went on: Delta cleans up
+        commits older than delta.logRetentionDuration once a checkpoint covers them, so a reader
+        idle that long finds a gap that catching up commit by commit would never cross."""
+        if self._tail.has_commit(version + 1):
+            return False
+        info = delta.read_last_checkpoint(self.root, self.segments)
+        return info is not None and int(info.get("version", -1)) > version
 
     def next_commit(self) -> delta.NextCommit:
         """The commit after the ones the file index has applied (before it is loaded: version 0)."""
