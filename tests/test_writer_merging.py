@@ -57,6 +57,19 @@ def _new_file(root: StorageRoot, version: int) -> str:
     return adds[0]
 
 
+def _small_files(tmp_path, n: int = FANOUT) -> tuple[str, StorageRoot, PartitionLog]:
+    """A fresh store with topic ``wm`` and a log of this process that appended ``n`` one-message
+    files ``m0``, ``m1``...: one run's worth of small files by default."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("wm", 1)
+        croot = c.root
+    plog = PartitionLog(croot, PART)
+    for i in range(n):
+        plog.append(build_records([f"m{i}".encode()]))
+    return root, croot, plog
+
+
 def _everything(client, level: str) -> list[tuple[str, bytes]]:
     with client.create_reader("wm", MessageId.earliest, isolation_level=level) as r:
         return [(str(m.message_id()), m.data()) for m in r]
@@ -297,12 +310,7 @@ def test_a_writer_reloaded_onto_a_re_created_partition_merges_it_and_never_the_o
 
 
 def test_appends_of_other_threads_do_not_wait_for_a_merge_writing_its_file(tmp_path, monkeypatch):
-    with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    plog = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        plog.append(build_records([f"m{i}".encode()]))
+    root, croot, plog = _small_files(tmp_path)
     writing, appended = threading.Event(), threading.Event()
     real = delta.put_parquet
 
@@ -367,12 +375,7 @@ def test_the_rows_held_are_bounded_per_process_the_least_recently_written_partit
 
 
 def test_a_failure_after_a_commit_landed_is_logged_and_drops_the_rows_held_not_the_commit(tmp_path, monkeypatch, caplog):
-    with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    plog = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        plog.append(build_records([f"m{i}".encode()]))
+    root, croot, plog = _small_files(tmp_path)
     plog.refresh()
     real_remember, real_apply = PartitionLog._remember_rows, partition_mod.FileIndex.apply_commit
 
@@ -445,12 +448,7 @@ def test_a_log_collected_while_its_process_remembers_rows_does_not_hang_and_its_
 
 
 def test_a_throwaway_log_that_merges_remembers_no_rows(tmp_path):
-    with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    writer = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        writer.append(build_records([f"m{i}".encode()]))
+    root, croot, writer = _small_files(tmp_path)
     held = writer.remembered_bytes
     assert held > 0
     gc.disable()  # the pass's log, garbage after it, is not collected: what it holds stays held
@@ -466,13 +464,7 @@ def test_a_throwaway_log_that_merges_remembers_no_rows(tmp_path):
 def test_a_merge_from_memory_after_the_tables_first_commits_were_cleaned_up(tmp_path, monkeypatch):
     """Delta's expired-log cleanup removes the commits a checkpoint covers, version 0 (which holds
     the table's id) among them: the writer keeps its table and the rows it holds."""
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    plog = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        plog.append(build_records([f"m{i}".encode()]))
+    root, croot, plog = _small_files(tmp_path)
     deltalake.DeltaTable(_table_dir(root)).create_checkpoint()
     for v in range(FANOUT):  # what expired-log cleanup removes: every commit below the checkpoint's
         os.unlink(f"{_table_dir(root)}/_delta_log/{v:020d}.json")
@@ -508,12 +500,7 @@ def test_a_merge_whose_index_is_current_reads_the_log_only_to_catch_up_under_the
 
 def test_a_store_without_put_if_absent_plans_and_reads_no_merge(tmp_path, monkeypatch):
     monkeypatch.setattr(StorageRoot, "has_put_if_absent", property(lambda self: False))
-    with pulsartx.Client(str(tmp_path / "root")) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    plog = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        plog.append(build_records([f"m{i}".encode()]))
+    root, croot, plog = _small_files(tmp_path)
 
     def no_planning(files):
         raise AssertionError("a merge was planned where it cannot be committed")
@@ -544,13 +531,7 @@ def test_last_sequence_id_takes_the_writer_under_the_append_lock(tmp_path, monke
 def test_a_merge_whose_commit_put_failed_keeps_its_file_for_vacuum(tmp_path, monkeypatch):
     """A put whose slot reads back empty may still land later on an object store: a commit naming
     a deleted file would break every reader, an orphaned file only costs space until vacuum."""
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("wm", 1)
-        croot = c.root
-    plog = PartitionLog(croot, PART)
-    for i in range(FANOUT):
-        plog.append(build_records([f"m{i}".encode()]))
+    root, croot, plog = _small_files(tmp_path)
     run = plan_run(plog.refresh().files)
     rows = plog.remembered_rows(run) if run is not None else None
     assert run is not None and rows is not None
