@@ -217,3 +217,18 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+@pytest.fixture
+def one_helper(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The transaction helper pool with one thread (64 in production): a wait that needs a free
+    helper shows up as a deadlock with few threads busy."""
+    from pulsartx.client import transaction
+    from pulsartx.storage.pools import ProcessPool
+
+    pool = ProcessPool(1, "test-txn-helper")
+    monkeypatch.setattr(transaction, "_HELPERS", pool)
+    yield pool
+    started = pool.started()
+    if started is not None:
+        started.shutdown(wait=True)

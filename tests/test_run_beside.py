@@ -7,17 +7,6 @@ import threading
 import pytest
 
 from pulsartx.client import transaction
-from pulsartx.storage.pools import ProcessPool
-
-
-@pytest.fixture
-def one_helper(monkeypatch):
-    pool = ProcessPool(1, "test-run-beside")
-    monkeypatch.setattr(transaction, "_HELPERS", pool)
-    yield pool
-    started = pool.started()
-    if started is not None:
-        started.shutdown(wait=True)
 
 
 def test_nested_calls_finish_with_a_single_helper(one_helper):

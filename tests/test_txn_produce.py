@@ -5,14 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 import pulsartx
 from pulsartx import MessageId
 from pulsartx.client import producer as producer_mod
-from pulsartx.client import transaction as transaction_mod
 from pulsartx.coordinator.coordinator import TransactionCoordinator
 from pulsartx.exceptions import (
     ExpiredTransactionError,
@@ -22,7 +21,6 @@ from pulsartx.exceptions import (
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage.appender import DeltaAppender
-from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.retry import OutcomeUnknown
 
 pytestmark = pytest.mark.parametrize("storage", ["local"], indirect=True)
@@ -132,21 +130,11 @@ def test_failed_early_registration_fails_the_batch_and_aborts(root, monkeypatch)
 def test_early_registration_failed_then_registered_again(root, monkeypatch):
     """A registration begun beside the batch that failed is made again by the batch's flush
     (data still after it): the transaction commits, each message once."""
-    real_add = TransactionCoordinator.add_partitions
-    calls = []
-
-    def failing_once(self, txn_id, partitions):
-        calls.append(set(partitions))
-        if len(calls) == 1:
-            raise PulsarException("injected: TC log unavailable")
-        return real_add(self, txn_id, partitions)
-
-    monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing_once)
+    calls = registrations_failing_once(monkeypatch, "not written")
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
-    for i in range(500):
-        prod.send_async(b"%d" % i, None, txn=txn)
+    fill(prod, txn, 500)
     deadline = time.monotonic() + 30
     while txn._registering_parts and time.monotonic() < deadline:  # the failure has come back
         time.sleep(0.01)
@@ -219,6 +207,28 @@ def refuse_registrations(monkeypatch) -> None:
         raise PulsarException("injected: TC log unavailable")
 
     monkeypatch.setattr(TransactionCoordinator, "add_partitions", failing)
+
+
+def registrations_failing_once(monkeypatch, failure: str) -> list[set[str]]:
+    """The first ADD_PARTITION fails: ``not written``, ``outcome unknown`` (not written, and the
+    read-back failed too) or ``written, answer lost``; later ones go through. Returns every call's
+    partitions, in order."""
+    real_add = TransactionCoordinator.add_partitions
+    calls: list[set[str]] = []
+
+    def add(self, txn_id, partitions):
+        calls.append(set(partitions))
+        if len(calls) == 1:
+            if failure == "not written":
+                raise PulsarException("injected: TC log unavailable")
+            if failure == "outcome unknown":
+                raise OutcomeUnknown("injected: the write failed and could not be read back")
+            real_add(self, txn_id, partitions)
+            raise OutcomeUnknown("injected: written, then the answer was lost")
+        return real_add(self, txn_id, partitions)
+
+    monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
+    return calls
 
 
 def slow_producer(client, topic: str):
@@ -454,27 +464,11 @@ def test_registration_whose_outcome_is_unknown_is_asked_again(root, monkeypatch,
     written and its answer lost). The client never takes the partition as registered on it: the
     batch's flush registers again (the TC re-reads its log, and a call that had landed is a no-op)
     before any data, and the transaction commits each message once."""
-    real_add = TransactionCoordinator.add_partitions
-    calls = []
-
-    def add(self, txn_id, partitions):
-        calls.append(set(partitions))
-        if len(calls) == 1:
-            if failure == "not written":
-                raise PulsarException("injected: TC log unavailable")
-            if failure == "outcome unknown":
-                raise OutcomeUnknown("injected: the write failed and could not be read back")
-            real_add(self, txn_id, partitions)
-            raise OutcomeUnknown("injected: written, then the answer was lost")
-        return real_add(self, txn_id, partitions)
-
-    monkeypatch.setattr(TransactionCoordinator, "add_partitions", add)
+    calls = registrations_failing_once(monkeypatch, failure)
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
-    values = [b"%d" % i for i in range(500)]
-    for v in values:
-        prod.send_async(v, None, txn=txn)
+    values = fill(prod, txn, 500)
     deadline = time.monotonic() + 30
     while (not calls or txn._registering_parts) and time.monotonic() < deadline:  # the failure came back
         time.sleep(0.01)
@@ -568,18 +562,6 @@ def test_full_batch_whose_registration_fails_fails_through_its_callbacks(root, m
 
 
 # ---- progress without a free helper; a finished registration is no TC check for a later append -------------
-
-
-@pytest.fixture
-def one_helper(monkeypatch) -> Iterator[ProcessPool]:
-    """The transaction helper pool with one thread (64 in production): a wait that needs a free
-    helper shows up as a deadlock with few threads busy."""
-    pool = ProcessPool(1, "test-txn-helper")
-    monkeypatch.setattr(transaction_mod, "_HELPERS", pool)
-    yield pool
-    started = pool.started()
-    if started is not None:
-        started.shutdown(wait=True)
 
 
 def test_queued_registration_runs_on_its_waiter_when_no_helper_is_free(root, monkeypatch, one_helper,
