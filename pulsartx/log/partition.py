@@ -594,6 +594,7 @@ class PartitionLog:
     def _refresh(self) -> FileIndex:
         # One index throughout (threads share this log): another thread may start over meanwhile.
         idx = self._index
+        checked = False  # this call checked a long-loaded index is still the table's (below)
         if idx is not None and time.monotonic() - self._identity_checked >= INCARNATION_CHECK_S:
             # A long-lived reader must notice a topic deleted and re-created elsewhere: the new table's
             # commits would otherwise be applied as if they continued the old one's log.
@@ -602,10 +603,8 @@ class PartitionLog:
             if current is not None and current != self._table_id:
                 log.info("%s was deleted and re-created since this process loaded it: starting over", self.topic)
                 self._index = idx = None
-            elif self._log_moved_past(idx.version):
-                log.info("%s: the commits after version %d were cleaned up since this process read them: "
-                         "reloading from the last checkpoint", self.topic, idx.version)
-                self._index = idx = None
+            else:
+                checked = True
         if idx is None:
             idx = FileIndex()
             light = delta.read_checkpointed_snapshot(self.root, self.segments)
@@ -620,16 +619,22 @@ class PartitionLog:
                 self._table_id = t.metadata().id
             self._index = idx
             self._identity_checked = time.monotonic()
+        applied = False
         for version, actions in self._tail.commits_after(idx.version):
             idx.apply_commit(version, actions)
+            applied = True
+        if checked and not applied and self._checkpoint_past(idx.version):
+            # Delta cleans up commits older than delta.logRetentionDuration once a checkpoint covers
+            # them: a reader idle that long finds its next commit gone, a gap that catching up commit
+            # by commit never crosses. Asked only at the identity check, when no commit followed.
+            log.info("%s: the commits after version %d were cleaned up since this process read them: "
+                     "reloading from the last checkpoint", self.topic, idx.version)
+            self._index = None
+            return self._refresh()
         return idx
 
-    def _log_moved_past(self, version: int) -> bool:
-        """Whether the commit after ``version`` is gone while the log went on: Delta cleans up
-        commits older than delta.logRetentionDuration once a checkpoint covers them, so a reader
-        idle that long finds a gap that catching up commit by commit would never cross."""
-        if self._tail.has_commit(version + 1):
-            return False
+    def _checkpoint_past(self, version: int) -> bool:
+        """Whether the table's last checkpoint is past ``version``."""
         info = delta.read_last_checkpoint(self.root, self.segments)
         return info is not None and int(info.get("version", -1)) > version
 
