@@ -508,9 +508,7 @@ class DeltaAppender:
 
         The same as :meth:`write_rewrite_files` then :meth:`commit_rewrite`, which a caller that
         serialises its commits calls apart, writing the files outside its lock."""
-        if not self.fast:
-            raise ValueError("a compaction commit needs the fast path; use write_with_deltalake(mode='overwrite')")
-        self._check_fresh()
+        self._check_fresh()  # before writing files a stale writer would only throw away
         return self.commit_rewrite(self.write_rewrite_files(parts, codecs), removes, apps, properties, metadata)
 
     def write_rewrite_files(self, parts: Sequence[tuple[pa.Table, bool]],
@@ -617,7 +615,7 @@ class DeltaAppender:
                 created = self._io(f"commit version {version} to",
                                    lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
             except StorageError as e:
-                created = self._slot_after_failed_put(version, e, adds)
+                created = self._slot_after_failed_put(version, e)
             if created:
                 self._apply(version, actions, foreign=False)
                 if version % CHECKPOINT_INTERVAL == 0:
@@ -651,11 +649,11 @@ class DeltaAppender:
                 self._discard_all(adds)
                 raise delta.ConcurrentCommit(f"{self.uri}: version {version} removed files this compaction removes")
 
-    def _slot_after_failed_put(self, version: int, error: StorageError, adds: list[dict[str, Any]]) -> bool:
+    def _slot_after_failed_put(self, version: int, error: StorageError) -> bool:
         """A put that raised has an unknown outcome, whatever the error says (the write may have
         happened and only its answer failed): the slot is read back, never guessed. Empty: the put
-        did not happen (as far as anyone can tell now), and its error stands. The data files of
-        ``adds`` are kept: on an object store a put whose request failed can still land later, and
+        did not happen (as far as anyone can tell now), and its error stands. The commit's data
+        files are kept: on an object store a put whose request failed can still land later, and
         a commit naming a deleted file would break every reader of the table, where an orphaned
         file costs only space until vacuum. Taken: False, and the caller's read-back tells our own
         commit (a lost answer) from another writer's. Unreadable: OutcomeUnknown, the files kept."""
@@ -724,7 +722,7 @@ class DeltaAppender:
             self.sync_handle()
         try:
             version = delta.write(self.table, data, app_transactions=apps or None, metadata=metadata, mode=mode,
-                                  read_commit=self._tail.read_commit)
+                                  tail=self._tail)
         except delta.ConcurrentCommit:
             # delta-rs checks against its handle's snapshot, and a conflict it finds there (another
             # writer's metadata change or compaction) stays for every retry from that handle, however

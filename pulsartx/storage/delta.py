@@ -369,7 +369,7 @@ COMMIT_ID = "pulsartxCommitId"  # commitInfo key naming one write_deltalake call
 
 def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | None = None,
           metadata: Mapping[str, str] | None = None, mode: str = "append",
-          read_commit: Callable[[int], list[dict[str, Any]] | None] | None = None) -> int:
+          tail: LogTail | None = None) -> int:
     """Write ``data`` as one commit through a reused DeltaTable handle and return the new version.
 
     ``write_deltalake`` on a handle advances the handle in place (no ``update_incremental``) and
@@ -379,8 +379,8 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     may leave an unreferenced data file, which vacuum removes.
 
     A transient error leaves the outcome unknown: the commit may have landed and only its answer
-    failed. With ``read_commit`` (the table's commit at a version, None past the last) the commits
-    after the handle's first version are read back for this write's unique :data:`COMMIT_ID`
+    failed. With ``tail`` (the table's :class:`LogTail`) the commits after the handle's first
+    version are read back for this write's unique :data:`COMMIT_ID`
     before it is sent again, so a landed write is found, never written twice (delta-rs checks app
     ids against its snapshot only; it would append the same rows again).
     """
@@ -400,8 +400,9 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
 
     def attempt() -> int:
         nonlocal sent
-        if sent and read_commit is not None:
-            landed = _find_commit(read_commit, base, commit_id)
+        if sent and tail is not None:
+            landed = next((v for v, actions in tail.commits_after(base)
+                           if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions)), None)
             if landed is not None:
                 log.info("%s: a write whose answer was lost had landed as version %d", table.table_uri, landed)
                 if table.version() != landed:
@@ -424,16 +425,6 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     except (OSError, dl.exceptions.DeltaError) as e:
         # Permanent store answers (access denied, no such bucket) arrive as DeltaError too.
         raise StorageError(f"cannot write to Delta table {table.table_uri}: {describe(e)}") from e
-
-
-def _find_commit(read_commit: Callable[[int], list[dict[str, Any]] | None], after: int, commit_id: str) -> int | None:
-    """The version after ``after`` whose commitInfo carries ``commit_id``, or None if none has."""
-    version = after + 1
-    while (actions := read_commit(version)) is not None:
-        if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions):
-            return version
-        version += 1
-    return None
 
 
 def update(table: Any, root: StorageRoot, segments: tuple[str, ...]) -> None:
