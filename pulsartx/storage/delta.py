@@ -23,6 +23,7 @@ import os
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -384,8 +385,6 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     before it is sent again, so a landed write is found, never written twice (delta-rs checks app
     ids against its snapshot only; it would append the same rows again).
     """
-    import uuid
-
     dl = _deltalake()
     commit_id = str(uuid.uuid4())
     props = dl.CommitProperties(
