@@ -10,7 +10,9 @@ fold of the remaining log, forever), nor that of a commit its TC has not finishe
 compaction does, so a straggler of a forgotten transaction does not hold it back for good."""
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -156,13 +158,40 @@ def _retention_once(root: StorageRoot, partition: TopicName, max_age_ms: int | N
 
 def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0) -> int:
     """Physically delete files unreferenced for ``retention_hours``: long enough for any read that
-    planned them to finish. Returns the number of files deleted."""
-    table = delta.open_table(root, *partition_segments(partition))
+    planned them to finish, and for any write to commit the data file it wrote. Returns the number
+    of files deleted.
+
+    delta-rs's full mode, which lists the partition's directory: its default (lite) mode finds
+    removed files only through the tombstones the table still keeps, and a partition keeps them
+    for 60 s (docs/design/short-tombstone-retention-for-partitions.md), so it would leave every
+    file merged away before that. Full mode deletes, besides the tombstones older than the
+    retention, every file the snapshot does not reference that was last written longer ago than
+    the retention (orphans of lost commits), never a live file, a file with a recent tombstone, a
+    younger file (a write not committed yet) or anything under ``_delta_log`` or another ``_`` or
+    ``.`` name. One case needs more: a file written long ago and removed recently, whose tombstone
+    the checkpoint has already dropped, looks like an old orphan. Every such file was live at the
+    table's version as of the retention's horizon, so that version's files are kept too."""
+    segments = partition_segments(partition)
+    table = delta.open_table(root, *segments)
     if table is None:
         return 0
-    import math
-
     # delta-rs takes whole hours: round up, never delete sooner than asked.
-    deleted = table.vacuum(retention_hours=max(0, math.ceil(retention_hours)), enforce_retention_duration=False,
-                           dry_run=False)
+    hours = max(0, math.ceil(retention_hours))
+    keep = None
+    if hours:
+        try:
+            horizon = delta.open_table(root, *segments)
+            if horizon is None:
+                return 0
+            horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
+            keep = [horizon.version()]
+        except Exception as e:
+            # Without that version full mode could delete a file removed within the retention:
+            # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
+            log.warning("vacuum of %s: the table's version %d hour(s) ago cannot be read (%s); deleting only "
+                        "files whose tombstones the table still keeps", partition, hours, e)
+            deleted = table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+            return len(deleted)
+    deleted = table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=True,
+                           keep_versions=keep)
     return len(deleted)
