@@ -349,3 +349,25 @@ def test_vacuum_keeps_what_its_retention_protects(tmp_path, monkeypatch):
     assert _through_reader(client) == _expected(n)
     in_flight.discard_rewrite(uncommitted)
     client.close()
+
+
+def test_vacuum_without_the_horizon_version_deletes_only_what_tombstones_name(tmp_path, monkeypatch, caplog):
+    """Unable to read the table's version at the horizon, full mode could take a file removed within
+    the retention for an old orphan: the vacuum then trusts only the tombstones, and says so."""
+    root, client, writer, removed = _merged_away_and_checkpointed(tmp_path, monkeypatch)
+    orphan = _table(root) / "part-00000-orphan-c000.zstd.parquet"
+    orphan.write_bytes(b"a lost commit's file")
+    _age(orphan, 2 * 3600)
+    files = _data_files(root)
+
+    def unreadable(self, version):
+        raise OSError("commit file unreadable")
+
+    monkeypatch.setattr(deltalake.DeltaTable, "load_as_version", unreadable)
+    with caplog.at_level(logging.WARNING, logger="pulsartx.maintenance.retention"):
+        assert vacuum(client.root, PART, 1) == 0  # no tombstone is an hour old
+    assert _data_files(root) == files
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "cannot be read" in warning and "commit file unreadable" in warning
+    assert _through_log(PartitionLog(client.root, PART)) == _expected(3 * RUN)
+    client.close()
