@@ -280,6 +280,11 @@ def _merged_away_and_checkpointed(tmp_path, monkeypatch) -> tuple[str, pulsartx.
     return root, client, writer, removed
 
 
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
 def test_vacuum_deletes_every_merged_away_file_even_without_its_tombstone(tmp_path, monkeypatch):
     root, client, writer, removed = _merged_away_and_checkpointed(tmp_path, monkeypatch)
     lite = set(deltalake.DeltaTable(str(_table(root))).vacuum(retention_hours=0, dry_run=True,
@@ -287,8 +292,19 @@ def test_vacuum_deletes_every_merged_away_file_even_without_its_tombstone(tmp_pa
     assert lite < removed  # the tombstones that expired are not in the table any more
     live = {f.path for f in PartitionLog(client.root, PART).refresh().files}
     log_before = sorted(p.name for p in (_table(root) / "_delta_log").iterdir())
+    in_flight = DeltaAppender(client.root, SEGMENTS, delta.open_table(client.root, *SEGMENTS), RECORD_SCHEMA)
+    uncommitted = in_flight.write_rewrite_files([(writer.read(0, RUN), False)])  # as a merge writes it
+    [pending] = [a["path"] for a in uncommitted.adds]
+    # At 0 hours the files the table still holds tombstones for go; the others, unreferenced like a
+    # write in flight, wait until they are an hour old (retention.ORPHAN_MIN_HOURS).
+    assert vacuum(client.root, PART, 0) == len(lite)
+    assert _data_files(root) == live | (removed - lite) | {pending}
+    for p in removed - lite:
+        _age(_table(root) / p, 2 * 3600)
+    # delta-rs names again the tombstoned files the first vacuum deleted
     assert vacuum(client.root, PART, 0) == len(removed)
-    assert _data_files(root) == live  # exactly the merged-away files went
+    assert _data_files(root) == live | {pending}  # exactly the merged-away files went, never the write in flight
+    in_flight.discard_rewrite(uncommitted)
     log_after = sorted(p.name for p in (_table(root) / "_delta_log").iterdir())
     assert set(log_before) <= set(log_after)  # vacuum's own commits are all that changed there
     n = 3 * RUN
@@ -299,11 +315,6 @@ def test_vacuum_deletes_every_merged_away_file_even_without_its_tombstone(tmp_pa
     _append(writer, n, 1)  # the partition stays writable
     assert _through_reader(client) == _expected(n + 1)
     client.close()
-
-
-def _age(path: Path, seconds: float) -> None:
-    then = time.time() - seconds
-    os.utime(path, (then, then))
 
 
 def test_vacuum_keeps_what_its_retention_protects(tmp_path, monkeypatch):

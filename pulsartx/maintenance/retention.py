@@ -156,6 +156,11 @@ def _retention_once(root: StorageRoot, partition: TopicName, max_age_ms: int | N
     return res
 
 
+# The youngest an unreferenced data file may be when vacuum deletes it, whatever retention is asked:
+# a writer commits the data file it wrote within milliseconds, an hour is far beyond any of them.
+ORPHAN_MIN_HOURS = 1
+
+
 def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0) -> int:
     """Physically delete files unreferenced for ``retention_hours``: long enough for any read that
     planned them to finish, and for any write to commit the data file it wrote. Returns the number
@@ -170,28 +175,39 @@ def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0
     younger file (a write not committed yet) or anything under ``_delta_log`` or another ``_`` or
     ``.`` name. One case needs more: a file written long ago and removed recently, whose tombstone
     the checkpoint has already dropped, looks like an old orphan. Every such file was live at the
-    table's version as of the retention's horizon, so that version's files are kept too."""
+    table's version as of the retention's horizon, so that version's files are kept too. A
+    retention under ``ORPHAN_MIN_HOURS`` applies to files the table holds a tombstone for; files
+    nothing references wait until they are that old."""
     segments = partition_segments(partition)
     table = delta.open_table(root, *segments)
     if table is None:
         return 0
     # delta-rs takes whole hours: round up, never delete sooner than asked.
     hours = max(0, math.ceil(retention_hours))
-    keep = None
-    if hours:
-        try:
-            horizon = delta.open_table(root, *segments)
-            if horizon is None:
-                return 0
-            horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
-            keep = [horizon.version()]
-        except Exception as e:
-            # Without that version full mode could delete a file removed within the retention:
-            # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
-            log.warning("vacuum of %s: the table's version %d hour(s) ago cannot be read (%s); deleting only "
-                        "files whose tombstones the table still keeps", partition, hours, e)
-            deleted = table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+    deleted: set[str] = set()  # delta-rs also lists tombstoned files an earlier vacuum deleted
+    if hours < ORPHAN_MIN_HOURS:
+        # Full mode at this retention would delete a data file a writer has written and not yet
+        # committed, and the commit would then name a missing file. Files the table still holds a
+        # tombstone for go now (lite mode never deletes a file nothing removed); unreferenced ones
+        # wait until they are ORPHAN_MIN_HOURS old.
+        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        table = delta.open_table(root, *segments)
+        if table is None:
             return len(deleted)
-    deleted = table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=True,
-                           keep_versions=keep)
+        hours = ORPHAN_MIN_HOURS
+    try:
+        horizon = delta.open_table(root, *segments)
+        if horizon is None:
+            return len(deleted)
+        horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
+        keep = [horizon.version()]
+    except Exception as e:
+        # Without that version full mode could delete a file removed within the retention:
+        # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
+        log.warning("vacuum of %s: the table's version %d hour(s) ago cannot be read (%s); deleting only "
+                    "files whose tombstones the table still keeps", partition, hours, e)
+        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        return len(deleted)
+    deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=True,
+                                keep_versions=keep))
     return len(deleted)
