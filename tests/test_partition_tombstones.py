@@ -382,3 +382,34 @@ def test_vacuum_without_the_horizon_version_deletes_only_what_tombstones_name(tm
     assert "cannot be read" in warning and "commit file unreadable" in warning
     assert _through_log(PartitionLog(client.root, PART)) == _expected(3 * RUN)
     client.close()
+
+
+def test_vacuum_after_log_cleanup_does_not_take_the_oldest_commit_left_for_the_horizon(tmp_path, monkeypatch, caplog):
+    """delta-rs answers a time before the oldest commit left in the log with that commit. After an
+    idle month, the first commit removes old files and becomes the oldest left (a checkpoint,
+    then log cleanup): those files were merged away a moment ago, yet not live at that commit. The
+    vacuum must not take it for the version at its horizon, or it deletes them under a read planned
+    before the merge."""
+    monkeypatch.setattr(keyed_log, "TOMBSTONE_RETENTION_S", 1)
+    root, client = _topic(tmp_path)
+    writer = PartitionLog(client.root, PART)
+    table = _table(root)
+    _append(writer, 0, RUN)
+    appender.wait_for_checkpoints()
+    for p in table.rglob("*"):
+        if p.is_file():
+            _age(p, 40 * 86400)
+    old = _data_files(root)
+    assert merge_through(writer, max_runs=1) == RUN  # the first commit after the idle month
+    deltalake.DeltaTable(str(table)).create_checkpoint()
+    deltalake.DeltaTable(str(table)).cleanup_metadata()  # commits older than 30 days go
+    assert not (table / "_delta_log" / delta.commit_file(0)).exists()
+    time.sleep(1.3)
+    _append(writer, RUN, 1)
+    deltalake.DeltaTable(str(table)).create_checkpoint()  # the merge's tombstones have expired
+    with caplog.at_level(logging.WARNING, logger="pulsartx.maintenance.retention"):
+        assert vacuum(client.root, PART, 1) == 0
+    assert old <= _data_files(root)  # removed a moment ago: kept for the hour
+    assert any("oldest commit left" in r.getMessage() for r in caplog.records)
+    assert _through_log(PartitionLog(client.root, PART)) == _expected(RUN + 1)
+    client.close()

@@ -201,6 +201,10 @@ def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0
             return len(deleted)
         horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
         keep = [horizon.version()]
+        if keep[0] > 0 and not root.exists(*segments, "_delta_log", delta.commit_file(keep[0] - 1)):
+            # delta-rs answers a time before the oldest commit left (log cleanup) with that commit,
+            # whose files may be newer than the horizon: it is not the version the horizon saw.
+            raise LookupError(f"the log's oldest commit left, version {keep[0]}, may be younger than that")
     except Exception as e:
         # Without that version full mode could delete a file removed within the retention:
         # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
