@@ -17,8 +17,8 @@ from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscripti
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
-from pulsartx.log.partition import forget_shared, partition_segments
-from pulsartx.log.schema import PARTITION_TABLE_CONFIG, RECORD_SCHEMA
+from pulsartx.log.partition import forget_shared, partition_segments, partition_table_properties
+from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
@@ -55,13 +55,14 @@ class TopicsAdmin:
             raise InvalidConfiguration(f"partitions={partitions!r} for topic {t}: must be an integer from 1 to {MAX_PARTITIONS}")
         if self._read_meta(t) is not None:
             raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
+        properties = partition_table_properties()
         claimed = delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(0)),
-                                     configuration=PARTITION_TABLE_CONFIG, name=f"{t.short}-partition-0")
+                                     configuration=properties, name=f"{t.short}-partition-0")
         if not claimed and self._read_meta(t) is not None:
             raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
         for i in range(1, partitions):
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
-                               configuration=PARTITION_TABLE_CONFIG, name=f"{t.short}-partition-{i}")
+                               configuration=properties, name=f"{t.short}-partition-{i}")
         meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
         self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
         return t

@@ -32,13 +32,21 @@ from pulsartx.log.constant import constant
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.remembered import REMEMBERED
-from pulsartx.log.schema import MARKER_ENTRIES, PROPERTIES, RECORD_SCHEMA, TIMESTAMP, MessageType
+from pulsartx.log.schema import (
+    MARKER_ENTRIES,
+    PARTITION_TABLE_CONFIG,
+    PROPERTIES,
+    RECORD_SCHEMA,
+    TIMESTAMP,
+    MessageType,
+)
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.diagnose import naming_partition
 from pulsartx.storage.group_commit import Done, GroupCommit, Write
+from pulsartx.storage.keyed_log import missing_retention, short_tombstone_retention
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,14 @@ REMEMBER_MAX_RECORDS = 1024
 REMEMBER_MAX_BYTES = 4 << 20
 _ROWS_KEYS = itertools.count()
 INCARNATION_CHECK_S = 5.0  # how often a long-lived reader checks that its partition was not re-created
+
+
+def partition_table_properties() -> dict[str, str]:
+    """The properties a new partition table is created with: PARTITION_TABLE_CONFIG and the keyed
+    logs' short tombstone retention. Every merge removes the files it rewrote, and with Delta's
+    default 7 days every checkpoint of a busy partition carried a week of those removes
+    (docs/design/short-tombstone-retention-for-partitions.md)."""
+    return {**PARTITION_TABLE_CONFIG, **short_tombstone_retention()}
 
 
 def partition_segments(topic: TopicName) -> tuple[str, ...]:
@@ -379,10 +395,14 @@ class PartitionLog:
                 live = {f.path for f in idx.files}
                 if self._table_id != self._writer_table_id or any(f.path not in live for f in files):
                     return None
+                # A partition created before the short tombstone retention gets it with its first
+                # merge by this version, in the same commit (merges are what make its tombstones).
+                upgrade = missing_retention(writer.configuration())
                 self._committing = rows
                 committed = True  # from here on the commit deletes its file itself when it gives up
                 try:
-                    return writer.commit_rewrite(written, [(f.path, f.size, False) for f in files])
+                    return writer.commit_rewrite(written, [(f.path, f.size, False) for f in files],
+                                                 properties=upgrade)
                 except delta.ConcurrentCommit as e:
                     log.info("merging small files of %s stopped (a concurrent change): %s", self.topic, e)
                     return None

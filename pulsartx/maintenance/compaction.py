@@ -32,6 +32,7 @@ from pulsartx.log.schema import RECORD_SCHEMA, STATS_COLUMNS, MessageType
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.storage.appender import DeltaAppender
+from pulsartx.storage.keyed_log import missing_retention, upgrade_with_deltalake
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -102,16 +103,24 @@ def _compact_once(root: StorageRoot, partition: TopicName, min_files: int) -> Co
     res.bytes_before = sum(f.size for f in files)
     table = delta.open_table(root, *plog.segments, version=index.version)
     writer = DeltaAppender(root, plog.segments, table, RECORD_SCHEMA)
+    # A partition created before the short tombstone retention gets it with its first compaction
+    # or merge by this version (docs/design/short-tombstone-retention-for-partitions.md).
+    upgrade = missing_retention(writer.configuration())
     try:
         if writer.fast:
             parts, removes = rewrite_plan(files, kept)
-            writer.rewrite(parts, removes)
+            writer.rewrite(parts, removes, properties=upgrade)
         else:  # a store without put-if-absent: delta-rs's commit, recorded as a WRITE
             delta.replace_files(root, table, plog.segments, [(f.path, f.size) for f in files], kept, STATS_COLUMNS,
                                 data_change=True)
     except delta.ConcurrentCommit as e:
         res.skipped = f"concurrent change, try again: {e}"
         return res
+    if upgrade and not writer.fast:
+        # No merges run on such a store, so compactions make its tombstones. The upgrade is a
+        # delta-rs commit of its own after the swap: before it, it would move the handle the swap
+        # was planned on. A failure is a warning, and the next compaction tries again.
+        upgrade_with_deltalake(writer, upgrade, "partition")
     after = plog.refresh()
     res.files_after = len(after.files)
     res.bytes_after = sum(f.size for f in after.files if f.max_offset < horizon)

@@ -10,7 +10,9 @@ fold of the remaining log, forever), nor that of a commit its TC has not finishe
 compaction does, so a straggler of a forgotten transaction does not hold it back for good."""
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -154,15 +156,62 @@ def _retention_once(root: StorageRoot, partition: TopicName, max_age_ms: int | N
     return res
 
 
+# The youngest an unreferenced data file may be when vacuum deletes it, whatever retention is asked:
+# a writer commits the data file it wrote within milliseconds, an hour is far beyond any of them.
+ORPHAN_MIN_HOURS = 1
+
+
 def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0) -> int:
     """Physically delete files unreferenced for ``retention_hours``: long enough for any read that
-    planned them to finish. Returns the number of files deleted."""
-    table = delta.open_table(root, *partition_segments(partition))
+    planned them to finish, and for any write to commit the data file it wrote. Returns the number
+    of files deleted.
+
+    delta-rs's full mode, which lists the partition's directory: its default (lite) mode finds
+    removed files only through the tombstones the table still keeps, and a partition keeps them
+    for 60 s (docs/design/short-tombstone-retention-for-partitions.md), so it would leave every
+    file merged away before that. Full mode deletes, besides the tombstones older than the
+    retention, every file the snapshot does not reference that was last written longer ago than
+    the retention (orphans of lost commits), never a live file, a file with a recent tombstone, a
+    younger file (a write not committed yet) or anything under ``_delta_log`` or another ``_`` or
+    ``.`` name. One case needs more: a file written long ago and removed recently, whose tombstone
+    the checkpoint has already dropped, looks like an old orphan. Every such file was live at the
+    table's version as of the retention's horizon, so that version's files are kept too. A
+    retention under ``ORPHAN_MIN_HOURS`` applies to files the table holds a tombstone for; files
+    nothing references wait until they are that old."""
+    segments = partition_segments(partition)
+    table = delta.open_table(root, *segments)
     if table is None:
         return 0
-    import math
-
     # delta-rs takes whole hours: round up, never delete sooner than asked.
-    deleted = table.vacuum(retention_hours=max(0, math.ceil(retention_hours)), enforce_retention_duration=False,
-                           dry_run=False)
+    hours = max(0, math.ceil(retention_hours))
+    deleted: set[str] = set()  # delta-rs also lists tombstoned files an earlier vacuum deleted
+    if hours < ORPHAN_MIN_HOURS:
+        # Full mode at this retention would delete a data file a writer has written and not yet
+        # committed, and the commit would then name a missing file. Files the table still holds a
+        # tombstone for go now (lite mode never deletes a file nothing removed); unreferenced ones
+        # wait until they are ORPHAN_MIN_HOURS old.
+        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        table = delta.open_table(root, *segments)
+        if table is None:
+            return len(deleted)
+        hours = ORPHAN_MIN_HOURS
+    try:
+        horizon = delta.open_table(root, *segments)
+        if horizon is None:
+            return len(deleted)
+        horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
+        keep = [horizon.version()]
+        if keep[0] > 0 and not root.exists(*segments, "_delta_log", delta.commit_file(keep[0] - 1)):
+            # delta-rs answers a time before the oldest commit left (log cleanup) with that commit,
+            # whose files may be newer than the horizon: it is not the version the horizon saw.
+            raise LookupError(f"the log's oldest commit left, version {keep[0]}, may be younger than that")
+    except Exception as e:
+        # Without that version full mode could delete a file removed within the retention:
+        # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
+        log.warning("vacuum of %s: the table's version %d hour(s) ago cannot be read (%s); deleting only "
+                    "files whose tombstones the table still keeps", partition, hours, e)
+        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        return len(deleted)
+    deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=True,
+                                keep_versions=keep))
     return len(deleted)

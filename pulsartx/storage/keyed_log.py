@@ -41,7 +41,8 @@ MAX_MINOR_FILES = 32  # minor compactions between two full ones, at most
 # the table's delta.deletedFileRetentionDuration. Delta's default, 7 days, made a busy TC log's
 # checkpoint ~90,000 tombstones after 10 minutes, and checkpoint cost grew with it. Nothing here
 # reads them: pulsartx never vacuums a keyed log, and its readers hold a snapshot for seconds
-# (docs/design/short-tombstone-retention-for-keyed-logs.md).
+# (docs/design/short-tombstone-retention-for-keyed-logs.md). Buffer snapshots and topic partitions
+# take the same value (docs/design/short-tombstone-retention-for-partitions.md).
 TOMBSTONE_RETENTION_S = 60
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 # A compaction commit says in its commitInfo which it is: a reader that catches up over another
@@ -65,8 +66,10 @@ def table_properties() -> dict[str, str]:
 
 def short_tombstone_retention() -> dict[str, str]:
     """The short tombstone retention as a table property; also set on buffer-snapshot tables,
-    which are overwritten whole and read at their newest version only
-    (docs/design/short-tombstone-retention-for-keyed-logs.md)."""
+    which are overwritten whole and read at their newest version only, and on topic partitions,
+    whose merges remove files all along and whose vacuum lists their directory instead of reading
+    tombstones (docs/design/short-tombstone-retention-for-keyed-logs.md,
+    docs/design/short-tombstone-retention-for-partitions.md)."""
     return {RETENTION_PROPERTY: f"interval {TOMBSTONE_RETENTION_S} seconds"}
 
 
@@ -85,6 +88,35 @@ def _keeps_every_key(actions: list[dict[str, Any]]) -> bool:
 def _live_files(table: Any) -> list[str]:
     """The data files of a DeltaTable handle's snapshot."""
     return [str(p) for p in delta.add_actions(table).column("path").to_pylist()]
+
+
+def upgrade_with_deltalake(writer: DeltaAppender, upgrade: Mapping[str, str], name: str) -> None:
+    """The retention upgrade as a delta-rs commit of its own, for a table the appender cannot
+    commit to itself (a store without conditional put): a keyed log before its compaction, a
+    topic partition after its compaction (``name``: what the table is, for the warning). It only
+    shortens what checkpoints keep, so a failure does not cost the compaction, whose absence would
+    grow every open of the table: the compaction goes on without it, the upgrade is tried again at
+    the next one, and the operator is warned once per table and process (a refusal that repeats,
+    such as a metadata write the store does not allow, is one problem). Whatever the failed commit
+    did, the next catch-up of ``writer`` reads it."""
+    try:
+        writer.set_properties_with_deltalake(upgrade)
+    except Exception as e:
+        uri = writer.uri
+        wanted = ", ".join(f"{k} = '{v}'" for k, v in upgrade.items())
+        with _UPGRADE_WARNED.lock:
+            first = uri not in _UPGRADE_WARNED
+            _UPGRADE_WARNED[uri] = True
+        if first:
+            log.warning(
+                "%s table %s: setting %s failed (%s); compacting without it, so its checkpoints keep every "
+                "compaction's tombstones for Delta's default 7 days and grow with them. It is tried again "
+                "at each compaction (this is said once per table and process); to fix it, let this process "
+                "write the table's metadata, or set the property once by hand (deltalake: "
+                "DeltaTable(uri).alter.set_table_properties, Spark: ALTER TABLE ... SET TBLPROPERTIES)",
+                name, uri, wanted, delta.describe(e, delta.secrets_of(writer.root)))
+        else:
+            log.debug("%s table %s: setting %s failed again (%s)", name, uri, wanted, e)
 
 
 def bucket_app_id(name: str, key: str) -> str:
@@ -458,32 +490,6 @@ class KeyedLog:
             return outs
         raise StorageError(f"{what}: gave up after {MAX_CAS_ATTEMPTS} concurrent updates of {key!r}; retry later")
 
-    def _upgrade_with_deltalake(self, writer: DeltaAppender, upgrade: Mapping[str, str]) -> None:
-        """The retention upgrade as a delta-rs commit of its own (a store without conditional put).
-        It only shortens what checkpoints keep, so a failure does not cost the compaction, whose
-        absence would grow every open of the log: the compaction goes on without it, the upgrade is
-        tried again at the next one, and the operator is warned once per table and process (a
-        refusal that repeats, such as a metadata write the store does not allow, is one problem).
-        Whatever the failed commit did, the compaction's own catch-up reads it."""
-        try:
-            writer.set_properties_with_deltalake(upgrade)
-        except Exception as e:
-            uri = self.root.uri(*self.segments)
-            wanted = ", ".join(f"{k} = '{v}'" for k, v in upgrade.items())
-            with _UPGRADE_WARNED.lock:
-                first = uri not in _UPGRADE_WARNED
-                _UPGRADE_WARNED[uri] = True
-            if first:
-                log.warning(
-                    "%s table %s: setting %s failed (%s); compacting without it, so its checkpoints keep every "
-                    "compaction's tombstones for Delta's default 7 days and grow with them. It is tried again "
-                    "at each compaction (this is said once per table and process); to fix it, let this process "
-                    "write the table's metadata, or set the property once by hand (deltalake: "
-                    "DeltaTable(uri).alter.set_table_properties, Spark: ALTER TABLE ... SET TBLPROPERTIES)",
-                    self.name, uri, wanted, delta.describe(e, delta.secrets_of(self.root)))
-            else:
-                log.debug("%s table %s: setting %s failed again (%s)", self.name, uri, wanted, e)
-
     def app_version(self, app_id: str) -> int | None:
         return self._writer().txn_version(app_id)
 
@@ -517,7 +523,7 @@ class KeyedLog:
             upgrade = missing_retention(writer.configuration())
             if not fast:
                 if upgrade:  # a commit of its own, before the rows are read
-                    self._upgrade_with_deltalake(writer, upgrade)
+                    upgrade_with_deltalake(writer, upgrade, self.name)
                 writer.sync_handle()  # delta-rs's overwrite removes the handle's files
             self._flush()
             full = (not fast or self._base is None or self._minor_files >= MAX_MINOR_FILES
