@@ -19,6 +19,7 @@ from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments, partition_table_properties
 from pulsartx.log.schema import RECORD_SCHEMA
+from pulsartx.maintenance.merging import wait_for_merges
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
@@ -105,8 +106,12 @@ class TopicsAdmin:
         t = TopicName.parse(topic).base
         parts = self.partitions_of(t)  # TopicNotFound names the topic
         subs = tombstone_topic(self.root, parts)
-        # A checkpoint this process scheduled must not write into a table being removed (delta-rs
-        # would re-create its _delta_log with only the checkpoint in it).
+        # A merge of small files this process's writers scheduled must not commit into a table
+        # being removed: its put would re-create the _delta_log with one commit, far past version 0,
+        # or land in a re-created topic's table and leave a gap its readers stop at. Nor may a
+        # checkpoint (delta-rs would re-create the _delta_log with only the checkpoint in it); a
+        # merge's commit can schedule one, so the merges go first.
+        wait_for_merges()
         wait_for_checkpoints()
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
