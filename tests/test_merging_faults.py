@@ -1236,3 +1236,25 @@ def test_transactions_and_markers_of_this_process_while_another_process_merges(t
         assert [m for _, m in _batch_read(c.root)] == expected
         assert [m for _, m in _reader(c, "READ_UNCOMMITTED")] == [b"open"] + every + every2
         _dense(c.root)
+
+
+def test_client_close_waits_for_the_merge_its_writers_scheduled(tmp_path, monkeypatch):
+    """Once close() returns, nothing of the client writes any more: the background merge its last
+    append scheduled has committed (another process may delete and re-create the topic next, where
+    a late commit would land in the new table). close() used to return with the merge's commit put
+    still under way."""
+    monkeypatch.setattr(partition_mod, "MERGE_EVERY", FANOUT)
+    root = str(tmp_path / "root")
+    c = pulsartx.Client(root)
+    c.admin.create_topic("wm", 1)
+    in_put = _hold_put(monkeypatch, FANOUT + 1, 1.0)  # version FANOUT schedules the merge: its commit is next
+    with c.create_producer("wm") as p:
+        for i in range(FANOUT):
+            p.send(f"m{i}".encode())
+    assert in_put.wait(30)
+    c.close()
+    merge_commit = os.path.join(_table_dir(root), "_delta_log", delta.commit_file(FANOUT + 1))
+    assert os.path.exists(merge_commit), "close() returned before its writers' merge committed"
+    faults.clear()
+    with pulsartx.Client(root) as c2:
+        assert [m for _, m in _reader(c2, "READ_UNCOMMITTED")] == [f"m{i}".encode() for i in range(FANOUT)]

@@ -128,7 +128,7 @@ def _merge_after(plog: PartitionLog) -> None:
 
 def wait_for_merges() -> None:
     """Block until every merge scheduled so far has run (tests, orderly shutdown)."""
-    _POOL.get().submit(lambda: None).result()
+    _POOL.drain()
 
 
 if _merge_after not in partition_log.EVERY_MERGE_INTERVAL:

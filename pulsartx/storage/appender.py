@@ -31,7 +31,6 @@ which stands at such a commit's version, holds their files.
 """
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import logging
@@ -240,10 +239,7 @@ def _note_checkpoint_size(root: StorageRoot, segments: tuple[str, ...], uri: str
 
 def wait_for_checkpoints() -> None:
     """Block until every checkpoint scheduled so far is written (tests, orderly shutdown)."""
-    pool = _CHECKPOINTS.started()
-    if pool is not None:
-        with contextlib.suppress(RuntimeError):  # interpreter shutting down: nothing more will run
-            pool.submit(lambda: None).result()
+    _CHECKPOINTS.drain()
 
 
 def _fast_capable(table: Any) -> bool:

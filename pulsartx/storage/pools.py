@@ -9,6 +9,7 @@ have been held by another thread at the fork).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +33,16 @@ class ProcessPool:
     def started(self) -> ThreadPoolExecutor | None:
         """The pool if this process started it, else None (waiting on it needs no new threads)."""
         return self._pool
+
+    def drain(self) -> None:
+        """Block until the work submitted so far has run, where the pool has one worker: a
+        marker task queued behind it. Starts no thread when the pool never ran anything, and
+        returns at once while the interpreter shuts down (nothing more will run)."""
+        assert self.workers == 1, "drain() waits for queued work in order: one worker only"
+        pool = self._pool
+        if pool is not None:
+            with contextlib.suppress(RuntimeError):
+                pool.submit(lambda: None).result()
 
     def _after_fork(self) -> None:
         self._pool = None
