@@ -19,11 +19,10 @@ from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments, partition_table_properties
 from pulsartx.log.schema import RECORD_SCHEMA
-from pulsartx.maintenance.merging import wait_for_merges
+from pulsartx.maintenance.merging import wait_for_background_writes
 from pulsartx.naming import TopicName, parse_namespace
 from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
-from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
@@ -106,13 +105,8 @@ class TopicsAdmin:
         t = TopicName.parse(topic).base
         parts = self.partitions_of(t)  # TopicNotFound names the topic
         subs = tombstone_topic(self.root, parts)
-        # A merge of small files this process's writers scheduled must not commit into a table
-        # being removed: its put would re-create the _delta_log with one commit, far past version 0,
-        # or land in a re-created topic's table and leave a gap its readers stop at. Nor may a
-        # checkpoint (delta-rs would re-create the _delta_log with only the checkpoint in it); a
-        # merge's commit can schedule one, so the merges go first.
-        wait_for_merges()
-        wait_for_checkpoints()
+        # No merge or checkpoint this process's writers scheduled may land in a table being removed.
+        wait_for_background_writes()
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
         self.root.rm(*_topic_dir(t))

@@ -51,9 +51,8 @@ from pulsartx.exceptions import (
     TopicNotFound,
 )
 from pulsartx.log.message_id import MessageId
-from pulsartx.maintenance.merging import wait_for_merges
+from pulsartx.maintenance.merging import wait_for_background_writes
 from pulsartx.naming import TopicName
-from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.root import StorageRoot
 from pulsartx.suggest import checked_keywords
 
@@ -299,10 +298,8 @@ class Client:
         self.flush()
         # The small-file merges and checkpoints its writers scheduled run on process-wide threads:
         # once close() returns nothing of this client writes any more, so its topics can be
-        # deleted and re-created safely (a commit or checkpoint landing in a re-created table
-        # breaks it). Other clients' queued work is waited for too; each is short.
-        wait_for_merges()
-        wait_for_checkpoints()
+        # deleted and re-created safely. Other clients' queued work is waited for too; each is short.
+        wait_for_background_writes()
         if self._tcs is not None:
             self._tcs.release()
         self._closed = True

@@ -23,6 +23,7 @@ from pulsartx.log import partition as partition_log
 from pulsartx.log.index import DataFile
 from pulsartx.log.partition import PartitionLog, read_files
 from pulsartx.naming import TopicName
+from pulsartx.storage.appender import wait_for_checkpoints
 from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.retry import OutcomeUnknown
 from pulsartx.storage.root import StorageRoot
@@ -129,6 +130,16 @@ def _merge_after(plog: PartitionLog) -> None:
 def wait_for_merges() -> None:
     """Block until every merge scheduled so far has run (tests, orderly shutdown)."""
     _POOL.drain()
+
+
+def wait_for_background_writes() -> None:
+    """Block until the merges and checkpoints this process queued so far have been written, so
+    that none of them lands after its table was deleted: a merge's put would re-create the
+    ``_delta_log`` with one commit far past version 0, or land in a re-created topic's table past a
+    gap its readers stop at, and delta-rs would re-create it with only a checkpoint. The merges go
+    first: a merge's commit can schedule a checkpoint."""
+    wait_for_merges()
+    wait_for_checkpoints()
 
 
 if _merge_after not in partition_log.EVERY_MERGE_INTERVAL:
