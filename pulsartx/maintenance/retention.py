@@ -182,6 +182,10 @@ def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0
     table = delta.open_table(root, *segments)
     if table is None:
         return 0
+
+    def lite(hours: int) -> list[str]:  # the files of the tombstones the table keeps, older than ``hours``
+        return table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+
     # delta-rs takes whole hours: round up, never delete sooner than asked.
     hours = max(0, math.ceil(retention_hours))
     deleted: set[str] = set()  # delta-rs also lists tombstoned files an earlier vacuum deleted
@@ -190,28 +194,35 @@ def vacuum(root: StorageRoot, partition: TopicName, retention_hours: float = 1.0
         # committed, and the commit would then name a missing file. Files the table still holds a
         # tombstone for go now (lite mode never deletes a file nothing removed); unreferenced ones
         # wait until they are ORPHAN_MIN_HOURS old.
-        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        deleted.update(lite(hours))
         table = delta.open_table(root, *segments)
         if table is None:
             return len(deleted)
         hours = ORPHAN_MIN_HOURS
     try:
-        horizon = delta.open_table(root, *segments)
-        if horizon is None:
-            return len(deleted)
-        horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
-        keep = [horizon.version()]
-        if keep[0] > 0 and not root.exists(*segments, "_delta_log", delta.commit_file(keep[0] - 1)):
-            # delta-rs answers a time before the oldest commit left (log cleanup) with that commit,
-            # whose files may be newer than the horizon: it is not the version the horizon saw.
-            raise LookupError(f"the log's oldest commit left, version {keep[0]}, may be younger than that")
+        keep = _version_hours_ago(root, segments, hours)
     except Exception as e:
         # Without that version full mode could delete a file removed within the retention:
         # only the tombstones the table keeps are trusted, as delta-rs's lite mode does.
         log.warning("vacuum of %s: the table's version %d hour(s) ago cannot be read (%s); deleting only "
                     "files whose tombstones the table still keeps", partition, hours, e)
-        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False))
+        deleted.update(lite(hours))
         return len(deleted)
-    deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=True,
-                                keep_versions=keep))
+    if keep is not None:
+        deleted.update(table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False,
+                                    full=True, keep_versions=[keep]))
     return len(deleted)
+
+
+def _version_hours_ago(root: StorageRoot, segments: tuple[str, ...], hours: int) -> int | None:
+    """The table's version ``hours`` ago, whose files vacuum keeps; None when the table is gone."""
+    horizon = delta.open_table(root, *segments)
+    if horizon is None:
+        return None
+    horizon.load_as_version(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours))
+    version = horizon.version()
+    if version > 0 and not root.exists(*segments, "_delta_log", delta.commit_file(version - 1)):
+        # delta-rs answers a time before the oldest commit left (log cleanup) with that commit,
+        # whose files may be newer than the horizon: it is not the version the horizon saw.
+        raise LookupError(f"the log's oldest commit left, version {version}, may be younger than that")
+    return version
