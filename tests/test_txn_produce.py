@@ -98,7 +98,14 @@ def test_registration_starts_while_the_batch_fills(root, monkeypatch):
     for i in range(producer_mod.EARLY_REGISTRATION_AT - 1):
         prod.send_async(b"%d" % i, None, txn=txn)
     assert order == []  # a small transaction registers its partitions together at its flush
-    for i in range(producer_mod.EARLY_REGISTRATION_AT - 1, 1000):
+    prod.send_async(b"%d" % (producer_mod.EARLY_REGISTRATION_AT - 1), None, txn=txn)
+    # The helper is started at the threshold; on a loaded host it may not run before the batch is
+    # full, and the append would then make the call itself. Wait for it to begin, so the assertion
+    # below is about where the call runs, not about the scheduler.
+    deadline = time.monotonic() + 30
+    while not order and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for i in range(producer_mod.EARLY_REGISTRATION_AT, 1000):
         prod.send_async(b"%d" % i, None, txn=txn)
     txn.commit()
     client.flush()

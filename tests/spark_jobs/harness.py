@@ -86,7 +86,8 @@ class SubmittedJob:
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         try:
             with open(self.events_path) as f:
-                out = [json.loads(line) for line in f if line.strip()]
+                # A line without its newline is one the job is still writing: read it next time.
+                out = [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
         except FileNotFoundError:
             return []
         return [e for e in out if name is None or e["event"] == name]

@@ -54,7 +54,8 @@ def hang() -> None:
 def events_seen(name: str) -> list[dict[str, Any]]:
     try:
         with open(CFG["events"]) as f:
-            return [e for e in map(json.loads, f) if e["event"] == name]
+            # A line without its newline is one another process is still writing.
+            return [e for e in (json.loads(x) for x in f if x.endswith("\n")) if e["event"] == name]
     except FileNotFoundError:
         return []
 
