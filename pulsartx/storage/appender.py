@@ -61,6 +61,13 @@ STALE_AFTER_S = 6 * 3600.0
 # columns only (strings would need Delta's truncation rules, and no pulsartx read prunes on them).
 DEFAULT_STATS_COLUMNS = 32
 EXPIRING_SOON_MS = 2 * 3_600_000  # app ids expiring sooner than this are tracked for forgetting
+# A data file this old when its commit is attempted is first copied to a new name. A vacuum that
+# lists the table's folder (ours, or any engine's full-mode VACUUM) deletes every file the log does
+# not reference once it is older than the retention, and ours never lists with less than an hour
+# (retention.ORPHAN_MIN_HOURS): a writer paused longer between writing a file and committing it
+# (a suspended host, a stopped process) would otherwise commit a file that may be gone. Half the
+# hour leaves room for clocks that disagree by minutes.
+STALE_DATA_FILE_S = 1800.0
 
 T = TypeVar("T")
 
@@ -305,6 +312,10 @@ class DeltaAppender:
         # on_commit, so an owner with derived state must rebuild it (KeyedLog reopens).
         self.on_reload: Callable[[], None] | None = None
         self._tail = delta.LogTail(root, segments)
+        # path -> time.monotonic() when this writer wrote the data file, until it is committed or
+        # discarded: with the file's modificationTime (the wall clock), how long it has waited
+        # (``_refresh_stale_files``), even across a wall clock set back.
+        self._written: dict[str, float] = {}
         self._reset(table)
 
     def _reset(self, table: Any) -> None:
@@ -602,14 +613,24 @@ class DeltaAppender:
                 adds: list[dict[str, Any]]) -> int:
         """Create the next free commit file holding ``actions``, stepping over others' commits that
         do not conflict (see the module); the data files of ``adds`` are deleted when it gives up."""
+        try:
+            return self._commit_once(actions, commit_id, apps, removing, adds)
+        finally:
+            for add in adds:
+                self._written.pop(add["path"], None)
+
+    def _commit_once(self, actions: list[dict[str, Any]], commit_id: str, apps: Mapping[str, int],
+                     removing: set[str], adds: list[dict[str, Any]]) -> int:
         vanished = 0
-        body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
+        body = b""
         while True:
+            if self._refresh_stale_files(adds) or not body:
+                body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
             version = self.version + 1
             name = delta.commit_file(version)
             try:
                 created = self._io(f"commit version {version} to",
-                                   lambda name=name: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
+                                   lambda name=name, body=body: self.root.put_if_absent(body, *self.segments, "_delta_log", name))
             except StorageError as e:
                 created = self._slot_after_failed_put(version, e)
             if created:
@@ -668,8 +689,40 @@ class DeltaAppender:
                          unique: str) -> dict[str, Any]:
         name = f"part-00000-{unique}-c000.zstd.parquet"
         size = self._io("write a data file to", lambda: delta.put_parquet(self.root, self.segments, name, data, codecs))
+        self._written[name] = time.monotonic()
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
                 "stats": delta.file_stats(data, self._stats)}
+
+    def _refresh_stale_files(self, adds: list[dict[str, Any]]) -> bool:
+        """Copy every data file of ``adds`` written ``STALE_DATA_FILE_S`` or more ago to a new name
+        (a new object, so vacuum sees it as new), and point its add action there; True if any was.
+        A file already gone cannot be committed: StorageError, nothing committed (the caller's
+        data fails, as on any failed commit, and is not half-written)."""
+        now_s, mono = time.time(), time.monotonic()
+        refreshed = False
+        for add in adds:
+            old = add["path"]
+            waited = max(now_s - add["modificationTime"] / 1000, mono - self._written.get(old, mono))
+            if waited < STALE_DATA_FILE_S:
+                continue
+            new = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+            log.warning("%s: data file %s was written %.0f s ago and is not committed yet; copying it to %s "
+                        "first, as a vacuum may delete an unreferenced file that old", self.uri, old, waited, new)
+            try:
+                self._io("copy a data file of", lambda old=old, new=new: delta.copy_file(
+                    self.root, self.segments, old, new))
+            except StorageError as e:
+                if not isinstance(e.__cause__, FileNotFoundError):
+                    raise
+                raise StorageError(
+                    f"{self.uri}: data file {old} was written {waited:.0f} s ago and is gone, most likely deleted "
+                    "by a vacuum while this writer was paused; nothing was committed, write the data again") from e
+            self._written.pop(old, None)
+            self._discard(add)
+            add["path"], add["modificationTime"] = new, int(now_s * 1000)
+            self._written[new] = mono
+            refreshed = True
+        return refreshed
 
     def _discard_all(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
@@ -680,6 +733,7 @@ class DeltaAppender:
         if add is None:
             return
         name = add["path"]
+        self._written.pop(name, None)
         try:
             self.root.rm(*self.segments, name)
         except Exception as e:  # an unreferenced file is harmless

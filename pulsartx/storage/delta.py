@@ -284,16 +284,30 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     buf = pa.BufferOutputStream()
     pq.write_table(data, buf, **options)
     body = buf.getvalue()
+    _put_file(root, path, body)
+    return body.size
+
+
+def copy_file(root: StorageRoot, segments: tuple[str, ...], source: str, name: str) -> int:
+    """Copy the file ``source`` of a table to ``name`` (a new object, so a new modification time);
+    returns its size. FileNotFoundError when ``source`` is gone."""
+    body = root.cat(root.fs_path(*segments, source))
+    _put_file(root, root.fs_path(*segments, name), body)
+    return len(body)
+
+
+def _put_file(root: StorageRoot, path: str, body: Any) -> None:
+    """One write of a data file's bytes, made durable locally before the commit that references
+    it is published (:func:`local_fsync`)."""
     faults.before(Op.WRITE, path)
     if root.is_local:
         with open(path, "wb") as f:
             f.write(body)
-            if local_fsync():  # before the commit that references it is published
+            if local_fsync():
                 os.fsync(f.fileno())
     else:
-        root.put_bytes(path, body.to_pybytes())
+        root.put_bytes(path, body if isinstance(body, bytes) else body.to_pybytes())
     faults.after(Op.WRITE, path)
-    return body.size
 
 
 # A file this big is decoded on Arrow's thread pool; a fetch's small file is not worth the hand-off.
