@@ -34,13 +34,13 @@ def writer(tmp_path) -> DeltaAppender:
     return w
 
 
-def pause(monkeypatch, wall: bool = True, monotonic: bool = True) -> None:
+def pause(monkeypatch, wall: bool = True, boot: bool = True) -> None:
     """The writer's process sleeps ``PAUSE_S``: its clocks jump, nothing else of it runs."""
-    real_time, real_mono = time.time, time.monotonic
+    real_time, real_boot = time.time, delta.since_boot
     if wall:
         monkeypatch.setattr(appender_mod.time, "time", lambda: real_time() + PAUSE_S)
-    if monotonic:
-        monkeypatch.setattr(appender_mod.time, "monotonic", lambda: real_mono() + PAUSE_S)
+    if boot:
+        monkeypatch.setattr(delta, "since_boot", lambda: real_boot() + PAUSE_S)
 
 
 def age_file(w: DeltaAppender, name: str) -> str:
@@ -94,7 +94,7 @@ def test_a_file_older_than_half_an_hour_is_committed_under_a_new_name(writer, mo
 
 
 def test_a_pause_is_seen_when_the_wall_clock_was_set_back(writer, monkeypatch):
-    """The wall clock says no time passed (it was set back); the monotonic clock saw the pause."""
+    """The wall clock says no time passed (it was set back); the boot clock saw the pause."""
     files = writer.write_rewrite_files([(rows(10, 11), True)])
     (name,) = [a["path"] for a in files.adds]
     pause(monkeypatch, wall=False)
@@ -133,3 +133,43 @@ def test_an_append_paused_after_writing_its_file_commits_a_copy(writer, monkeypa
     assert not os.path.exists(os.path.join(writer.uri, written[0]))
     assert dl.DeltaTable(writer.uri).to_pyarrow_table().sort_by("seq").equals(
         pa.concat_tables([rows(0, 2), rows(20, 22)]))
+
+
+def test_a_rewrite_failing_half_way_through_its_copies_leaves_no_file_behind(writer, monkeypatch):
+    """Two stale files: the first is copied, the second was vacuumed. The commit fails, and neither
+    the copy nor any original is left on disk unreferenced."""
+    files = writer.write_rewrite_files([(rows(10, 12), True), (rows(12, 14), True)])
+    first, second = [a["path"] for a in files.adds]
+    os.remove(os.path.join(writer.uri, second))
+    before = set(os.listdir(writer.uri))
+    pause(monkeypatch)
+    with pytest.raises(StorageError, match=f"data file {second} .* is gone"):
+        writer.commit_rewrite(files, removes=[])
+    assert set(os.listdir(writer.uri)) == before - {first}
+    assert writer._written == {}
+    monkeypatch.undo()
+    assert dl.DeltaTable(writer.uri).to_pyarrow_table().sort_by("seq").equals(rows(0, 2))
+
+
+def test_a_compaction_through_delta_rs_paused_after_writing_its_file_writes_it_again(writer, monkeypatch):
+    """Stores without conditional put commit compactions through delta-rs (``replace_files``)."""
+    written: list[str] = []
+    real_put = delta.put_parquet
+
+    def put_then_pause(root, segments, name, data, codecs=None):
+        size = real_put(root, segments, name, data, codecs)
+        written.append(name)
+        if len(written) == 1:
+            pause(monkeypatch)
+        return size
+
+    monkeypatch.setattr(delta, "put_parquet", put_then_pause)
+    table = dl.DeltaTable(writer.uri)
+    removes = [(a["path"], a["size_bytes"]) for a in delta.add_actions(table).to_pylist()]
+    delta.replace_files(writer.root, table, writer.segments, removes, rows(0, 2), ["seq"])
+    monkeypatch.undo()
+    assert len(written) == 2
+    t = dl.DeltaTable(writer.uri)
+    assert t.file_uris() == [os.path.join(writer.uri, written[1])]
+    assert not os.path.exists(os.path.join(writer.uri, written[0]))
+    assert t.to_pyarrow_table().sort_by("seq").equals(rows(0, 2))

@@ -61,13 +61,6 @@ STALE_AFTER_S = 6 * 3600.0
 # columns only (strings would need Delta's truncation rules, and no pulsartx read prunes on them).
 DEFAULT_STATS_COLUMNS = 32
 EXPIRING_SOON_MS = 2 * 3_600_000  # app ids expiring sooner than this are tracked for forgetting
-# A data file this old when its commit is attempted is first copied to a new name. A vacuum that
-# lists the table's folder (ours, or any engine's full-mode VACUUM) deletes every file the log does
-# not reference once it is older than the retention, and ours never lists with less than an hour
-# (retention.ORPHAN_MIN_HOURS): a writer paused longer between writing a file and committing it
-# (a suspended host, a stopped process) would otherwise commit a file that may be gone. Half the
-# hour leaves room for clocks that disagree by minutes.
-STALE_DATA_FILE_S = 1800.0
 
 T = TypeVar("T")
 
@@ -312,7 +305,7 @@ class DeltaAppender:
         # on_commit, so an owner with derived state must rebuild it (KeyedLog reopens).
         self.on_reload: Callable[[], None] | None = None
         self._tail = delta.LogTail(root, segments)
-        # path -> time.monotonic() when this writer wrote the data file, until it is committed or
+        # path -> delta.since_boot() when this writer wrote the data file, until it is committed or
         # discarded: with the file's modificationTime (the wall clock), how long it has waited
         # (``_refresh_stale_files``), even across a wall clock set back.
         self._written: dict[str, float] = {}
@@ -470,14 +463,18 @@ class DeltaAppender:
         now = int(time.time() * 1000)
         commit_id = str(uuid.uuid4())  # also names the data file: both need a globally unique id
         add = None if data is None else self._write_data_file(data, now, codecs, commit_id)
-        actions: list[dict[str, Any]] = [
-            {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-                            "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE,
-                            "txnId": commit_id, **dict(metadata or {})}},
-            *({"txn": {"appId": k, "version": v, "lastUpdated": self._last_updated(k, now, lifetimes_ms)}}
-              for k, v in apps.items()),
-            *([{"add": add}] if add is not None else []),
-        ]
+        try:
+            actions: list[dict[str, Any]] = [
+                {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                                "isBlindAppend": True, "engineInfo": ENGINE, "clientVersion": ENGINE,
+                                "txnId": commit_id, **dict(metadata or {})}},
+                *({"txn": {"appId": k, "version": v, "lastUpdated": self._last_updated(k, now, lifetimes_ms)}}
+                  for k, v in apps.items()),
+                *([{"add": add}] if add is not None else []),
+            ]
+        except BaseException:
+            self._discard(add)
+            raise
         return self._commit(actions, commit_id, apps, set(), [add] if add is not None else [])
 
     def _app_id_retention(self) -> float | None | bool:
@@ -624,7 +621,9 @@ class DeltaAppender:
         vanished = 0
         body = b""
         while True:
-            if self._refresh_stale_files(adds) or not body:
+            # Not once a slot answered taken but unreadable: it may hold our own commit, naming the
+            # files as they are.
+            if (not vanished and self._refresh_stale_files(adds)) or not body:
                 body = ("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n").encode()
             version = self.version + 1
             name = delta.commit_file(version)
@@ -689,40 +688,49 @@ class DeltaAppender:
                          unique: str) -> dict[str, Any]:
         name = f"part-00000-{unique}-c000.zstd.parquet"
         size = self._io("write a data file to", lambda: delta.put_parquet(self.root, self.segments, name, data, codecs))
-        self._written[name] = time.monotonic()
+        stats = delta.file_stats(data, self._stats)
+        self._written[name] = delta.since_boot()
         return {"path": name, "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True,
-                "stats": delta.file_stats(data, self._stats)}
+                "stats": stats}
 
     def _refresh_stale_files(self, adds: list[dict[str, Any]]) -> bool:
-        """Copy every data file of ``adds`` written ``STALE_DATA_FILE_S`` or more ago to a new name
-        (a new object, so vacuum sees it as new), and point its add action there; True if any was.
-        A file already gone cannot be committed: StorageError, nothing committed (the caller's
-        data fails, as on any failed commit, and is not half-written)."""
-        now_s, mono = time.time(), time.monotonic()
+        """Copy every data file of ``adds`` written ``delta.STALE_DATA_FILE_S`` or more ago to a
+        new name (a new object, so vacuum sees it as new), and point its add action there, until
+        none is that old (a copy may take a pause too); True if any was copied. A file already gone
+        cannot be committed: StorageError, nothing committed (the caller's data fails, as on any
+        failed commit, and is not half-written). On any failure the files are deleted, as when a
+        commit gives up: no put of this commit can be pending here."""
         refreshed = False
-        for add in adds:
-            old = add["path"]
-            waited = max(now_s - add["modificationTime"] / 1000, mono - self._written.get(old, mono))
-            if waited < STALE_DATA_FILE_S:
-                continue
-            new = f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
-            log.warning("%s: data file %s was written %.0f s ago and is not committed yet; copying it to %s "
-                        "first, as a vacuum may delete an unreferenced file that old", self.uri, old, waited, new)
-            try:
-                self._io("copy a data file of", lambda old=old, new=new: delta.copy_file(
-                    self.root, self.segments, old, new))
-            except StorageError as e:
-                if not isinstance(e.__cause__, FileNotFoundError):
-                    raise
-                raise StorageError(
-                    f"{self.uri}: data file {old} was written {waited:.0f} s ago and is gone, most likely deleted "
-                    "by a vacuum while this writer was paused; nothing was committed, write the data again") from e
-            self._written.pop(old, None)
-            self._discard(add)
-            add["path"], add["modificationTime"] = new, int(now_s * 1000)
-            self._written[new] = mono
-            refreshed = True
-        return refreshed
+        try:
+            while True:
+                stale = [a for a in adds if delta.file_age_s(a["modificationTime"], self._written.get(a["path"]))
+                         >= delta.STALE_DATA_FILE_S]
+                if not stale:
+                    return refreshed
+                for add in stale:
+                    self._copy_stale_file(add)
+                refreshed = True
+        except BaseException:
+            self._discard_all(adds)
+            raise
+
+    def _copy_stale_file(self, add: dict[str, Any]) -> None:
+        old, new = add["path"], f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+        waited = delta.file_age_s(add["modificationTime"], self._written.get(old))
+        log.warning("%s: data file %s was written %.0f s ago and is not committed yet; copying it to %s first, as "
+                    "a vacuum may delete an unreferenced file that old", self.uri, old, waited, new)
+        written, boot = int(time.time() * 1000), delta.since_boot()
+        try:
+            self._io("copy a data file of", lambda: delta.copy_file(self.root, self.segments, old, new))
+        except StorageError as e:
+            if not isinstance(e.__cause__, FileNotFoundError):
+                raise
+            raise StorageError(
+                f"{self.uri}: data file {old} was written {waited:.0f} s ago and is gone, most likely deleted by "
+                "a vacuum while this writer was paused; nothing was committed, write the data again") from e
+        self._discard(add)
+        add["path"], add["modificationTime"] = new, written
+        self._written[new] = boot
 
     def _discard_all(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:

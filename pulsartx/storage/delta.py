@@ -17,11 +17,13 @@ finds its write already applied (producer dedup, keyed-log seq, marker idempoten
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -288,12 +290,48 @@ def put_parquet(root: StorageRoot, segments: tuple[str, ...], name: str, data: p
     return body.size
 
 
+# A data file this old when its commit is attempted is first written again under a new name. A
+# vacuum that lists the table's folder (ours, or any engine's full-mode VACUUM) deletes every file
+# the log does not reference once it is older than the retention, and ours never lists with less
+# than an hour (retention.ORPHAN_MIN_HOURS): a writer paused longer between writing a file and
+# committing it (a suspended host, a stopped process) would otherwise commit a file that may be
+# gone. Half the hour leaves room for clocks that disagree by minutes.
+STALE_DATA_FILE_S = 1800.0
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def since_boot() -> float:
+    """Seconds on a clock that never goes back and, unlike ``time.monotonic`` on Linux, also counts
+    the time a suspended host slept (CLOCK_BOOTTIME, where there is one)."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+def file_age_s(written_ms: int, written_boot: float | None) -> float:
+    """How long ago this process wrote a data file: by the wall clock (its modificationTime) or,
+    should that clock have been set back meanwhile, by :func:`since_boot`."""
+    age = time.time() - written_ms / 1000
+    return age if written_boot is None else max(age, since_boot() - written_boot)
+
+
 def copy_file(root: StorageRoot, segments: tuple[str, ...], source: str, name: str) -> int:
     """Copy the file ``source`` of a table to ``name`` (a new object, so a new modification time);
-    returns its size. FileNotFoundError when ``source`` is gone."""
-    body = root.cat(root.fs_path(*segments, source))
-    _put_file(root, root.fs_path(*segments, name), body)
-    return len(body)
+    returns its size. FileNotFoundError when ``source`` is gone. Locally a file-to-file copy, as a
+    merged file may be big; on an object store through memory."""
+    src, dst = root.fs_path(*segments, source), root.fs_path(*segments, name)
+    if not root.is_local:
+        body = root.cat(src)
+        _put_file(root, dst, body)
+        return len(body)
+    faults.before(Op.READ, src)
+    faults.before(Op.WRITE, dst)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        size = fout.tell()
+        if local_fsync():
+            fout.flush()
+            os.fsync(fout.fileno())
+    faults.after(Op.WRITE, dst)
+    return size
 
 
 def _put_file(root: StorageRoot, path: str, body: Any) -> None:
@@ -779,10 +817,23 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
     now = int(time.time() * 1000)
     actions: list[Any] = [dl.transaction.RemoveAction(p, data_change, now, size=s) for p, s in removes]
     uri = root.uri(*segments)
-    if data is not None and data.num_rows:
+    def write_file() -> Any:
         name = f"compacted-{uuid.uuid4().hex}.parquet"
         size = retrying("write a data file of", uri, lambda: put_parquet(root, segments, name, data), root=root)
-        actions.append(dl.transaction.AddAction(name, size, {}, now, data_change, file_stats(data, stats_columns)))
+        return dl.transaction.AddAction(name, size, {}, written, data_change, file_stats(data, stats_columns)), \
+            since_boot()
+
+    if data is not None and data.num_rows:
+        written = now
+        add, boot = write_file()
+        while file_age_s(written, boot) >= STALE_DATA_FILE_S:  # paused before its commit: see STALE_DATA_FILE_S
+            log.warning("%s: compacted file %s was written %.0f s ago and is not committed yet; writing it again, "
+                        "as a vacuum may delete an unreferenced file that old", uri, add.path, file_age_s(written, boot))
+            stale, written = add.path, int(time.time() * 1000)
+            add, boot = write_file()
+            with contextlib.suppress(Exception):  # unreferenced: vacuum would delete it anyway
+                root.rm(*segments, stale)
+        actions.append(add)
 
     def commit() -> None:
         try:
