@@ -3,6 +3,7 @@ racing the transaction's own decision: what READ_COMMITTED readers see afterward
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -105,3 +106,72 @@ def _catch(fn):
         return fn()
     except BaseException as e:
         return e
+
+
+def test_senders_racing_commit_see_exactly_their_successes(root):
+    """Several threads, some sharing a producer, send synchronously and asynchronously to one
+    transaction over 3 partitions (keyed, so batches fill side by side and early registrations
+    fire), and keep sending while another thread commits. Afterwards READ_COMMITTED shows exactly
+    the messages whose send reported success, each once; every other send was reported failed."""
+    client = pulsartx.Client(root)
+    client.admin.create_topic("race", 3)
+    shared = client.create_producer("race", batching_max_messages=150, batching_max_publish_delay_ms=5)
+    own = [client.create_producer("race", batching_max_messages=150, batching_max_publish_delay_ms=5)
+           for _ in range(2)]
+    expected: list[bytes] = []
+    for r in range(3):
+        expected += _race_round(client, r, [("s1", shared, 37), ("s2", shared, 53), ("o1", own[0], 41),
+                                            ("o2", own[1], 10_000)])
+    visible = read_all(client, "race", 3)
+    assert len(visible) == len(set(visible))
+    assert sorted(visible) == sorted(expected)
+    client.close()
+
+
+def _race_round(client, r: int, senders) -> list[bytes]:
+    """One transaction sent to by ``senders`` (name, producer, every how many a sync send) while
+    it commits; the messages whose send reported success."""
+    txn = client.new_transaction()
+    results: dict[bytes, object] = {}
+    attempted: list[bytes] = []
+    lock = threading.Lock()
+    committing = threading.Event()
+
+    def record(v: bytes, res: object) -> None:
+        with lock:
+            results[v] = res
+
+    def sender(name: str, prod, sync_every: int) -> None:
+        i = 0
+        while not (committing.is_set() and i > 2000):
+            v = b"%d-%s-%d" % (r, name.encode(), i)
+            with lock:
+                attempted.append(v)
+            try:
+                if i % sync_every == 0:
+                    prod.send(v, partition_key=v.decode(), txn=txn)
+                    record(v, pulsartx.Result.Ok)
+                else:
+                    prod.send_async(v, lambda res, _mid, v=v: record(v, res), partition_key=v.decode(), txn=txn)
+            except PulsarException as e:
+                record(v, e)
+                return
+            i += 1
+
+    threads = [threading.Thread(target=sender, args=s) for s in senders]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    committing.set()
+    txn.commit()
+    for t in threads:
+        t.join(60)
+    for prod in {id(s[1]): s[1] for s in senders}.values():
+        try:
+            prod.flush()
+        except PulsarException:
+            pass
+    client.flush()
+    with lock:
+        assert sorted(results) == sorted(attempted)  # every send was answered
+        return [v for v, res in results.items() if res == pulsartx.Result.Ok]
