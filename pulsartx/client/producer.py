@@ -390,12 +390,17 @@ class Producer(TableSending):
             txn_bits = None
             if txn is not None:
                 txn_bits = txn._before_append(plog.topic, registered)
-            with self._append_locks[part]:
-                number()
-                request = plog.submit_append(build(txn_bits), producer_name=self._name, compression=self._compression)
-            res = plog.wait_append(request)
-            if txn is not None:
-                txn._after_append(plog.topic, res)
+            try:
+                with self._append_locks[part]:
+                    number()
+                    request = plog.submit_append(build(txn_bits), producer_name=self._name,
+                                                 compression=self._compression)
+                res = plog.wait_append(request)
+                if txn is not None:
+                    txn._after_append(plog.topic, res)
+            finally:
+                if txn is not None:
+                    txn._append_ended()  # the decision may go ahead (``Transaction._end``)
             return res
         except Exception as e:
             # storage errors surface as PulsarException to callers

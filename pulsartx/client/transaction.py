@@ -142,8 +142,14 @@ class Transaction:
         # Whether the TC log holds the transaction (its NEW goes with the first registration):
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
+        # Appends of this transaction's data between their last check (``_before_append``) and
+        # their end: the decision waits for them (``_end``), as Pulsar's commit waits for the
+        # transaction's sends in flight. Decided first, such an append could land behind the
+        # commit marker, a straggler never visible though its send reported success.
+        self._appending = 0
         self._lock = threading.Lock()
         self._registrations_changed = threading.Condition(self._lock)
+        self._appends_ended = threading.Condition(self._lock)
         self._end_lock = threading.RLock()  # one commit/abort at a time (a retry, commit_async)
 
     def __repr__(self) -> str:
@@ -398,7 +404,19 @@ class Transaction:
         self._check_usable()
         if not registered or str(partition) not in self._partitions:
             self._register_partitions({str(partition)})
+        with self._lock:
+            # Checked again where ``_end`` changes the state: a decision begun since the check
+            # above refuses the append, one begun after this waits for it (``_append_ended``).
+            self._check_usable()
+            self._appending += 1
         return self.id.as_tuple()
+
+    def _append_ended(self) -> None:
+        """An append ``_before_append`` let through has ended (landed or failed)."""
+        with self._lock:
+            self._appending -= 1
+            if not self._appending:
+                self._appends_ended.notify_all()
 
     def _after_append(self, partition: TopicName, result: AppendResult) -> None:
         with self._lock:
@@ -521,8 +539,13 @@ class Transaction:
         run_beside([partial(p.flush_transaction, self, registered=bool(parts)) for p in producers])
 
     def _end(self, action: TxnAction) -> None:
+        with self._lock:
+            # No append of this transaction begins from here on, and those under way end before
+            # the decision: each either belongs to it or failed, never lands behind its marker.
+            self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
+            while self._appending:
+                self._appends_ended.wait()
         self._settle_registrations()
-        self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
         if action is TxnAction.COMMIT:
             self._commit_tried = True
         try:
