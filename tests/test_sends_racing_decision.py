@@ -1,5 +1,5 @@
-"""Adversarial review of a producing transaction's partition registration and of its appends
-racing the transaction's own decision: what READ_COMMITTED readers see afterwards."""
+"""Sends racing their own transaction's commit() from other threads: each belongs to the
+transaction or fails, and READ_COMMITTED readers see exactly the sends that reported success."""
 from __future__ import annotations
 
 import threading
