@@ -680,3 +680,32 @@ def test_admin_abort_after_an_early_registration_fails_the_flush(root, data_afte
     client.flush()
     assert read_all(client, "s", 1) == []
     client.close()
+
+
+def test_an_abort_keeps_an_earlier_background_failure_for_flush(root):
+    """A batch that failed in the background is reported by the next ``flush()``, even if a
+    transaction's abort dropped its own queued messages in between (their failure is the abort's,
+    and is not flush()'s to report)."""
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Op
+
+    client = pulsartx.Client(root)
+    client.admin.create_topic("e", partitions=1)
+    prod = client.create_producer("e", batching_max_messages=2, batching_max_publish_delay_ms=60_000)
+    prod.send(b"warm")
+    results: list[object] = []
+    faults.install([Fault(Op.WRITE, match="partition-0/part-")])
+    try:
+        prod.send_async(b"a", lambda r, m: results.append(r))
+        prod.send_async(b"b", lambda r, m: results.append(r))  # the full batch is appended, and fails
+    finally:
+        faults.clear()
+    assert len(results) == 2 and all(r is not pulsartx.Result.Ok for r in results)
+    txn = client.new_transaction()
+    prod.send_async(b"t", None, txn=txn)  # queued: the batch is not full, and never cut by time
+    txn.abort()
+    with pytest.raises(pulsartx.PulsarException, match="injected I/O error"):
+        prod.flush()
+    prod.flush()  # reported once
+    assert read_all(client, "e", 1) == [b"warm"]
+    client.close()

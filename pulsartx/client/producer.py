@@ -314,8 +314,7 @@ class Producer(TableSending):
                     with self._lock:
                         batch = [p for k in keys if k[1] is txn for p in self._queues.pop(k, [])]
                     if batch:
-                        self._fail(batch, e, txn)
-                        self._errors.clear()
+                        self._fail(batch, e, txn, report=False)
                     raise
         if len(keys) == 1:
             self._flush_queue(keys[0], registered)
@@ -412,13 +411,14 @@ class Producer(TableSending):
                 raise
             raise err from e
 
-    def _fail(self, batch: list[_Pending], exc: BaseException, txn: Any = None) -> None:
+    def _fail(self, batch: list[_Pending], exc: BaseException, txn: Any = None, report: bool = True) -> None:
         """Fail ``batch``; a batch of ``txn`` also bars the transaction from committing: the rest of
-        it would otherwise commit without these messages."""
+        it would otherwise commit without these messages. ``report`` False: the caller reports
+        ``exc`` itself, so ``flush()`` must not raise it again (other batches' errors it keeps)."""
         log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)
         if txn is not None:
             txn._operation_failed(exc)
-        if not all(p.sync for p in batch):
+        if report and not all(p.sync for p in batch):
             self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
         for p in batch:
             p.finish(exc)
@@ -449,8 +449,8 @@ class Producer(TableSending):
             for k in keys:
                 self._first_enqueued.pop(k, None)
         if dropped:
-            self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"))
-            self._errors.clear()
+            self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"),
+                       report=False)
         # A batch the flush loop already took is being appended right now: let it finish before the
         # abort is logged (as Pulsar's abort waits for the transaction's in-flight sends), so it
         # neither fails half-way against an ABORTING transaction nor lands after the decision.
