@@ -114,6 +114,22 @@ def test_receive_table_of_few_messages_passes_a_large_aborted_transaction_withou
     assert st["markDeletePosition"] >= t.column("__offset")[0].as_py()  # the aborted rows were passed, acked
 
 
+def test_receive_with_a_small_queue_passes_a_large_aborted_transaction_without_waiting(client):
+    """The per-message path had the same wait per fetch window: receiver_queue_size=1 over 100
+    aborted rows took 10 s."""
+    client.admin.create_topic(IN)
+    p = client.create_producer(IN, batching_max_messages=100)
+    txn = client.new_transaction()
+    p.send_table(pa.table({"value": [b"x"] * 200}), txn=txn)
+    txn.abort()
+    p.send(b"after")
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, receiver_queue_size=1)
+    t0 = time.monotonic()
+    assert c.receive(timeout_millis=20_000).data() == b"after" and time.monotonic() - t0 < 5
+    with pytest.raises(Timeout):
+        c.receive(timeout_millis=200)
+
+
 def test_acknowledge_table_of_an_empty_or_filtered_out_table_acks_nothing(client):
     seed(client, IN, 3)
     c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0)
@@ -214,6 +230,52 @@ def test_aborted_table_ack_comes_back_exactly_once_beside_held_rows(client):
     assert c.receive_table(timeout_millis=300).num_rows == 0  # m10..m19 still held, not given twice
     c.redeliver_unacknowledged_messages()
     assert values(receive_rows(c, 20)) == [f"m{i}" for i in range(20)]
+    assert c.receive_table(timeout_millis=300).num_rows == 0
+
+
+def test_table_acks_aborted_past_the_dead_letter_limit_go_to_the_dead_letter_topic_once(client):
+    from pulsartx import ConsumerDeadLetterPolicy
+
+    seed(client, IN, 5)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest,
+                         dead_letter_policy=ConsumerDeadLetterPolicy(max_redeliver_count=1))
+    for _ in range(2):  # delivered with count 0, then 1: each time acked in a transaction that aborts
+        t = receive_rows(c, 5)
+        assert values(t) == [f"m{i}" for i in range(5)]
+        txn = client.new_transaction()
+        c.acknowledge_table(t.slice(0, 3), txn=txn)  # cumulative pending ack at m2
+        c.acknowledge_table(t.slice(3, 2), txn=txn)  # individual pending acks
+        txn.abort()
+        c.redeliver_unacknowledged_messages()
+    assert c.receive_table(timeout_millis=500).num_rows == 0  # count 2: moved instead
+    assert sorted(read_all(client, f"{IN}-s-DLQ")) == [f"m{i}" for i in range(5)]
+    [st] = stats(client, IN, "s")
+    assert st["markDeletePosition"] == 4 and st["pendingAckCount"] == 0
+
+
+def test_txn_acknowledge_table_on_key_shared_is_individual_and_spares_the_other_consumer(client):
+    seed(client, IN, 30, keyed=True)
+    a = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest,
+                         lease_ms=600)
+    b = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest,
+                         lease_ms=600)
+    time.sleep(0.6)  # a's hash ranges are refreshed with b's join
+    ta, tb = a.receive_table(timeout_millis=500), b.receive_table(timeout_millis=500)
+    deadline = time.monotonic() + 20
+    while ta.num_rows + tb.num_rows < 30:
+        assert time.monotonic() < deadline
+        ta = pa.concat_tables([ta, a.receive_table(timeout_millis=100)])
+        tb = pa.concat_tables([tb, b.receive_table(timeout_millis=100)])
+    assert ta.num_rows and tb.num_rows
+    txn = client.new_transaction()
+    b.acknowledge_table(tb, txn=txn)
+    txn.commit()
+    [st] = stats(client, IN, "ks")
+    assert st["pendingCumulativeAck"] is None
+    a.close()
+    b.close()
+    c = client.subscribe(IN, "ks", consumer_type=ConsumerType.KeyShared)
+    assert sorted(values(receive_rows(c, ta.num_rows))) == sorted(values(ta))
     assert c.receive_table(timeout_millis=300).num_rows == 0
 
 
