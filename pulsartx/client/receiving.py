@@ -60,7 +60,7 @@ class Receiving(ConsumerCore):
                     return msg
         deadline = float("inf") if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
-            msg = self._next()
+            msg = self._next(deadline)
             if msg is not None:
                 return msg
             if time.monotonic() >= deadline:
@@ -77,7 +77,7 @@ class Receiving(ConsumerCore):
         deadline = time.monotonic() + timeout_millis / 1000.0
         while len(out) < limit:
             try:
-                msg = self._next()
+                msg = self._next(deadline)
             except PulsarException as e:
                 if not out:
                     raise
@@ -120,7 +120,7 @@ class Receiving(ConsumerCore):
         while True:
             yield self.receive()
 
-    def _next(self) -> Message | None:
+    def _next(self, deadline: float = float("inf")) -> Message | None:
         if not self._ensure_active():
             return None
         with self._lock:
@@ -134,12 +134,21 @@ class Receiving(ConsumerCore):
                     return msg
         # Each partition on its own: one whose fetch fails (a storage fault that lasts) must not
         # starve the others, so its error surfaces only when no partition has anything.
-        failed: PulsarException | None = None
-        for part in self._parts:
-            try:
-                self._fill(part)
-            except PulsarException as e:
-                failed = failed or e
+        while True:
+            failed: PulsarException | None = None
+            passed = False
+            for part in self._parts:
+                try:
+                    passed = self._fill(part) or passed
+                except PulsarException as e:
+                    failed = failed or e
+            with self._lock:
+                ready = [p for p in self._parts if p.queue]
+            if ready or failed is not None or not passed or time.monotonic() >= deadline:
+                break
+            # Only offsets passed (aborted data, markers), held locally as acks: the next fetch
+            # starts after them. Waiting for a commit first would cost a wait per fetch window (one
+            # per message with receiver_queue_size=1).
         with self._lock:
             ready = [p for p in self._parts if p.queue]
             if not ready:
@@ -164,13 +173,16 @@ class Receiving(ConsumerCore):
                 part.cursor = None
         return self._active
 
-    def _fill(self, part: PartitionState) -> None:
+    def _fill(self, part: PartitionState) -> bool:
+        """Queue what a fetch takes; whether it passed offsets (a fetch after it goes further)."""
         with part.fetching:
             if part.queue:
-                return
+                return False
             got = self._fetch(part)
-            if got is not None:
-                self._enqueue(part, got.cursor, got.messages(), got.skipped)
+            if got is None:
+                return False
+            self._enqueue(part, got.cursor, got.messages(), got.skipped)
+            return bool(got.skipped)
 
     def _fetch(self, part: PartitionState, max_messages: int | None = None) -> Fetched | None:
         """What this consumer may deliver next on ``part`` (claimed, for Shared and Key_Shared),

@@ -78,12 +78,31 @@ def check_send_table(table: pa.Table) -> dict[str, pa.ChunkedArray]:
         if not ok(col.type):
             raise InvalidConfiguration(f"send_table: column {name!r} has type {col.type}: it must be {shown}; cast "
                                        "it first")
+        _check_nulls(name, col)
         try:
             out[name] = col.cast(stored, safe=False) if col.type != stored else col
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise InvalidConfiguration(f"send_table: column {name!r} ({col.type}) cannot be stored as {stored}: "
                                        f"{e}") from None
     return out
+
+
+def _check_nulls(name: str, col: pa.ChunkedArray) -> None:
+    """Refuse what ``send`` refuses: a null payload (``send(None)``) or a null property value
+    (``properties={"k": None}``); a null key, event time or properties map is a message without one."""
+    if name == "value" and col.null_count:
+        raise InvalidConfiguration(f"send_table: column 'value' has {col.null_count} null(s): every message has a "
+                                   "payload, as send() requires bytes; fill them first, e.g. "
+                                   "table.set_column(0, 'value', pyarrow.compute.fill_null(table['value'], b''))")
+    if name == "__messageProperties" and pa.types.is_map(col.type):
+        nulls = 0
+        for chunk in col.chunks:  # the items in the chunk's (possibly sliced) range
+            lo, hi = chunk.offsets[0].as_py(), chunk.offsets[-1].as_py()
+            nulls += chunk.items.slice(lo, hi - lo).null_count
+        if nulls:
+            raise InvalidConfiguration(f"send_table: column '__messageProperties' has {nulls} null propert"
+                                       f"{'y value' if nulls == 1 else 'y values'}: properties map str to str, as "
+                                       "in send(); drop or fill them first")
 
 
 class MessageIds(Sequence[MessageId]):
@@ -214,9 +233,17 @@ class TableSending:
             hi = min(free, lo + size)
             out.append((self._partitions[idx].partition, slice(lo, hi) if unkeyed is None else unkeyed[lo:hi]))
         if unkeyed is not None:
+            # Keyed and unkeyed rows meet on a partition: appended in row order there, as send()
+            # row by row would append them (a keyed row first, then an unkeyed one after it).
+            merged: dict[int, list[np.ndarray]] = {}
+            for part, rows in out:
+                merged.setdefault(part, []).append(rows)  # type: ignore[arg-type]
             for idx in np.unique(target[target >= 0]).tolist():
-                rows = np.flatnonzero(target == idx)
-                out += [(self._partitions[idx].partition, rows[lo:lo + size]) for lo in range(0, len(rows), size)]
+                merged.setdefault(self._partitions[idx].partition, []).append(np.flatnonzero(target == idx))
+            out = []
+            for part, runs in merged.items():
+                rows = np.sort(np.concatenate(runs))
+                out += [(part, rows[lo:lo + size]) for lo in range(0, len(rows), size)]
         return out
 
     def _append_rows(self, part: int, txn: Any, registered: bool, cols: dict[str, pa.ChunkedArray],

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionState
 from pulsartx.client.message import Message, Records
@@ -78,7 +79,7 @@ class TableConsumer(ConsumerCore):
                 count += len(taken)
                 continue
             try:
-                got = self._fetch_rows(max_messages - count)
+                got, passed = self._fetch_rows(max_messages - count)
             except PulsarException as e:
                 if not count:
                     raise
@@ -89,6 +90,11 @@ class TableConsumer(ConsumerCore):
             if got:
                 fetched += got
                 count += sum(len(rows) for _, rows in got)
+                continue
+            if passed and time.monotonic() < deadline:
+                # Offsets passed (aborted data, markers) are held locally as acks: the next fetch
+                # starts after them. Waiting for a commit first would cost a wait per window, and
+                # the window is what the call takes (one offset per wait at max_messages=1).
                 continue
             with self._lock:
                 if any(p.queue for p in self._parts):  # a fetch queued messages (Key_Shared, dead letters)
@@ -172,15 +178,17 @@ class TableConsumer(ConsumerCore):
                     break
         return out
 
-    def _fetch_rows(self, limit: int) -> list[tuple[Records, list[int]]]:
+    def _fetch_rows(self, limit: int) -> tuple[list[tuple[Records, list[int]]], bool]:
         """Fetch for the partitions (their queues are empty), in turns, and take up to ``limit``
         rows, held from now, without a Message each. A fetch is sized by what the call still takes
         (up to TABLE_FETCH_MAX), not by the receiver queue: its rows go to the caller, not to the
         queue, and a partition is fetched only while the call takes more. A fetch whose messages need looking at one by one (Key_Shared's; redelivered ones,
-        when dead letters may take them) is queued as messages, as ``receive`` would."""
+        when dead letters may take them) is queued as messages, as ``receive`` would. Also says
+        whether a fetch passed offsets (markers, invisible data): a fetch after it goes further."""
         if not self._ensure_active():
-            return []
+            return [], False
         out: list[tuple[Records, list[int]]] = []
+        passed = False
         room = limit
         n = len(self._parts)
         start = self._rr
@@ -200,6 +208,7 @@ class TableConsumer(ConsumerCore):
                     continue
                 if got is None:
                     continue
+                passed = passed or bool(got.skipped)
                 if got.records is None or (self._dead_letters is not None and got.cursor.redelivery):
                     self._enqueue(part, got.cursor, got.messages(), got.skipped)
                     continue
@@ -221,7 +230,7 @@ class TableConsumer(ConsumerCore):
             if not out and not queued:
                 raise failed
             log.info("receive_table on %s goes on with the other partitions; a fetch failed: %s", self._topic, failed)
-        return out
+        return out, passed
 
     def _rows_of(self, queued: list[Message], fetched: list[tuple[Records, list[int]]]) -> pa.Table:
         """The messages as rows, sliced (or taken) from their fetches' columns, grouped by partition
@@ -268,12 +277,33 @@ class TableConsumer(ConsumerCore):
                 "through the transform (e.g. select them along with the new columns)")
         if not len(offsets):
             return {}
+        self._check_topic(table)
+        indexes = {p.index: p for p in self._parts}
         out: dict[PartitionState, list[int]] = {}
         for p in np.unique(parts).tolist():
-            part = self._part(int(p))
+            # Exactly the partition named: a row is this topic's message only at its own index
+            # (acknowledge()'s one-partition fallback would take another partition's rows here).
+            part = indexes.get(int(p))
+            if part is None:
+                raise InvalidConfiguration(f"acknowledge_table: partition {p} is not part of {self._topic}: the "
+                                           "table holds rows another consumer received")
             offs = offsets[parts == p]
             out[part] = np.unique(offs if part not in out else np.concatenate([out[part], offs])).tolist()
         return out
+
+    def _check_topic(self, table: pa.Table) -> None:
+        """Refuse rows of another topic, when the table says (``__topic``): their positions name
+        other messages here, which would be acknowledged without ever being delivered."""
+        if "__topic" not in table.column_names:
+            return
+        base = str(self._parts[0].topic.base)
+        col = table.column("__topic")
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            return
+        others = [t for t in pc.unique(col).to_pylist() if t is not None and t != base]
+        if others:
+            raise InvalidConfiguration(f"acknowledge_table: the table holds rows of {others[0]}, not of {base}: "
+                                       "acknowledge them on a consumer of that topic")
 
     @staticmethod
     def _plain_covers(part: PartitionState, offs: list[int]) -> bool:
