@@ -23,6 +23,7 @@ from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionStat
 from pulsartx.client.message import Message, Records
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.log.rows import ROW_SCHEMA, parse_message_ids, rows_from_records
+from pulsartx.naming import TopicName
 from pulsartx.subscription.cursor import CursorState
 
 log = logging.getLogger("pulsartx.client.consumer")
@@ -296,11 +297,11 @@ class TableConsumer(ConsumerCore):
         other messages here, which would be acknowledged without ever being delivered."""
         if "__topic" not in table.column_names:
             return
-        base = str(self._parts[0].topic.base)
+        base = self._parts[0].topic.base
         col = table.column("__topic")
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             return
-        others = [t for t in pc.unique(col).to_pylist() if t is not None and t != base]
+        others = [t for t in pc.unique(col).to_pylist() if t is not None and not _names(t, base)]
         if others:
             raise InvalidConfiguration(f"acknowledge_table: the table holds rows of {others[0]}, not of {base}: "
                                        "acknowledge them on a consumer of that topic")
@@ -326,3 +327,11 @@ class TableConsumer(ConsumerCore):
             return any(o < offs[-1] for part, offs in by_part.items()
                        for o in itertools.chain(part.acks, part.inflight)) or \
                 any(c is not None for part in by_part for c in (part.cumulative, part.inflight_cumulative))
+
+
+def _names(name: str, base: TopicName) -> bool:
+    """Whether ``name`` (short or full, with or without a partition suffix) is the topic ``base``."""
+    try:
+        return TopicName.parse(name).base == base
+    except PulsarException:
+        return False

@@ -15,6 +15,7 @@ from pulsartx.client.routing import partition_for_key
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration
 from pulsartx.log.partition import PartitionLog
 from pulsartx.log.rows import ROW_SCHEMA
+from pulsartx.naming import TopicName
 
 pytestmark = pytest.mark.timeout(180)
 OTHER = "persistent://public/default/other"
@@ -352,3 +353,17 @@ def test_a_large_send_table_in_an_aborted_transaction_leaves_nothing_visible(cli
     assert c.receive_table(timeout_millis=500).num_rows == 0
     time.sleep(0)
     assert read_all(client, OUT) == ["after"]
+
+
+def test_acknowledge_table_takes_the_topic_by_any_of_its_names(client):
+    """``__topic`` as the short name, or with the partition suffix, is the same topic: accepted."""
+    seed(client, IN, 4)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0)
+    rows = receive_rows(c, 4)
+    short = TopicName.parse(IN).local_name
+    names = pa.array([short, f"{short}-partition-0", str(TopicName.parse(IN)), short], pa.string())
+    c.acknowledge_table(rows.set_column(rows.schema.get_field_index("__topic"), "__topic", names))
+    c.close()
+    again = client.subscribe(IN, "s")
+    with pytest.raises(Timeout):
+        again.receive(timeout_millis=300)
