@@ -1,6 +1,6 @@
-"""An adversarial review of the Arrow-table client paths: each test is a scenario where
-``receive_table`` / ``acknowledge_table`` / ``send_table`` must mean what the message-by-message
-calls mean (docs/design/arrow-tables-in-the-client.md), on real storage."""
+"""The Arrow-table client paths mean what the message-by-message calls mean
+(docs/design/arrow-tables-in-the-client.md): ``receive_table``, ``acknowledge_table`` and
+``send_table`` scenarios on real storage, each with the per-message behaviour it must match."""
 from __future__ import annotations
 
 import time
