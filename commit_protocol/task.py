@@ -107,6 +107,11 @@ class TaskAppender:
                                                "a __topic or set option topic")
                 topics = pc.fill_null(topics, str(self.default_topic))
             groups = [(TopicName.parse(t), table.filter(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
+            for topic, _ in groups:
+                if topic.partition is not None:  # refused as the topic option refuses it, not re-routed
+                    raise InvalidConfiguration(
+                        f"__topic={str(topic)!r} names a single partition: give the topic, and use a __partition "
+                        "column to choose partitions")
         else:
             assert self.default_topic is not None
             groups = [(self.default_topic, table)]

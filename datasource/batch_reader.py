@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 from pulsartx.datasource.errors import spark_facing
 from pulsartx.datasource.offsets import EARLIEST, LATEST, OffsetSpec
-from pulsartx.datasource.options import ENDING_OFFSETS, STARTING_OFFSETS, PulsarTxOptions
+from pulsartx.datasource.options import PulsarTxOptions
 from pulsartx.datasource.pushdown import Pushed, push
 from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
 from pulsartx.datasource.topics import partitions_to_read
@@ -102,8 +102,8 @@ def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, ea
     s, e = starting.position(topic, offset_at_time), ending.position(topic, offset_at_time)
     if s >= 0 and e >= 0 and s > e:
         raise InvalidConfiguration(
-            f"options {STARTING_OFFSETS}/{ENDING_OFFSETS}: partition {topic} starts at {s}, after its end {e}; "
-            "the start must not be after the end")
+            f"options {starting.source(topic)}/{ending.source(topic)}: partition {topic} starts at {s}, after its "
+            f"end {e}; the start must not be after the end")
     start = earliest if s == EARLIEST else latest if s == LATEST else s
     end = latest if e == LATEST else earliest if e == EARLIEST else e
     start = min(max(start, earliest), latest)
@@ -141,10 +141,12 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     """Driver side: one or more offset-range input partitions per topic partition."""
     assert opts.selection is not None
     partitions = partitions_to_read(root, opts.selection)
-    if pushed is not None:
-        partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
+    # The offsets options are checked against what the options select, not against what a pushed
+    # filter leaves: a JSON naming a partition that a WHERE clause then excludes is still valid.
     opts.starting_offsets.check_against(partitions)
     opts.ending_offsets.check_against(partitions)
+    if pushed is not None:
+        partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     planned: list[OffsetRangePartition] = []
     plogs = {str(p): PartitionLog(root, p) for p in partitions}
     indexes = {name: plog.refresh() for name, plog in plogs.items()}

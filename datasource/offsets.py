@@ -44,6 +44,7 @@ class OffsetSpec:
     timestamp: int | None = None
     timestamps: dict[str, dict[int, int]] = field(default_factory=dict)
     timestamps_option: str | None = None  # the option ``timestamps`` came from, for messages
+    timestamp_option: str | None = None  # the option ``timestamp`` came from, for messages
 
     def for_partition(self, topic: TopicName) -> int:
         assert topic.partition is not None
@@ -61,6 +62,15 @@ class OffsetSpec:
         (:meth:`pulsartx.log.partition.PartitionLog.offset_at_time`)."""
         t = self.time_for(topic)
         return self.for_partition(topic) if t is None else offset_at_time(t)
+
+    def source(self, topic: TopicName) -> str:
+        """The option that decides this partition's position, as :meth:`position` picks it: an
+        error must name the option the user set, not the one a time overrode."""
+        if self.timestamp is not None:
+            return self.timestamp_option or self.option
+        if self.time_for(topic) is not None:
+            return self.timestamps_option or self.option
+        return self.option
 
     def is_explicit(self, topic: TopicName) -> bool:
         """True when the user gave a real offset (not earliest/latest) for this partition."""
@@ -184,4 +194,4 @@ def with_timestamps(spec: OffsetSpec, all_option: str, all_raw: str | None, per_
             raise bad("not a JSON object")
         timestamps = _per_partition(text, bad, time, "time")
     return OffsetSpec(spec.option, spec.default, spec.per_partition, parse_timestamp(all_option, all_raw),
-                      timestamps, per_option)
+                      timestamps, per_option, all_option)

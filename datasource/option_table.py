@@ -147,7 +147,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "The parquet codec of the written `value` column.", default="NONE"),
     OptionSpec("saveMode", _WRITES, "`append`, `errorifexists` or `ignore`",
                "With `mode(\"append\")`: `errorifexists` fails if the topic exists, `ignore` writes nothing if "
-               "it exists (Spark refuses those modes themselves for Python data sources).", default="append"),
+               "it exists (Spark refuses those modes themselves for Python data sources). Both need the `topic` "
+               "option and no `__topic` column.", default="append"),
 )
 
 # Keys Spark adds on its own that no pulsartx code reads: accepted, so Spark's API keeps working.

@@ -93,6 +93,13 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
     if opts.topic is None and "__topic" not in columns:
         raise InvalidConfiguration("no topic to write to: set option topic, or add a __topic column naming each "
                                    "row's topic")
+    if opts.save_mode != "append" and "__topic" in columns:
+        # Rows routed by __topic go to topics only the tasks see: the driver cannot check whether
+        # they exist, and ignoring the mode appended to existing topics anyway.
+        raise InvalidConfiguration(
+            f"option saveMode={opts.save_mode} needs the topic option and no __topic column: the topics a "
+            "__topic column names are known only as rows are written, so they cannot be checked first; drop "
+            "the column, or use saveMode append (the default)")
     admin = TopicsAdmin(opts.root)
     counts: dict[str, int] = {}
     skip = False

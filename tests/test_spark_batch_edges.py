@@ -1,0 +1,130 @@
+"""Edge cases of Spark batch reads and writes and their options, each found by an adversarial
+review: pushed-down filters meeting offset options, ``__topic`` values that name a partition,
+save modes with rows routed by ``__topic``, and errors naming the options the user gave.
+
+Every check is exact: the rows read back, what is stored, and that no transaction is left open.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+from spark_jobs.checks import data_count, raw, read, txns, write
+
+from pulsartx.client.routing import partition_for_key
+from pulsartx.exceptions import InvalidConfiguration
+
+pytestmark = pytest.mark.spark
+
+
+def keys_for(n: int) -> list[str]:
+    """One key routed to each of ``n`` partitions."""
+    out: dict[int, str] = {}
+    i = 0
+    while len(out) < n:
+        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
+        i += 1
+    return [out[p] for p in range(n)]
+
+
+def error_of(action: Any) -> str:
+    with pytest.raises(Exception) as info:
+        action()
+    return str(info.value)
+
+
+def open_txns(client: Any) -> list[dict[str, Any]]:
+    return client.admin.transactions.get_slow_transactions(0)
+
+
+def test_pushed_partition_filter_with_offsets_for_a_filtered_out_partition(spark: Any, client: Any,
+                                                                           root: str) -> None:
+    """With filter pushdown on, ``__partition = 0`` removed partition 1 from the read before the
+    offsets JSON was checked, so a JSON naming partition 1 (valid for the topic) failed the read
+    with "topic has no partition 1 in this read"."""
+    client.admin.create_topic("pd", 2)
+    k = keys_for(2)
+    p = client.create_producer("pd")
+    for i in range(3):
+        for part in (0, 1):
+            p.send(f"p{part}-{i}".encode(), partition_key=k[part])
+    p.close()
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read(spark, root, topic="pd", startingOffsets='{"pd":{"0":1,"1":2}}').where("__partition = 0")
+        got = sorted((r[0], r[1], bytes(r[2])) for r in df.select("__partition", "__offset", "value").collect())
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+    assert got == [(0, 1, b"p0-1"), (0, 2, b"p0-2")]
+
+
+def test_topic_column_naming_a_partition_is_refused_and_writes_nothing(spark: Any, client: Any, root: str) -> None:
+    """A ``__topic`` of ``wp-partition-1`` was taken as topic ``wp``: its rows were routed by key
+    over every partition (``-partition-1`` silently dropped), while the ``topic`` option refuses a
+    partition name. It is refused the same way, before anything is appended."""
+    client.admin.create_topic("wp", 2)
+    k = keys_for(2)
+    df = spark.createDataFrame([(f"v{i}", k[i % 2], "wp-partition-1") for i in range(6)],
+                               "value string, __key string, __topic string").coalesce(1)
+    msg = error_of(lambda: write(df, root))
+    assert "__topic='persistent://public/default/wp-partition-1' names a single partition" in msg, msg
+    assert data_count(root, "wp") == 0
+    assert open_txns(client) == []
+
+
+def test_save_mode_other_than_append_needs_the_topic_option(spark: Any, client: Any, root: str) -> None:
+    """``saveMode=errorifexists`` with rows routed by ``__topic`` (no ``topic`` option) appended to
+    an existing topic: the option was silently ignored. It is refused, naming the option, before
+    any transaction begins."""
+    client.admin.create_topic("se", 1)
+    df = spark.createDataFrame([("v0", "se")], "value string, __topic string")
+    for mode in ("errorifexists", "ignore"):
+        msg = error_of(lambda mode=mode: write(df, root, saveMode=mode))
+        assert f"option saveMode={mode} needs the topic option" in msg, msg
+    assert data_count(root, "se") == 0
+    assert txns(root) == {}
+
+
+def test_start_time_after_end_time_names_the_time_options(client: Any, root: str) -> None:
+    """``startingTimestamp`` later than ``endingTimestamp`` was refused as
+    "options startingOffsets/endingOffsets: ... starts at ..., after its end", naming two options
+    the user never set. (Planning only: the same code runs in Spark's planner.)"""
+    from pulsartx.datasource.batch_reader import plan_partitions
+    from pulsartx.datasource.options import parse_options
+
+    client.admin.create_topic("tt", 1)
+    p = client.create_producer("tt")
+    p.send(b"a")
+    p.close()
+    first = raw(root, "tt", ("publish_time",)).column("publish_time")[0].as_py()
+    t = int(first.timestamp() * 1000)
+    opts = parse_options({"service.url": root, "topic": "tt", "startingTimestamp": str(t + 1),
+                          "endingTimestamp": str(t)})
+    with pytest.raises(InvalidConfiguration) as info:
+        plan_partitions(opts.root, opts)
+    msg = str(info.value)
+    assert "startingTimestamp" in msg and "endingTimestamp" in msg and "startingOffsets" not in msg, msg
+
+
+def test_half_failed_job_routed_to_two_topics_leaves_nothing_visible(spark: Any, client: Any, root: str) -> None:
+    """A UDF raising in one task of a job that routes rows by ``__topic`` to a topic it creates
+    on the fly: the job's transaction is aborted, nothing is visible in either topic, and no OPEN
+    transaction holds readers back."""
+    client.admin.create_topic("fa", 2)
+
+    def boom(v: str) -> str:
+        if v == "x-399":
+            raise ValueError("injected failure")
+        return v
+
+    df = spark.range(400, numPartitions=2).select(
+        F.udf(boom, "string", useArrow=False)(F.concat(F.lit("x-"), F.col("id").cast("string"))).alias("value"),
+        F.when(F.col("id") % 2 == 0, F.lit("fa")).otherwise(F.lit("fb")).alias("__topic"))
+    msg = error_of(lambda: write(df, root, createTopic="true", partitions="2"))
+    assert "injected failure" in msg
+    assert open_txns(client) == []
+    assert [m.status.value for m in txns(root).values()] == ["ABORTED"]
+    for topic in ("fa", "fb"):
+        if topic in " ".join(client.admin.list_topics()):
+            assert read(spark, root, topic=topic).count() == 0
