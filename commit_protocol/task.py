@@ -21,7 +21,7 @@ from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 
 from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.client.routing import partitions_for_keys
-from pulsartx.exceptions import InvalidConfiguration, InvalidTxnStatusError, TopicNotFound
+from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName, InvalidTxnStatusError, TopicNotFound
 from pulsartx.log.partition import PartitionLog, records_from_arrow, shared_log
 from pulsartx.naming import TopicName
 
@@ -54,6 +54,19 @@ def split_by_partition(rows: pa.Table, idx: np.ndarray) -> Iterator[tuple[int, p
     taken = rows.take(pa.array(order))
     for a, b in itertools.pairwise(cuts):
         yield int(ordered[a]), taken.slice(a, b - a)
+
+
+def _row_topic(name: str) -> TopicName:
+    """A ``__topic`` value as a topic, refused as the ``topic`` option would be: a task's error
+    must name the column, and a partition name must not be silently re-routed over every partition."""
+    try:
+        topic = TopicName.parse(name)
+    except InvalidTopicName as e:
+        raise InvalidTopicName(f"column __topic: {e}") from None
+    if topic.partition is not None:
+        raise InvalidConfiguration(f"__topic={str(topic)!r} names a single partition: give the topic, and use a "
+                                   "__partition column to choose partitions")
+    return topic
 
 
 class TaskAppender:
@@ -106,12 +119,7 @@ class TaskAppender:
                     raise InvalidConfiguration("a row has a null __topic and no topic option is set: give every row "
                                                "a __topic or set option topic")
                 topics = pc.fill_null(topics, str(self.default_topic))
-            groups = [(TopicName.parse(t), table.filter(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
-            for topic, _ in groups:
-                if topic.partition is not None:  # refused as the topic option refuses it, not re-routed
-                    raise InvalidConfiguration(
-                        f"__topic={str(topic)!r} names a single partition: give the topic, and use a __partition "
-                        "column to choose partitions")
+            groups = [(_row_topic(t), table.filter(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
         else:
             assert self.default_topic is not None
             groups = [(self.default_topic, table)]

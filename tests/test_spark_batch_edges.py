@@ -69,6 +69,9 @@ def test_topic_column_naming_a_partition_is_refused_and_writes_nothing(spark: An
                                "value string, __key string, __topic string").coalesce(1)
     msg = error_of(lambda: write(df, root))
     assert "__topic='persistent://public/default/wp-partition-1' names a single partition" in msg, msg
+    # A value that is no topic name at all is refused naming the column too.
+    msg = error_of(lambda: write(df.withColumn("__topic", F.lit("w p")), root))
+    assert "column __topic: topic name 'w p': the topic contains ' '" in msg, msg
     assert data_count(root, "wp") == 0
     assert open_txns(client) == []
 
@@ -128,3 +131,24 @@ def test_half_failed_job_routed_to_two_topics_leaves_nothing_visible(spark: Any,
     for topic in ("fa", "fb"):
         if topic in " ".join(client.admin.list_topics()):
             assert read(spark, root, topic=topic).count() == 0
+
+
+def test_job_failing_before_its_write_stage_leaves_no_open_transaction(spark: Any, client: Any, root: str) -> None:
+    """The failing UDF runs in a stage before a shuffle, so the write tasks never start: whether
+    Spark fails before or after ``writer()`` began the transaction, none is left OPEN (the driver's
+    keep-alive would extend it, blocking READ_COMMITTED readers for as long as the driver lives)."""
+    client.admin.create_topic("fs", 2)
+
+    def boom(v: str) -> str:
+        if v == "y-7":
+            raise ValueError("injected failure before the shuffle")
+        return v
+
+    df = spark.range(20, numPartitions=2).select(
+        F.udf(boom, "string", useArrow=False)(F.concat(F.lit("y-"), F.col("id").cast("string"))).alias("value")
+    ).repartition(3)
+    msg = error_of(lambda: write(df, root, topic="fs"))
+    assert "injected failure before the shuffle" in msg
+    assert open_txns(client) == []
+    assert {m.status.value for m in txns(root).values()} <= {"ABORTED"}
+    assert data_count(root, "fs") == 0
