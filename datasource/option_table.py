@@ -69,7 +69,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "`pulsartx.storage.AWS_ENDPOINT_URL`, `pulsartx.storage.AWS_REGION`.", prefix=True),
     OptionSpec("topic", _ALL, "topic name",
                "Reads: the topic to read. Writes: the topic to write to; without it, each row's `__topic` "
-               "column names its topic. A `-partition-N` name reads one partition."),
+               "column names its topic. With both, a row's non-null `__topic` wins and the option is the topic "
+               "of rows whose `__topic` is null (Spark's Kafka sink lets the option win): drop `__topic` to "
+               "write rows read from another topic to this one. A `-partition-N` name reads one partition."),
     OptionSpec("path", _ALL, "topic name",
                "Set by Spark from `load(topic)`, `save(topic)` or `start(topic)`: the same as `topic`."),
     OptionSpec("topics", _READS, "comma-separated topic names", "Several topics to read.",
