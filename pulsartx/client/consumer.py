@@ -132,7 +132,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if cur is None or cur.deleted:
             start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
             cur = store.create(start)
-        return PartitionState(p, store, vis, cursor=cur)
+        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation)
 
     def topic(self) -> str:
         return self._topic
@@ -168,7 +168,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 pos = message_id.offset()
             else:
                 continue
-            part.store.update(lambda c, pos=pos: c.reset(pos))
+            part.store.update(lambda c, pos=pos, part=part: c.reset(pos) if part.owns(c) else _raise(self._gone(part)))
             with self._lock:
                 part.queue.clear()
                 part.held.clear()
@@ -192,7 +192,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             c.deleted = True
 
         for part in self._parts:
-            part.store.update(tombstone)
+            part.store.update(lambda c, part=part: tombstone(c) if part.owns(c) else None)  # not a re-created one
             part.store.update_claims(lambda claims: ([], None))
 
     def close(self) -> None:
@@ -266,3 +266,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             except Exception as e:  # the loop must survive storage hiccups
                 log.warning("consumer %s background work failed: %s", self._name, e)
 
+
+
+def _raise(e: Exception) -> None:
+    raise e
