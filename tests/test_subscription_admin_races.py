@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import pulsartx
-from pulsartx import ConsumerType, InitialPosition
+from pulsartx import ConsumerType, InitialPosition, MessageId
 from pulsartx.exceptions import PulsarException
 from pulsartx.naming import TopicName
 from pulsartx.storage import faults
@@ -158,3 +158,82 @@ def test_skip_failing_on_one_partition_says_which_partitions_moved(client) -> No
     assert client.admin.skip_messages("t-partition-1", "s", 1)[0]["skipped"] == 1  # the retry the error names
     with subscribe(client, "t", "s") as c:
         assert sorted(drain(c)) == ["a1", "a2", "a3", "b1", "b2", "b3"]
+
+
+def test_old_consumers_unsubscribe_and_seek_leave_a_recreated_subscription_alone(client) -> None:
+    """unsubscribe() or seek() on a consumer whose subscription was deleted and re-created must not
+    delete or move the new subscription (whose consumer then still receives everything once)."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "m0", "m1", "m2")
+    old = subscribe(client, "t", "s", consumer_type=ConsumerType.Shared)
+    assert vals([old.receive(5000)]) == ["m0"]
+    client.admin.delete_subscription("t", "s", force=True)
+    new = subscribe(client, "t", "s", consumer_type=ConsumerType.Shared)
+    assert vals([new.receive(5000)]) == ["m0"]
+    new.acknowledge(MessageId(0, 0))
+    with pytest.raises(pulsartx.NotAllowedError, match="'s' .* was deleted"):
+        old.seek(MessageId.latest)
+    old.unsubscribe()
+    assert client.admin.list_subscriptions("t") == ["s"]
+    assert cursor(client, "t", 0, "s").mark_delete == 0
+    assert drain(new) == ["m1", "m2"]
+    new.close()
+
+
+# ---- reset racing transactions ----------------------------------------------------------------------
+
+def test_reset_into_an_open_transaction_then_commit_or_abort(client) -> None:
+    """A reset to an offset inside a transaction still open: nothing from it on is delivered until
+    it is decided; then exactly its messages from that offset on (commit) or none (abort)."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "a0", "a1")
+    t1 = client.new_transaction(timeout_ms=600_000)
+    send(client, "t", "x2", "x3", "x4", txn=t1)  # offsets 2..4
+    send(client, "t", "b5")
+    c = subscribe(client, "t", "s")
+    assert drain(c) == ["a0", "a1"]
+    c.acknowledge_cumulative(MessageId(0, 1))
+    client.admin.reset_subscription("t", "s", message_id=MessageId(0, 3))
+    assert drain(c) == []
+    t1.commit()
+    assert drain(c) == ["x3", "x4", "b5"]
+    c.close()
+
+
+
+# ---- a consumer's grouped acknowledgements crossing an admin reset -----------------------------------
+
+RESET_EPOCH = ("a consumer's grouped acks and redelivery-count bumps, taken before an admin reset and "
+               "persisted after it, are applied to the reset cursor; needs a reset epoch in CursorState that "
+               "the consumer records with what it groups, its flush dropping what predates the cursor's epoch")
+
+
+@pytest.mark.xfail(strict=True, reason=RESET_EPOCH)
+def test_a_cumulative_ack_grouped_before_a_reset_does_not_undo_it(client) -> None:
+    """The operator resets to earliest to replay; the live consumer's cumulative ack, made before the
+    reset but grouped (persisted on close), must not move the cursor back past the replay."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", *[f"m{i}" for i in range(4)])
+    c = subscribe(client, "t", "s", acknowledgment_group_time_ms=600_000)
+    got = [c.receive(5000) for _ in range(4)]
+    c.acknowledge_cumulative(got[-1])  # grouped: not persisted yet
+    client.admin.reset_subscription("t", "s", message_id=MessageId.earliest)
+    c.close()  # persists the grouped ack
+    with subscribe(client, "t", "s") as again:
+        assert drain(again) == ["m0", "m1", "m2", "m3"]
+
+
+@pytest.mark.xfail(strict=True, reason=RESET_EPOCH)
+def test_a_negative_ack_grouped_before_a_reset_leaves_no_redelivery_count(client) -> None:
+    """"seek and a cursor reset clear the counts" (docs/semantics.md): a negative ack's count bump
+    made before the reset, persisted after it, must not survive in the reset cursor."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "m0", "m1")
+    c = subscribe(client, "t", "s", acknowledgment_group_time_ms=600_000, negative_ack_redelivery_delay_ms=0)
+    c.negative_acknowledge(c.receive(5000))  # its count bump is grouped
+    client.admin.reset_subscription("t", "s", message_id=MessageId.earliest)
+    c.close()
+    assert cursor(client, "t", 0, "s").redelivery == {}
+    with subscribe(client, "t", "s") as again:
+        got = [again.receive(5000) for _ in range(2)]
+        assert [(m.data(), m.redelivery_count()) for m in got] == [(b"m0", 0), (b"m1", 0)]
