@@ -237,3 +237,21 @@ def test_a_negative_ack_grouped_before_a_reset_leaves_no_redelivery_count(client
     with subscribe(client, "t", "s") as again:
         got = [again.receive(5000) for _ in range(2)]
         assert [(m.data(), m.redelivery_count()) for m in got] == [(b"m0", 0), (b"m1", 0)]
+
+
+# ---- Shared claims across a reset -------------------------------------------------------------------
+
+def test_reset_replays_to_another_shared_consumer_while_the_first_is_idle(client) -> None:
+    """Shared: consumer A received and acknowledged everything; the operator resets to earliest to
+    replay. A, alive but not receiving, still claims the offsets it had (and renews them): the
+    replay must reach consumer B, not wait for A."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "m0", "m1", "m2")
+    a = subscribe(client, "t", "s", consumer_type=ConsumerType.Shared)
+    a.acknowledge([a.receive(5000) for _ in range(3)])
+    assert cursor(client, "t", 0, "s").mark_delete == 2
+    client.admin.reset_subscription("t", "s", message_id=MessageId.earliest)
+    b = subscribe(client, "t", "s", consumer_type=ConsumerType.Shared)
+    assert drain(b) == ["m0", "m1", "m2"]
+    b.close()
+    a.close()

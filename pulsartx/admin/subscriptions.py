@@ -54,7 +54,8 @@ def _partition_by_partition(what: str, stores: list[SubscriptionStore], step: An
             done = ", ".join(r["partition"] for r in out)
             left = ", ".join(str(s.partition) for s in stores[len(out):])
             raise StorageError(f"{what}: applied on {done} only; failed on {store.partition}: {e}. Retry on "
-                               f"{left} alone (name the partition as the topic)") from e
+                               f"{left} alone (name the partition as the topic), after checking with `topics stats` "
+                               f"that the failed write to {store.partition} did not land anyway") from e
     return out
 
 
@@ -197,6 +198,7 @@ class SubscriptionsAdmin:
                         f"partition ends at offset {index.end_offset - 1}; use 'latest' to skip everything")
                 pos = max(pos, index.start_offset)  # before the first stored message: the earliest
             store.update(lambda c, pos=pos: c.reset(pos))
+            store.release_claims()
             out.append({"partition": str(store.partition), "subscription": subscription, "position": pos,
                         "markDeletePosition": pos - 1})
         return out
@@ -295,7 +297,7 @@ def tombstone(stores: Iterable[SubscriptionStore]) -> None:
 
     for store in stores:
         store.update(mark)
-        store.update_claims(lambda claims: ([], None))
+        store.release_claims()
 
 
 def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:

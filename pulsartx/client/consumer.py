@@ -169,6 +169,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             else:
                 continue
             part.store.update(lambda c, pos=pos, part=part: c.reset(pos) if part.owns(c) else _raise(self._gone(part)))
+            part.store.release_claims()
             with self._lock:
                 part.queue.clear()
                 part.held.clear()
@@ -192,8 +193,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             c.deleted = True
 
         for part in self._parts:
-            part.store.update(lambda c, part=part: tombstone(c) if part.owns(c) else None)  # not a re-created one
-            part.store.update_claims(lambda claims: ([], None))
+            # Not a subscription of the same name re-created since this consumer's was deleted.
+            if part.store.update(lambda c, part=part: part.owns(c) and (tombstone(c), True)[1]):
+                part.store.release_claims()
 
     def close(self) -> None:
         if self._closed:

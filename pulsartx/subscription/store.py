@@ -229,6 +229,15 @@ class SubscriptionStore:
                                 keep=lambda r: True)
 
 
+    def release_claims(self) -> None:
+        """Drop every Shared / Key_Shared claim: on a deletion, and on a reset, as Pulsar disconnects
+        the consumers then. A claim outlives the acknowledgement of its messages until the
+        mark-delete position passes them, and its live consumer renews it, so after a reset
+        backwards the replayed messages stayed with a consumer that had already acknowledged them,
+        out of every other consumer's reach while it lived."""
+        self.update_claims(lambda claims: ([], None))
+
+
 def _claims(r: dict[str, Any]) -> list[Claim]:
     return [Claim(consumer, first, last, expires, tuple(rest[0]) if rest else ())
             for consumer, first, last, expires, *rest in _state(r).get("claims") or ()]
