@@ -255,3 +255,23 @@ def test_reset_replays_to_another_shared_consumer_while_the_first_is_idle(client
     assert drain(b) == ["m0", "m1", "m2"]
     b.close()
     a.close()
+
+
+# ---- bad positions --------------------------------------------------------------------------------
+
+def test_reset_to_a_partition_a_one_partition_topic_lacks_is_refused(client) -> None:
+    """MessageId(7, 0) on a one-partition topic is a typo (its messages say partition 0): refused,
+    naming the partition, with the cursor unchanged; Pulsar's -1 of a non-partitioned topic is
+    its one partition."""
+    client.admin.create_topic("one", partitions=1)
+    send(client, "one", "m0", "m1", "m2")
+    with subscribe(client, "one", "s") as c:
+        assert drain(c) == ["m0", "m1", "m2"]
+        c.acknowledge_cumulative(MessageId(0, 2))
+    with pytest.raises(pulsartx.InvalidConfiguration, match=r"to \(7,1\): partition 7 does not exist: "
+                                                            r"persistent://public/default/one has partitions 0..0"):
+        client.admin.reset_subscription("one", "s", message_id=MessageId(7, 1))
+    assert cursor(client, "one", 0, "s").mark_delete == 2
+    assert client.admin.reset_subscription("one", "s", message_id=MessageId(-1, 1))[0]["position"] == 1
+    with subscribe(client, "one", "s") as c:
+        assert drain(c) == ["m1", "m2"]

@@ -170,8 +170,10 @@ class SubscriptionsAdmin:
         specific = message_id is not None and not message_id.is_earliest and not message_id.is_latest
         if specific:
             chosen = [(s, c) for s, c in stores if s.partition.partition == message_id.partition()]
-            if not chosen and len(stores) == 1 and len(self.partitions_of(topic)) == 1:
-                chosen = stores  # a one-partition topic: the MessageId's partition index is implied
+            if not chosen and message_id.partition() == -1 and len(stores) == 1 and len(self.partitions_of(topic)) == 1:
+                # A one-partition topic: Pulsar's partition index of a non-partitioned topic's message
+                # (-1) means its one partition. Any other index there is a typo, refused below.
+                chosen = stores
             if not chosen:
                 n = self.get_partitions(topic)
                 where = (f"partition {message_id.partition()} does not exist: {TopicName.parse(topic).base} has "
