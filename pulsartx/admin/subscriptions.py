@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pulsartx.admin.host import AdminHost
 from pulsartx.buffer.reads import VisibilityReader
-from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException
+from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException, StorageError
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name
@@ -38,6 +38,25 @@ MAX_SKIP_ATTEMPTS = 50
 
 class SubscriptionNotFound(PulsarException):
     """The subscription does not exist on the topic (never created, or deleted)."""
+
+
+def _partition_by_partition(what: str, stores: list[SubscriptionStore], step: Any) -> list[dict[str, Any]]:
+    """``step(store)`` on each partition in turn; rows of those done. Partitions are separate
+    tables, so a storage failure part-way leaves the first ones changed: the error names which,
+    since retrying the whole call would apply it twice there (a skip skips again)."""
+    out: list[dict[str, Any]] = []
+    for store in stores:
+        try:
+            out.append(step(store))
+        except StorageError as e:
+            if not out:
+                raise
+            done = ", ".join(r["partition"] for r in out)
+            left = ", ".join(str(s.partition) for s in stores[len(out):])
+            raise StorageError(f"{what}: applied on {done} only; failed on {store.partition}: {e}. Retry on "
+                               f"{left} alone (name the partition as the topic), after checking with `topics stats` "
+                               f"that the failed write to {store.partition} did not land anyway") from e
+    return out
 
 
 class _CursorMoved(Exception):
@@ -151,8 +170,10 @@ class SubscriptionsAdmin:
         specific = message_id is not None and not message_id.is_earliest and not message_id.is_latest
         if specific:
             chosen = [(s, c) for s, c in stores if s.partition.partition == message_id.partition()]
-            if not chosen and len(stores) == 1 and len(self.partitions_of(topic)) == 1:
-                chosen = stores  # a one-partition topic: the MessageId's partition index is implied
+            if not chosen and message_id.partition() == -1 and len(stores) == 1 and len(self.partitions_of(topic)) == 1:
+                # A one-partition topic: Pulsar's partition index of a non-partitioned topic's message
+                # (-1) means its one partition. Any other index there is a typo, refused below.
+                chosen = stores
             if not chosen:
                 n = self.get_partitions(topic)
                 where = (f"partition {message_id.partition()} does not exist: {TopicName.parse(topic).base} has "
@@ -179,6 +200,7 @@ class SubscriptionsAdmin:
                         f"partition ends at offset {index.end_offset - 1}; use 'latest' to skip everything")
                 pos = max(pos, index.start_offset)  # before the first stored message: the earliest
             store.update(lambda c, pos=pos: c.reset(pos))
+            store.release_claims()
             out.append({"partition": str(store.partition), "subscription": subscription, "position": pos,
                         "markDeletePosition": pos - 1})
         return out
@@ -198,12 +220,13 @@ class SubscriptionsAdmin:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidConfiguration(f"skip of subscription {subscription!r} on {topic}: n={n!r} must be a "
                                        "positive integer")
-        out = []
-        for store, _ in self._subscription_stores(topic, subscription):
+        def step(store: SubscriptionStore) -> dict[str, Any]:
             skipped, cursor = self._skip_partition(store, n)
-            out.append({"partition": str(store.partition), "subscription": subscription, "skipped": skipped,
-                        "markDeletePosition": cursor.mark_delete})
-        return out
+            return {"partition": str(store.partition), "subscription": subscription, "skipped": skipped,
+                    "markDeletePosition": cursor.mark_delete}
+
+        return _partition_by_partition(f"skip of {n} on subscription {subscription!r}",
+                                       [s for s, _ in self._subscription_stores(topic, subscription)], step)
 
     def _skip_partition(self, store: SubscriptionStore, n: int) -> tuple[int, CursorState]:
         vis = VisibilityReader(self.client, self._plog(store.partition), "READ_COMMITTED")
@@ -276,7 +299,7 @@ def tombstone(stores: Iterable[SubscriptionStore]) -> None:
 
     for store in stores:
         store.update(mark)
-        store.update_claims(lambda claims: ([], None))
+        store.release_claims()
 
 
 def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:

@@ -115,6 +115,7 @@ class Acknowledgement(ConsumerCore):
         k = txn_key(*txn.id.as_tuple())
         if deadline is not None:
             apply = _noting_deadline(apply, deadline)
+        apply = self._owned(apply)
         cumulative = {} if cumulative is None else cumulative
         released: dict[PartitionState, dict[int, float]] = {}  # per partition written: what left `held`
         decided = self._client._coordinators().completer.decided()
@@ -147,6 +148,15 @@ class Acknowledgement(ConsumerCore):
         finally:
             for fut in registering:
                 self._await_registration(txn, fut, by_part, released, cumulative, raise_error=not failed)
+
+    def _owned(self, apply: Callable[[CursorState, int, PartitionState, list[int]], None]
+               ) -> Callable[[CursorState, int, PartitionState, list[int]], None]:
+        """``apply``, refused on a subscription this consumer did not open (deleted, maybe re-created)."""
+        def run(c: CursorState, k: int, part: PartitionState, offs: list[int]) -> None:
+            if not part.owns(c):
+                raise self._gone(part)
+            apply(c, k, part, offs)
+        return run
 
     def _await_registration(self, txn: Any, registering: Any, by_part: dict[PartitionState, list[int]],
                             released: dict[PartitionState, dict[int, float]], cumulative: Mapping[PartitionState, int],
@@ -208,7 +218,9 @@ class Acknowledgement(ConsumerCore):
             if not acks and cum is None and not bumps:
                 continue
 
-            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps) -> None:
+            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps, part=part) -> None:
+                if not part.owns(c):  # for a deleted subscription: dropped with it
+                    return
                 if bumps:
                     c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
                 if acks:

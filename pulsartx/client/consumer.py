@@ -132,7 +132,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if cur is None or cur.deleted:
             start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
             cur = store.create(start)
-        return PartitionState(p, store, vis, cursor=cur)
+        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation)
 
     def topic(self) -> str:
         return self._topic
@@ -168,7 +168,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 pos = message_id.offset()
             else:
                 continue
-            part.store.update(lambda c, pos=pos: c.reset(pos))
+            part.store.update(lambda c, pos=pos, part=part: c.reset(pos) if part.owns(c) else _raise(self._gone(part)))
+            part.store.release_claims()
             with self._lock:
                 part.queue.clear()
                 part.held.clear()
@@ -192,8 +193,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             c.deleted = True
 
         for part in self._parts:
-            part.store.update(tombstone)
-            part.store.update_claims(lambda claims: ([], None))
+            # Not a subscription of the same name re-created since this consumer's was deleted.
+            if part.store.update(lambda c, part=part: part.owns(c) and (tombstone(c), True)[1]):
+                part.store.release_claims()
 
     def close(self) -> None:
         if self._closed:
@@ -266,3 +268,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             except Exception as e:  # the loop must survive storage hiccups
                 log.warning("consumer %s background work failed: %s", self._name, e)
 
+
+
+def _raise(e: Exception) -> None:
+    raise e

@@ -18,7 +18,7 @@ from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message
-from pulsartx.exceptions import AlreadyClosed
+from pulsartx.exceptions import AlreadyClosed, NotAllowedError
 from pulsartx.naming import TopicName
 from pulsartx.storage.delta import NextCommit
 from pulsartx.subscription.cursor import CursorState
@@ -76,6 +76,16 @@ class PartitionState:
     # Held from a fetch until what it took is queued or held: receive() may be called from several
     # threads, and two fetches at once would both take the offsets neither had marked yet.
     fetching: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    incarnation: str = ""  # the subscription's life this consumer opened (CursorState.incarnation)
+
+    def owns(self, cursor: CursorState) -> bool:
+        """Whether ``cursor`` is still the subscription this consumer opened. A subscription deleted
+        under a live consumer (``delete_subscription(force=True)``) may be re-created with the same
+        name: that one is not this consumer's, and its acks, pending acks and deliveries, all for
+        the deleted one, must not touch it. A cursor without an incarnation was last written by a
+        version that did not record one (it drops the field): taken as this consumer's, so that
+        such a process sharing the root does not stop every consumer of the subscription."""
+        return not cursor.deleted and (cursor.incarnation == self.incarnation or not cursor.incarnation)
 
     @property
     def index(self) -> int:
@@ -115,3 +125,8 @@ class ConsumerCore:
             forks.check(self._made, f"consumer {self._name} of subscription {self._subscription!r} on {self._topic}")
         if self._closed:
             raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")
+
+    def _gone(self, part: PartitionState) -> NotAllowedError:
+        return NotAllowedError(f"subscription {self._subscription!r} on {part.topic} was deleted under consumer "
+                               f"{self._name} (it may have been re-created since, as another subscription): close "
+                               "this consumer and subscribe again")

@@ -206,7 +206,7 @@ class Receiving(ConsumerCore):
             recounting = _recounting(part, now)
         part.cursor_commit = part.store.log.next_commit()  # before the read: later changes are awaited
         cursor = part.store.cursor()
-        if cursor is None or cursor.deleted:
+        if cursor is None or not part.owns(cursor):
             return None
         part.cursor = cursor
         self._resolve_pending(part, cursor)

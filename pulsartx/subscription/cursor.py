@@ -13,6 +13,10 @@ a pending cumulative ack.
 lazily begun transaction that has only acknowledged: it registers this subscription with its
 decision), its deadline (start + timeout, ms): what recovery needs to tell an open one from a dead
 one without its registration (docs/semantics.md, "An acknowledgement-only transaction").
+
+``incarnation`` names one life of the subscription: a new one each time it is created (after a
+deletion too), so a consumer of a deleted subscription, whose object outlives it, can tell the
+re-created subscription of the same name from its own and leave it alone.
 """
 from __future__ import annotations
 
@@ -32,10 +36,12 @@ class CursorState:
     redelivery: dict[int, int] = field(default_factory=dict)
     deleted: bool = False
     deadlines: dict[int, int] = field(default_factory=dict)  # txn key -> deadline ms, unregistered ones only
+    incarnation: str = ""  # "" for a cursor created before incarnations were recorded
 
     def copy(self) -> CursorState:
         return CursorState(self.mark_delete, self.acked.copy(), {k: v.copy() for k, v in self.pending.items()},
-                           self.pending_cumulative, dict(self.redelivery), self.deleted, dict(self.deadlines))
+                           self.pending_cumulative, dict(self.redelivery), self.deleted, dict(self.deadlines),
+                           self.incarnation)
 
     def note_deadline(self, txn: int, deadline_ms: int) -> None:
         """Record the deadline of a transaction the TC log does not hold yet, beside its pending acks."""

@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -86,6 +87,8 @@ def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
         "pending_cumulative": None if cum is None else [*_bits(cum[0]), cum[1]],
         "redelivery": [[o, n] for o, n in sorted(c.redelivery.items())],
     }
+    if c.incarnation:
+        state["incarnation"] = c.incarnation
     if c.deadlines:
         state["deadlines"] = [[*_bits(k), d] for k, d in sorted(c.deadlines.items())]
     return _row(seq, CURSOR, state, mark_delete=c.mark_delete, deleted=c.deleted)
@@ -94,7 +97,7 @@ def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
 def row_to_cursor(r: dict[str, Any]) -> CursorState:
     st = _state(r)
     c = CursorState(mark_delete=r["mark_delete"], acked=RangeSet((a, b) for a, b in st.get("acked") or ()),
-                    deleted=bool(r["deleted"]))
+                    deleted=bool(r["deleted"]), incarnation=st.get("incarnation") or "")
     for most, least, a, b in st.get("pending") or ():
         c.pending.setdefault(_key(most, least), RangeSet()).add_range(a, b)
     cum = st.get("pending_cumulative")
@@ -163,11 +166,12 @@ class SubscriptionStore:
             return None if r is None else row_to_cursor(r)
 
     def create(self, mark_delete: int) -> CursorState:
-        """Create the cursor at ``mark_delete`` unless it exists (the first subscriber decides)."""
+        """Create the cursor at ``mark_delete`` unless it exists (the first subscriber decides), as a
+        new incarnation of the subscription."""
         def change(c: CursorState | None) -> tuple[CursorState, CursorState]:
             if c is not None and not c.deleted:
                 return c, c
-            new = CursorState(mark_delete=mark_delete)
+            new = CursorState(mark_delete=mark_delete, incarnation=uuid.uuid4().hex)
             return new, new
 
         return self._update_cursor(change)
@@ -223,6 +227,15 @@ class SubscriptionStore:
             self._opened = True
             return self.log.cas(CLAIMS, step, what=f"subscription {self.subscription!r} on {self.partition} claims",
                                 keep=lambda r: True)
+
+
+    def release_claims(self) -> None:
+        """Drop every Shared / Key_Shared claim: on a deletion, and on a reset, as Pulsar disconnects
+        the consumers then. A claim outlives the acknowledgement of its messages until the
+        mark-delete position passes them, and its live consumer renews it, so after a reset
+        backwards the replayed messages stayed with a consumer that had already acknowledged them,
+        out of every other consumer's reach while it lived."""
+        self.update_claims(lambda claims: ([], None))
 
 
 def _claims(r: dict[str, Any]) -> list[Claim]:
