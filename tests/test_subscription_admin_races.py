@@ -275,3 +275,20 @@ def test_reset_to_a_partition_a_one_partition_topic_lacks_is_refused(client) -> 
     assert client.admin.reset_subscription("one", "s", message_id=MessageId(-1, 1))[0]["position"] == 1
     with subscribe(client, "one", "s") as c:
         assert drain(c) == ["m1", "m2"]
+
+
+def test_a_cursor_written_without_its_incarnation_stays_the_consumers_own(client) -> None:
+    """A process of a version that does not record incarnations drops the field when it writes the
+    cursor: the live consumers of the subscription keep receiving and acknowledging."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "m0", "m1")
+    c = subscribe(client, "t", "s")
+    assert vals([c.receive(5000)]) == ["m0"]
+    store = SubscriptionStore(client.root, TopicName.parse("t").with_partition(0), "s")
+    store.update(lambda cur: setattr(cur, "incarnation", ""))  # what an older writer leaves
+    assert store.cursor().incarnation == ""
+    c.acknowledge(c.receive(5000))
+    send(client, "t", "m2")
+    assert drain(c) == ["m2"]
+    c.close()
+    assert drain(subscribe(client, "t", "s")) == ["m0", "m2"]  # m1 was acknowledged, the others never
