@@ -7,6 +7,7 @@ and the subscriptions are the real ones."""
 from __future__ import annotations
 
 import pytest
+from _reads import committed_values
 
 import pulsartx
 from pulsartx import ConsumerType, InitialPosition
@@ -14,6 +15,7 @@ from pulsartx.client import receiving
 from pulsartx.coordinator import coordinator
 from pulsartx.coordinator.coordinator import CoordinatorConfig, now_ms
 from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.exceptions import ExpiredTransactionError
 from pulsartx.naming import TopicName
 
 HOUR = 3_600_000
@@ -39,6 +41,31 @@ def client(root):
 
 
 P = str(TopicName.parse("cj-partition-0"))
+
+
+def test_an_owner_whose_clock_steps_forward_before_commit_is_refused_and_nothing_of_it_shows(client, monkeypatch):
+    """The owner's clock steps an hour forward between its send and its commit: the commit is
+    refused as expired, yet no other process thinks so, so the transaction stays OPEN until a
+    sweeper with a right clock reaches its deadline and aborts it. Neither before nor after does
+    a READ_COMMITTED reader see its message, and a retried commit names the abort."""
+    clock = Clock()
+    monkeypatch.setattr(coordinator, "now_ms", clock)
+    p = client.create_producer("cj")
+    txn = client.new_transaction(timeout_ms=60_000)
+    p.send(b"x", txn=txn)
+    clock.offset = HOUR
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()
+    clock.offset = 0
+    tc = client._coordinators().for_txn(txn.id)
+    m = tc.get(txn.id, refresh=True)
+    assert m.status is TxnStatus.OPEN
+    assert tc.sweep(now=m.start_ms + m.timeout_ms).timed_out == 1
+    assert tc.get(txn.id, refresh=True).status is TxnStatus.ABORTED
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()
+    p.send(b"y")
+    assert committed_values(client, "cj") == [b"y"]
 
 
 @pytest.mark.xfail(strict=True, reason="extend() and keepalive.due() judge the deadline by the extender's wall clock "
