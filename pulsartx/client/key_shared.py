@@ -98,10 +98,10 @@ class KeySharedDispatch:
         claims = part.store.claims(refresh=False)
         own, taken, blocked = RangeSet(), RangeSet(), set()
         for cl in claims:
-            if cl.expires_ms <= t:
-                continue
             if cl.consumer == self._id:
-                own.add_range(cl.first, cl.last)
+                own.add_range(cl.first, cl.last)  # ours whatever our clock says (receiving._claim)
+            elif cl.expires_ms <= t:
+                continue
             else:
                 taken.add_range(cl.first, cl.last)
                 blocked.update(in_flight(cl, cursor))
@@ -153,7 +153,7 @@ class KeySharedDispatch:
                     blocked.add(hash_of[o])
                     continue
                 got.append(o)
-            own = [c for c in claims if c.consumer == self._id and c.expires_ms > t]
+            own = [c for c in claims if c.consumer == self._id]  # ours whatever our clock says (receiving._claim)
             new = [Claim(self._id, a, b, expires_ms, tuple(hash_of[o] for o in range(a, b + 1)))
                    for a, b in RangeSet.of(got).ranges()]
             return others + own + new, got

@@ -300,7 +300,9 @@ class Receiving(ConsumerCore):
             taken = RangeSet((c.first, c.last) for c in live)
             mine = [o for o in candidates if o not in taken]
             ranges = RangeSet.of(mine).ranges()
-            own = [c for c in claims if c.consumer == self._id and c.expires_ms > t]
+            # Our own claims stay whatever our clock says of them: we are alive and hold them (an
+            # expired one another consumer took over is gone from the row: its claim dropped it).
+            own = [c for c in claims if c.consumer == self._id]
             return live + own + [Claim(self._id, a, b, expires) for a, b in ranges], mine
 
         return part.store.update_claims(change)
@@ -313,9 +315,9 @@ class Receiving(ConsumerCore):
         expires = now_ms() + (self._unacked_timeout or self._lease_ms)
 
         def change(claims: list[Claim]) -> tuple[list[Claim], None]:
-            t = now_ms()
-            return [replace(c, expires_ms=expires) if c.consumer == self._id and c.expires_ms > t
-                    else c for c in claims], None
+            # Every claim of ours that is still in the row, even one our clock calls expired: a
+            # clock stepped forward would otherwise hand what we hold to another consumer.
+            return [replace(c, expires_ms=expires) if c.consumer == self._id else c for c in claims], None
 
         for part in self._parts:
             part.store.update_claims(change)
