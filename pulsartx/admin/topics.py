@@ -3,7 +3,7 @@
 Layout: ``<root>/topics/<tenant>/<namespace>/<topic>/`` holds ``_topic.json`` (the partition count)
 and one Delta table ``partition-<i>`` per partition. Creating partition-0's table is the atomic
 claim (delta-rs makes version 0 a create-if-absent on every backend); ``_topic.json`` is written
-last and marks the topic complete. A crash between the two is repaired by the next create.
+last, if absent, and marks the topic complete. A crash between the two is repaired by the next create.
 """
 from __future__ import annotations
 
@@ -64,8 +64,23 @@ class TopicsAdmin:
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
                                configuration=properties, name=f"{t.short}-partition-{i}")
         meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
-        self.root.write_text(json.dumps(meta), *_topic_dir(t), TOPIC_META)
+        self._publish_meta(t, json.dumps(meta))
         return t
+
+    def _publish_meta(self, t: TopicName, text: str) -> None:
+        """Write ``_topic.json`` only if no creator wrote one meanwhile. A creator whose claim lost
+        and who found no marker repairs the topic as if its creator had crashed; but that creator
+        may just be slow, and may publish its count, and its producers write to every partition,
+        before the repairer's write: a plain put would then replace the count (4 by 1, say) and
+        hide the messages already acknowledged on the partitions beyond it. The first marker
+        stands; its partitions all exist, since every creator makes its tables first."""
+        if not self.root.has_put_if_absent:
+            self.root.write_text(text, *_topic_dir(t), TOPIC_META)
+            return
+        if self.root.put_if_absent(text.encode("utf-8"), *_topic_dir(t), TOPIC_META):
+            return
+        if self.root.read_text(*_topic_dir(t), TOPIC_META) != text:  # equal: ours, its first response lost
+            raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
 
     def ensure_topic(self, topic: str, partitions: int = 1) -> int:
         """Create the topic unless it exists (racing creators agree); returns its partition count."""

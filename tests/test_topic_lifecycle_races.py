@@ -1,0 +1,76 @@
+"""Topic lifecycle operations racing live clients: concurrent creation (admin and auto-creation),
+deletion while consumers, producers and transactions are at work, re-creation under the same
+name, and the names a topic may and may not have. Each test names what it checks on what
+READ_COMMITTED readers show."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+
+import pulsartx
+from pulsartx.exceptions import TopicAlreadyExists
+from pulsartx.storage import faults
+
+
+def _pause_meta_writes(monkeypatch, gates: dict[str, tuple[threading.Event, threading.Event]]) -> None:
+    """Pause the thread named ``k`` just before it writes a topic's ``_topic.json`` (by a put or a
+    put-if-absent): it sets ``gates[k][0]`` and waits for ``gates[k][1]``."""
+    real = faults.before
+
+    def before(op, path):
+        gate = gates.get(threading.current_thread().name)
+        if gate is not None and op in (faults.Op.WRITE, faults.Op.CREATE) and path.endswith("_topic.json"):
+            arrived, go = gate
+            arrived.set()
+            assert go.wait(10)
+        return real(op, path)
+
+    monkeypatch.setattr(faults, "before", before)
+
+
+def test_racing_creators_with_different_partition_counts_lose_no_acknowledged_message(tmp_path, monkeypatch):
+    """``topics create orders -p 4`` while a producer auto-creates ``orders`` with one partition.
+    The auto-creator's claim of partition-0 fails (the admin's won) and it finds no ``_topic.json``
+    yet, so it repairs the topic as if its creator had crashed; the admin then writes its count (4)
+    and returns, a producer sends to all four partitions, and the auto-creator's late write of
+    ``partitions: 1`` replaced the admin's. Fails before the fix: the topic then had one partition,
+    and the three messages acknowledged on partitions 1..3 were never shown to any reader."""
+    root = str(tmp_path / "root")
+    gates = {n: (threading.Event(), threading.Event()) for n in ("admin", "auto")}
+    _pause_meta_writes(monkeypatch, gates)
+    errors: dict[str, BaseException] = {}
+
+    def run(name, fn):
+        def body():
+            try:
+                fn()
+            except BaseException as e:  # reported by the assertions below
+                errors[name] = e
+        t = threading.Thread(target=body, name=name)
+        t.start()
+        return t
+
+    with pulsartx.Client(root) as admin_client, pulsartx.Client(root) as auto_client:
+        admin = run("admin", lambda: admin_client.admin.create_topic("orders", partitions=4))
+        assert gates["admin"][0].wait(10)  # partitions 0..3 created, _topic.json not yet written
+        auto_producer: list = []
+        auto = run("auto", lambda: auto_producer.append(auto_client.create_producer("orders")))
+        assert gates["auto"][0].wait(10)  # its claim lost, it found no _topic.json: about to write one
+        gates["admin"][1].set()
+        admin.join(10)
+        assert "admin" not in errors
+        p = admin_client.create_producer("orders")
+        sent = []
+        for i in range(8):
+            v = f"m-{i}".encode()
+            p.send(v, partition_key=f"k{i}")
+            sent.append(v)
+        gates["auto"][1].set()
+        auto.join(10)
+        assert not auto.is_alive()
+        assert isinstance(errors.get("auto"), TopicAlreadyExists | type(None))
+    with pulsartx.Client(root) as fresh:
+        assert fresh.admin.get_partitions("orders") == 4
+        assert sorted(committed_values(fresh, "orders")) == sorted(sent)
