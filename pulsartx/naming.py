@@ -83,12 +83,13 @@ class TopicName:
                 "(rule: 'topic', 'tenant/namespace/topic' or 'persistent://tenant/namespace/topic')")
         _check_segment(full, tenant, "tenant")
         _check_segment(full, namespace, "namespace")
-        _check_segment(full, local, "topic")
         partition = None
         m = _PARTITION_RE.match(local)
         if m:
+            # The topic's own name is what the segment rules bound, not with its partition suffix:
+            # a topic named to the length limit has partitions too (their markers name them).
             local, partition = m.group("base"), int(m.group("index"))
-            _check_segment(full, local, "topic")
+        _check_segment(full, local, "topic")
         return cls(tenant, namespace, local, partition)
 
     @property

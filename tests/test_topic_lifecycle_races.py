@@ -74,3 +74,29 @@ def test_racing_creators_with_different_partition_counts_lose_no_acknowledged_me
     with pulsartx.Client(root) as fresh:
         assert fresh.admin.get_partitions("orders") == 4
         assert sorted(committed_values(fresh, "orders")) == sorted(sent)
+
+
+def test_a_topic_named_to_the_length_limit_has_addressable_partitions_and_completes_transactions(tmp_path):
+    """A topic name of 200 characters is valid (the segment limit), but each of its partitions'
+    names (``<name>-partition-i``) was checked whole against that limit. Fails before the fix:
+    the topic was created and written, yet a transaction's markers could never be written (the
+    TC's ending of it failed on parsing its partition's name, forever COMMITTING) and
+    ``TopicName.parse`` refused the names ``get_topic_partitions`` returns."""
+    from pulsartx.naming import MAX_SEGMENT_LENGTH, TopicName
+
+    name = "t" * MAX_SEGMENT_LENGTH
+    assert TopicName.parse(f"{name}-partition-1").partition == 1
+    with pytest.raises(pulsartx.exceptions.InvalidTopicName, match="201 characters"):
+        TopicName.parse("t" * (MAX_SEGMENT_LENGTH + 1) + "-partition-0")
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(name, partitions=2)
+        assert [TopicName.parse(p).partition for p in c.get_topic_partitions(name)] == [0, 1]
+        p = c.create_producer(name)
+        txn = c.new_transaction()
+        p.send(b"in-txn", txn=txn, partition_key="k")
+        txn.commit()
+        assert c.flush(10)
+        assert committed_values(c, name) == [b"in-txn"]
+        assert c.admin.transactions.list_transactions() == []  # ended: its markers written
+        assert c.admin.transactions.get_transaction_metadata(txn.txn_id)["status"] == "COMMITTED"
