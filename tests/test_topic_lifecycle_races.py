@@ -100,3 +100,60 @@ def test_a_topic_named_to_the_length_limit_has_addressable_partitions_and_comple
         assert committed_values(c, name) == [b"in-txn"]
         assert c.admin.transactions.list_transactions() == []  # ended: its markers written
         assert c.admin.transactions.get_transaction_metadata(txn.txn_id)["status"] == "COMMITTED"
+
+
+@pytest.mark.xfail(strict=True, raises=pulsartx.exceptions.CorruptedLog,
+                   reason="an open producer's appends never check the table's identity (markers do, through "
+                          "PartitionLog._behind): its next append lands at its old version + 1 in a re-created table")
+def test_an_idle_producer_of_a_deleted_and_re_created_topic_does_not_corrupt_the_new_topic(tmp_path):
+    """Not a commit in flight (tests/test_merging_faults.py has those): the producer is idle while
+    another process deletes and re-creates its topic, and sends afterwards. Its send succeeds,
+    writing version 4 of a table at version 1, and every reader of the new topic then fails with
+    CorruptedLog. Fix: check ``DeltaAppender.same_table()`` before an append's group as markers
+    do (one read of version 0 per group; on a mismatch reload, so the send lands in the new
+    table or raises TopicNotFound); a commit in flight stays the documented limitation."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("idle", partitions=1)
+        p = c.create_producer("idle")
+        for i in range(3):
+            p.send(f"old-{i}".encode())
+        with pulsartx.Client(root) as other:  # another process's doing
+            other.admin.delete_topic("idle")
+            other.admin.create_topic("idle", partitions=1)
+            other.create_producer("idle").send(b"new-0")
+        late = None
+        try:
+            p.send(b"late")
+            late = b"late"
+        except pulsartx.exceptions.TopicNotFound:
+            pass
+        with pulsartx.Client(root) as fresh:
+            assert committed_values(fresh, "idle") == [b"new-0", *([late] if late else [])]
+
+
+@pytest.mark.xfail(strict=True, raises=pulsartx.exceptions.ConsumerBusy,
+                   reason="leases are kept per subscription name, not per topic incarnation, and delete_topic "
+                          "leaves them: a deleted topic's open consumer keeps renewing its Exclusive lease")
+def test_a_deleted_topics_exclusive_consumer_does_not_hold_the_re_created_topics_subscription(tmp_path):
+    """A consumer of the old topic stays open (in another process) while its topic is deleted and
+    re-created. Its subscription went with the old topic, but its Exclusive lease did not: a
+    consumer of the new topic's subscription of the same name gets ConsumerBusy for as long as
+    the old one lives. Fix: ``tombstone_topic`` also ends the subscriptions' leases, and a
+    consumer whose subscription was tombstoned stops renewing instead of re-taking its lease."""
+    from pulsartx import ConsumerType, InitialPosition
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("lease", partitions=1)
+        c.create_producer("lease").send(b"old-0")
+        old = c.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
+                          initial_position=InitialPosition.Earliest, lease_ms=2000)
+        old.acknowledge(old.receive(timeout_millis=3000))
+        with pulsartx.Client(root) as other:  # another process's doing
+            other.admin.delete_topic("lease")
+            other.admin.create_topic("lease", partitions=1)
+            other.create_producer("lease").send(b"new-0")
+            new = other.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
+                                  initial_position=InitialPosition.Earliest)
+            assert new.receive(timeout_millis=3000).data() == b"new-0"
