@@ -157,3 +157,29 @@ def test_a_deleted_topics_exclusive_consumer_does_not_hold_the_re_created_topics
             new = other.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
                                   initial_position=InitialPosition.Earliest)
             assert new.receive(timeout_millis=3000).data() == b"new-0"
+
+
+def test_a_transaction_whose_topic_was_deleted_before_its_commit_ends_and_leaves_no_marker_behind(tmp_path):
+    """A transaction writes to topics ``t`` and ``u``; ``t`` is deleted, then the transaction
+    commits. Its ``u`` message is shown, its ``t`` message went with the topic. Fails before the
+    fix: its ending on ``t``'s partition failed with TopicNotFound at every retry, so it stayed
+    COMMITTING until a topic ``t`` was created again, and the recovery sweep then wrote the old
+    transaction's commit marker into the new topic's log."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("t", partitions=1)
+        c.admin.create_topic("u", partitions=1)
+        pt, pu = c.create_producer("t"), c.create_producer("u")
+        txn = c.new_transaction()
+        pt.send(b"txn-t", txn=txn)
+        pu.send(b"txn-u", txn=txn)
+        pt.close()
+        c.admin.delete_topic("t")
+        txn.commit()
+        assert c.flush(10)
+        assert committed_values(c, "u") == [b"txn-u"]
+        assert c.admin.transactions.list_transactions() == []
+        c.admin.create_topic("t", partitions=1)
+        c.admin.transactions.sweep(grace_ms=0)
+        assert [(s["endOffset"], s["markers"]) for s in c.admin.topic_stats("t")] == [(0, 0)]
+        assert committed_values(c, "t") == []

@@ -11,6 +11,7 @@ from typing import Any
 
 from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.storage import group_commit
 from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
@@ -34,7 +35,13 @@ def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: T
     entries = None
     if meta.commit_entries is not None:
         entries = [(a, b) for p, a, b in meta.commit_entries if p == partition]
-    write_marker(root, partition, meta.txn_id, action, entries)
+    try:
+        write_marker(root, partition, meta.txn_id, action, entries)
+    except TopicNotFound:
+        # Its topic was deleted after the transaction wrote to it: its messages went with it and
+        # nothing is left to mark. Retrying would keep the transaction unfinished for as long as
+        # the topic is gone, then put its marker into a re-created topic of the same name.
+        log.info("%s: %s no longer exists, nothing to mark there", meta.txn_id, partition)
 
 
 def end_on_subscription(root: StorageRoot, meta: TxnMeta, sub: Subscription, action: TxnAction) -> None:
