@@ -183,3 +183,33 @@ def test_a_transaction_whose_topic_was_deleted_before_its_commit_ends_and_leaves
         c.admin.transactions.sweep(grace_ms=0)
         assert [(s["endOffset"], s["markers"]) for s in c.admin.topic_stats("t")] == [(0, 0)]
         assert committed_values(c, "t") == []
+
+
+def test_a_marker_not_found_by_a_lagging_listing_is_retried_not_skipped(tmp_path, monkeypatch):
+    """A partition reported missing while its Delta log is there (a store whose listings lag, the
+    one way delta-rs answers "no table" for a table that exists) is not taken for a deleted topic:
+    the marker is written on a later attempt, and the committed message is shown."""
+    from pulsartx.coordinator import participants
+    from pulsartx.exceptions import TopicNotFound
+
+    real = participants.write_marker
+    missed: list[str] = []
+
+    def lagging(root, partition, *a, **kw):
+        if not missed:
+            missed.append(partition)
+            raise TopicNotFound(f"topic partition {partition} does not exist (a lagging listing)")
+        return real(root, partition, *a, **kw)
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("t", partitions=1)
+        p = c.create_producer("t")
+        txn = c.new_transaction()
+        p.send(b"m", txn=txn)
+        monkeypatch.setattr(participants, "write_marker", lagging)
+        txn.commit()
+        assert c.flush(30)
+        assert missed == ["persistent://public/default/t-partition-0"]
+        assert committed_values(c, "t") == [b"m"]
+        assert [s["markers"] for s in c.admin.topic_stats("t")] == [1]

@@ -12,7 +12,10 @@ from typing import Any
 from pulsartx.buffer.markers import write_marker
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnMeta
 from pulsartx.exceptions import TopicNotFound
+from pulsartx.log.partition import partition_segments
+from pulsartx.naming import TopicName
 from pulsartx.storage import group_commit
+from pulsartx.storage.delta import commit_file
 from pulsartx.storage.pools import ProcessPool
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.pendingack import end_transaction_on_subscription
@@ -41,7 +44,18 @@ def end_on_partition(root: StorageRoot, meta: TxnMeta, partition: str, action: T
         # Its topic was deleted after the transaction wrote to it: its messages went with it and
         # nothing is left to mark. Retrying would keep the transaction unfinished for as long as
         # the topic is gone, then put its marker into a re-created topic of the same name.
+        if _table_files_remain(root, partition):
+            # Not found by a listing, yet its log is there (a store whose listings lag): a marker
+            # taken for done here would make a committed transaction's messages invisible for good.
+            raise
         log.info("%s: %s no longer exists, nothing to mark there", meta.txn_id, partition)
+
+
+def _table_files_remain(root: StorageRoot, partition: str) -> bool:
+    """Whether the partition's Delta log still has its first commit or a checkpoint hint (log
+    cleanup removes early commits only once a checkpoint covers them), asked by name, not listed."""
+    log_dir = (*partition_segments(TopicName.parse(partition)), "_delta_log")
+    return root.exists(*log_dir, commit_file(0)) or root.exists(*log_dir, "_last_checkpoint")
 
 
 def end_on_subscription(root: StorageRoot, meta: TxnMeta, sub: Subscription, action: TxnAction) -> None:
