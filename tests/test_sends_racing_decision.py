@@ -175,3 +175,62 @@ def _race_round(client, r: int, senders) -> list[bytes]:
     with lock:
         assert sorted(results) == sorted(attempted)  # every send was answered
         return [v for v, res in results.items() if res == pulsartx.Result.Ok]
+
+
+def test_an_append_in_flight_that_fails_while_commit_waits_for_it_aborts_the_transaction(root, monkeypatch):
+    """A send passes its checks after commit() flushed the producers and before the decision, so
+    the decision waits for its append; that append then fails (a storage error, its sender told
+    so). The transaction must not commit without it: commit() raises
+    TransactionHasOperationFailed, and nothing of the transaction is visible."""
+    from pulsartx.exceptions import TransactionHasOperationFailed
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Op
+
+    at_decision, decide = threading.Event(), threading.Event()
+    checked, append = threading.Event(), threading.Event()
+    real_end, real_before = Transaction._end, Transaction._before_append
+
+    def end(self, action):
+        if threading.current_thread().name == "committer" and action.value == "COMMIT":
+            at_decision.set()
+            assert decide.wait(30)
+        return real_end(self, action)
+
+    def before(self, partition, registered=False):
+        out = real_before(self, partition, registered)
+        if threading.current_thread().name == "failing-sender":
+            checked.set()
+            assert append.wait(30)
+        return out
+
+    monkeypatch.setattr(Transaction, "_end", end)
+    monkeypatch.setattr(Transaction, "_before_append", before)
+    client = pulsartx.Client(root)
+    prod = slow_producer(client, "one")
+    txn = client.new_transaction()
+    prod.send(b"first", txn=txn)
+    out_commit: list[object] = []
+    committer = threading.Thread(target=lambda: out_commit.append(_catch(txn.commit)), name="committer")
+    committer.start()
+    assert at_decision.wait(30)  # the producers are flushed; the decision is next
+    out_send: list[object] = []
+    sender = threading.Thread(target=lambda: out_send.append(_catch(lambda: prod.send(b"late", txn=txn))),
+                              name="failing-sender")
+    sender.start()
+    assert checked.wait(30)  # past its checks, counted: the decision waits for it
+    faults.install([Fault(Op.WRITE, match="partition-0/part-")])
+    try:
+        decide.set()
+        time.sleep(0.5)
+        assert committer.is_alive()  # waiting for the append in flight
+        append.set()
+        sender.join(30)
+        committer.join(30)
+    finally:
+        faults.clear()
+    assert isinstance(out_send[0], PulsarException)
+    assert isinstance(out_commit[0], TransactionHasOperationFailed), out_commit
+    assert txn.state.value == "ABORTED"
+    client.flush()
+    assert read_all(client, "one") == []
+    client.close()

@@ -29,7 +29,7 @@ from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
 from pulsartx.client.table_sending import TableSending
-from pulsartx.client.transaction import run_beside
+from pulsartx.client.transaction import TransactionState, run_beside
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -122,7 +122,10 @@ class Producer(TableSending):
         self._append_locks = {p.partition: threading.Lock() for p in self._partitions}
         self._first_enqueued: dict[tuple[int, Any], float] = {}
         self._closed = False
-        self._errors: list[BaseException] = []
+        # Failures of batches sent with send_async, for flush() to raise: (error, transaction). A
+        # transaction's go when it is decided or aborted (its commit() reports them itself), and
+        # one that failed because it was no longer OPEN is not kept (its sender was told).
+        self._errors: list[tuple[BaseException, Any]] = []
         if initial_sequence_id is not None:
             self._last_seq = initial_sequence_id
         elif producer_name is not None:
@@ -206,7 +209,7 @@ class Producer(TableSending):
         # no longer queued, and taking its lock is what waits for that append to finish.
         self._flush_keys(list(self._flush_locks))
         if self._errors:
-            err, self._errors = self._errors[0], []
+            (err, _), self._errors = self._errors[0], []
             raise err
 
     def close(self) -> None:
@@ -364,7 +367,7 @@ class Producer(TableSending):
                 event_times_ms=[p.event_ms for p in batch], producer_name=self._name,
                 sequence_ids=[p.sequence_id for p in batch], txn=txn_bits), number)
         except PulsarException as e:
-            self._fail(batch, e)
+            self._fail(batch, e, txn)
             return
         for p, off in zip(batch, res.offsets, strict=True):
             # A deduplicated message was persisted earlier; Pulsar reports it without a new position.
@@ -418,8 +421,8 @@ class Producer(TableSending):
         log.warning("producer %s: batch of %d to %s failed: %s", self._name, len(batch), self._topic, exc)
         if txn is not None:
             txn._operation_failed(exc)
-        if report and not all(p.sync for p in batch):
-            self._errors.append(exc)  # sync senders get it raised directly; flush() reports the rest
+        if report and not all(p.sync for p in batch) and (txn is None or txn.state is TransactionState.OPEN):
+            self._errors.append((exc, txn))  # sync senders get it raised directly; flush() reports the rest
         for p in batch:
             p.finish(exc)
             if p.callback is not None:
@@ -451,6 +454,7 @@ class Producer(TableSending):
         if dropped:
             self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"),
                        report=False)
+        self._drop_errors_of(txn)
         # A batch the flush loop already took is being appended right now: let it finish before the
         # abort is logged (as Pulsar's abort waits for the transaction's in-flight sends), so it
         # neither fails half-way against an ABORTING transaction nor lands after the decision.
@@ -474,9 +478,14 @@ class Producer(TableSending):
         with self._lock:
             return list(self._txn_keys.get(txn, ()))
 
+    def _drop_errors_of(self, txn: Any) -> None:
+        with self._lock:
+            self._errors = [(e, t) for e, t in self._errors if t is not txn]
+
     def forget_transaction(self, txn: Any) -> None:
         """``txn`` was decided: drop its queue keys and flush locks (a queue a late send refilled
-        stays until it is flushed and refused)."""
+        stays until it is flushed and refused), and its failures (its commit reported them)."""
+        self._drop_errors_of(txn)
         with self._lock:
             left = []
             for k in self._txn_keys.pop(txn, []):

@@ -433,8 +433,12 @@ class Transaction:
     def _operation_failed(self, exc: BaseException) -> None:
         """A send of this transaction failed (its sender was told): committing would commit the
         transaction without it, so commit() aborts instead (Pulsar's
-        TransactionHasOperationFailedException). The first failure is the one reported."""
+        TransactionHasOperationFailedException). The first failure is the one reported. A send
+        refused because the transaction was already being decided is not one of its operations:
+        it never joined it, and its sender was told."""
         with self._lock:
+            if isinstance(exc, InvalidTxnStatusError) and self.state is not TransactionState.OPEN:
+                return
             if self._must_abort is None:
                 self._must_abort = exc
 
@@ -545,6 +549,12 @@ class Transaction:
             self.state = TransactionState.COMMITTING if action is TxnAction.COMMIT else TransactionState.ABORTING
             while self._appending:
                 self._appends_ended.wait()
+            failed = action is TxnAction.COMMIT and (self._must_abort is not None or self._conflict is not None)
+        if failed:
+            # An append waited for above failed (its sender was told): committing the rest would
+            # commit the transaction without it, which commit() refuses (TransactionHasOperationFailed).
+            self._abort_locked()
+            raise self._aborted_error()
         self._settle_registrations()
         if action is TxnAction.COMMIT:
             self._commit_tried = True
