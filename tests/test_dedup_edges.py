@@ -213,6 +213,36 @@ def test_sequence_ids_across_partitions_and_a_restart(root):
         assert sorted(seen) == sorted(f"m{i}".encode() for i in range(10))
 
 
+# ---- maintenance: compaction and retention ----------------------------------------------------------
+
+def test_dedup_state_survives_compaction_and_retention(root):
+    from pulsartx.maintenance.compaction import compact_partition
+    from pulsartx.maintenance.retention import apply_retention
+    from pulsartx.naming import TopicName
+
+    part = TopicName.parse(TOPIC).with_partition(0)
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="C")
+        for i in range(6):
+            p.send(f"m{i}".encode())
+        txn = c.new_transaction()
+        p.send(b"aborted", txn=txn)  # sequence id 6
+        txn.abort()
+        for i in range(7, 10):
+            p.send(f"m{i}".encode())
+        p.close()
+        assert compact_partition(c.root, part).skipped is None
+        assert apply_retention(c.root, part, max_bytes=1, force=True).files_deleted >= 1
+        q = c.create_producer(TOPIC, producer_name="C")
+        assert q.last_sequence_id() == 9
+        assert [q.send(b"dup", sequence_id=i).offset() for i in (0, 6, 9)] == [-1, -1, -1]
+        assert q.send(b"m10").offset() == 11  # offsets never restart; sequence id 10
+        q.close()
+        with c.create_reader(TOPIC, MessageId.earliest) as r:
+            assert [m.data() for m in r][-1:] == [b"m10"]
+
+
 # ---- send_table ---------------------------------------------------------------------------------------
 
 def test_send_table_numbers_rows_after_sends_and_a_restart_resumes(root):
