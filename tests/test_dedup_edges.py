@@ -100,6 +100,34 @@ def test_a_lost_response_on_the_commit_put_sends_once(root, mode):
         assert _seen(c) == [b"a", b"b", b"c"]
 
 
+@pytest.mark.xfail(strict=True, reason="a commit whose outcome is unknown (its put's answer lost, the read-back "
+                                       "failing too) fails the send; the application's resend gets a new sequence "
+                                       "id, so a commit that did land is written twice. Fix: the producer resends "
+                                       "the batch itself under the same ids, holding back the partition's later "
+                                       "batches until it is settled (as Pulsar's client resends its pending "
+                                       "messages in order); deduplication then settles which landed")
+def test_a_send_whose_commit_outcome_is_unknown_is_written_once_after_the_application_retries(root):
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="U")
+        p.send(b"a")
+        commit = "_delta_log/00000000000000000002.json"
+        lost = Fault(Op.CREATE, Mode.LOST, after=True, match=commit)
+        unreadable = Fault(Op.READ, Mode.ERROR, match=commit, times=3)
+        faults.install([lost, unreadable])
+        try:
+            try:
+                p.send(b"b")
+            except pulsartx.PulsarException:
+                faults.clear()
+                p.send(b"b")  # the application's retry of a send that failed
+        finally:
+            faults.clear()
+        assert lost.fired == 1 and unreadable.fired >= 1
+        p.close()
+        assert _seen(c) == [b"a", b"b"]
+
+
 # ---- two live producers of one name ---------------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, reason="a second live producer of a name is accepted (Pulsar: ProducerBusy); "
