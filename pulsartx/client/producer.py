@@ -261,9 +261,7 @@ class Producer(TableSending):
         else:
             idx = None
         with self._lock:
-            # An id the caller chose counts from now; ours are numbered when appended (``_append``).
-            if sequence_id is not None and sequence_id > self._last_seq:
-                self._last_seq = sequence_id
+            # Ids, the caller's too, are counted when appended (``_append``), in queue order.
             unkeyed = idx is None
             if idx is None:
                 idx = self._router.current()
@@ -352,13 +350,18 @@ class Producer(TableSending):
         """Append one queue's batch. Batches of one partition are numbered as they are queued for
         its commit (``_write``): the queues of several transactions (and the plain one) flush
         concurrently, and a batch whose sequence ids were below a batch appended before it would be
-        dropped by deduplication as already persisted, a lost message."""
+        dropped by deduplication as already persisted, a lost message.
+
+        An id the caller chose counts here too, not when it was queued: counted at once, it numbered
+        the unnumbered messages queued before it above it, and dropped it as a duplicate of theirs."""
         def number() -> None:
             with self._lock:
                 for p in batch:
                     if p.sequence_id is None:
                         self._last_seq += 1
                         p.sequence_id = self._last_seq
+                    elif p.sequence_id > self._last_seq:
+                        self._last_seq = p.sequence_id
 
         part, txn = key
         try:
