@@ -19,6 +19,13 @@ Operations (``f``) and the fields the checker reads:
   (``[[topic, partition, offset, value], ...]``)
 * ``mrp``    ok: a maxReadPosition sample: ``topic``, ``partition``, ``blocked_at`` (first offset of
   the oldest transaction holding the partition back, or None) and ``t`` (wall clock, seconds)
+
+Every event's ``t`` (and a read's ``started``, a sample's ``t``) is the observer's clock,
+:func:`now`: the checker orders events of different processes by it (a read begun after a commit
+returned must see it), so it must be one clock for all of them. A fault that skews a process's
+clock (``soak.worker``'s ``skew_s`` replaces its ``time.time``) skews what the system under test
+sees, never the history: stamped with the skewed clock, a producer 8 days behind had every commit
+"return" before every read began, and concurrent reads were reported as stale.
 """
 from __future__ import annotations
 
@@ -31,6 +38,13 @@ from pathlib import Path
 from typing import Any
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
+# Bound at import, before a worker skews its process's ``time.time`` (see the module doc).
+_observer_time = time.time
+
+
+def now() -> float:
+    """The observer's wall clock (seconds), which no injected clock skew moves."""
+    return _observer_time()
 
 
 class History:
@@ -46,7 +60,7 @@ class History:
     def _write(self, kind: str, f: str, fields: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self._seq += 1
-            ev = {"p": self.process, "i": self._seq, "t": time.time(), "type": kind, "f": f, **fields}
+            ev = {"p": self.process, "i": self._seq, "t": now(), "type": kind, "f": f, **fields}
             os.write(self._fd, (json.dumps(ev, separators=(",", ":")) + "\n").encode())
         return ev
 

@@ -32,7 +32,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from .history import History, read_events, txn_list
+from .history import History, now, read_events, txn_list
 
 ORDERS, ORDERS_PARTS = "orders", 3
 OUTS = {1: "out1", 2: "out2"}
@@ -47,7 +47,9 @@ DEFINITELY_ABORTED = ("ExpiredTransactionError", "TransactionConflict")
 
 
 def _stopping(stop_path: str, deadline: float) -> bool:
-    return os.path.exists(stop_path) or time.time() > deadline
+    # The observer's clock, as the parent's deadline: a worker whose clock is skewed stops on time
+    # (on its own clock, the service 8 days ahead stopped before its first pass).
+    return os.path.exists(stop_path) or now() > deadline
 
 
 def worker(role: str, url: str, options: dict | None, hist_dir: str, stop_path: str, go_path: str,
@@ -242,13 +244,13 @@ def reader(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> 
     while not _stopping(stop_path, deadline):
         try:  # a read that failed on a storage fault observed nothing
             for ts in ([ORDERS], list(OUTS.values())):
-                started = time.time()
+                started = now()
                 h.ok("read", topics=ts, msgs=[list(x) for x in batch_read(c, ts)], started=started)
                 reads += 1
             for t in topics:
-                now = time.time()
+                sampled = now()
                 for part, at in blocked_at(c, t).items():
-                    h.ok("mrp", topic=t, partition=part, blocked_at=at, t=now)
+                    h.ok("mrp", topic=t, partition=part, blocked_at=at, t=sampled)
                     samples += 1
         except Exception:
             failed += 1
