@@ -102,26 +102,33 @@ def test_a_topic_named_to_the_length_limit_has_addressable_partitions_and_comple
         assert c.admin.transactions.get_transaction_metadata(txn.txn_id)["status"] == "COMMITTED"
 
 
-@pytest.mark.xfail(strict=True, raises=pulsartx.exceptions.CorruptedLog,
-                   reason="an open producer's appends never check the table's identity (markers do, through "
-                          "PartitionLog._behind): its next append lands at its old version + 1 in a re-created table")
 def test_an_idle_producer_of_a_deleted_and_re_created_topic_does_not_corrupt_the_new_topic(tmp_path):
     """Not a commit in flight (tests/test_merging_faults.py has those): the producer is idle while
-    another process deletes and re-creates its topic, and sends afterwards. Its send succeeds,
-    writing version 4 of a table at version 1, and every reader of the new topic then fails with
-    CorruptedLog. Fix: check ``DeltaAppender.same_table()`` before an append's group as markers
-    do (one read of version 0 per group; on a mismatch reload, so the send lands in the new
-    table or raises TopicNotFound); a commit in flight stays the documented limitation."""
+    another process deletes and re-creates its topic, and sends afterwards. Before the fix its
+    send succeeded, writing version 4 of a table at version 1, and every reader of the new topic
+    then failed with CorruptedLog. Now an append after ``IDENTITY_CHECK_IDLE_S`` without a commit
+    checks the table first, as markers do: the send lands in the new table, or raises
+    TopicNotFound."""
+    import subprocess
+    import sys
+    import time
+
+    from pulsartx.log.partition import IDENTITY_CHECK_IDLE_S
+
     root = str(tmp_path / "root")
     with pulsartx.Client(root) as c:
         c.admin.create_topic("idle", partitions=1)
         p = c.create_producer("idle")
         for i in range(3):
             p.send(f"old-{i}".encode())
-        with pulsartx.Client(root) as other:  # another process's doing
-            other.admin.delete_topic("idle")
-            other.admin.create_topic("idle", partitions=1)
-            other.create_producer("idle").send(b"new-0")
+        code = ("import pulsartx\n"
+                f"with pulsartx.Client({root!r}) as other:\n"
+                "    other.admin.delete_topic('idle')\n"
+                "    other.admin.create_topic('idle', partitions=1)\n"
+                "    other.create_producer('idle').send(b'new-0')\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        time.sleep(IDENTITY_CHECK_IDLE_S + 0.2)  # idle, as a producer between two bursts
         late = None
         try:
             p.send(b"late")

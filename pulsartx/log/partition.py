@@ -51,6 +51,9 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 MAX_APPEND_ATTEMPTS = 200
+# An append after this long without a commit through its writer first checks that the table is
+# still the one the writer loaded, and catches up (PartitionLog._writer_idle).
+IDENTITY_CHECK_IDLE_S = 1.0
 # How long a marker's guard app id stays in the table: the marker is written at most once in that
 # time. Later only a recovery of a transaction still unfinished an hour after its decision could
 # write it again, and a repeated marker is ignored by every reader (the fold, the interop query).
@@ -454,7 +457,17 @@ class PartitionLog:
                            records.column("sequence_id").to_numpy() if producer_name else None, guard_app_id, codecs)
         # One producer's appends have distinct keys: planned in queue order (see _plan), they may share a commit.
         key = guard_app_id or id(item)
-        return self._group.submit(key, lambda: self._plan(item), kind=codecs["value"])
+        return self._group.submit(key, lambda: self._plan(item), kind=codecs["value"], before=self._writer_idle())
+
+    def _writer_idle(self) -> bool:
+        """Whether an append's group must first check the table and catch up (:meth:`sync_writer`):
+        after ``IDENTITY_CHECK_IDLE_S`` without a commit through this writer. The topic may have
+        been deleted and re-created meanwhile by another process, and this writer's next version
+        would then be a gap in the new table (``CorruptedLog`` for every reader of it). A busy
+        writer skips the read; a commit in flight across a delete and re-create is the documented
+        limitation (docs/storage.md)."""
+        writer = self._writer
+        return writer is not None and writer.idle_s() > IDENTITY_CHECK_IDLE_S
 
     def wait_append(self, request: Any) -> AppendResult:
         return self._group.wait(request).result

@@ -382,6 +382,10 @@ class DeltaAppender:
         if self.on_commit is not None:
             self.on_commit(version, actions, not foreign)
 
+    def idle_s(self) -> float:
+        """Seconds since this writer last applied a commit (its own or another's) or caught up."""
+        return time.monotonic() - self._synced
+
     def catch_up(self) -> bool:
         """Apply every commit after :attr:`version`. False when the log no longer holds them (our
         snapshot is older than the log's retention): the owner must reload (:meth:`reload`)."""
