@@ -367,3 +367,26 @@ def test_acknowledge_table_takes_the_topic_by_any_of_its_names(client):
     again = client.subscribe(IN, "s")
     with pytest.raises(Timeout):
         again.receive(timeout_millis=300)
+
+
+def test_acknowledge_refuses_a_message_of_another_topic_or_partition(client):
+    """The per-message path refuses what acknowledge_table refuses: a received Message of another
+    topic, or of another partition on a consumer of one partition, names other messages here."""
+    seed(client, IN, 4)
+    seed(client, OTHER, 4)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0)
+    o = client.subscribe(OTHER, "s", initial_position=InitialPosition.Earliest)
+    foreign = o.receive(5000)
+    with pytest.raises(InvalidConfiguration, match="acknowledge it on the consumer it was received from"):
+        c.acknowledge(foreign)
+    with pytest.raises(InvalidConfiguration, match="acknowledge it on the consumer it was received from"):
+        c.acknowledge_cumulative(foreign)
+    assert values(receive_rows(c, 4)) == ["m0", "m1", "m2", "m3"]  # none of this topic's was acked
+    client.admin.create_topic("two", partitions=2)
+    p = client.create_producer("two")
+    for i in range(8):
+        p.send(f"m{i}".encode(), partition_key=f"k{i}")
+    c0 = client.subscribe("two-partition-0", "a", initial_position=InitialPosition.Earliest)
+    c1 = client.subscribe("two-partition-1", "b", initial_position=InitialPosition.Earliest)
+    with pytest.raises(InvalidConfiguration, match="partition 0"):
+        c1.acknowledge(c0.receive(5000))

@@ -14,6 +14,7 @@ from pulsartx.coordinator.state import Subscription, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException, TransactionConflict
 from pulsartx.log.message_id import MessageId
+from pulsartx.naming import TopicName
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
 
@@ -64,12 +65,28 @@ class Acknowledgement(ConsumerCore):
         out: dict[PartitionState, list[int]] = {}
         for m in items:
             if isinstance(m, Message):  # a received message: a real position, no id object needed
-                out.setdefault(self._part(m._rows.partition), []).append(m._offset)
+                out.setdefault(self._part_of(m), []).append(m._offset)
                 continue
             if not isinstance(m, MessageId) or m.is_earliest or m.is_latest:
                 raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
             out.setdefault(self._part(m.partition()), []).append(m.offset())
         return out
+
+    def _part_of(self, m: Message) -> PartitionState:
+        """The partition a received message belongs to here: its own topic and partition only. Its
+        position names another message in any other partition or topic, which would be
+        acknowledged without ever being delivered (a MessageId, which names no topic, keeps
+        Pulsar's one-partition fallback in :meth:`_part`)."""
+        rows = m._rows
+        for p in self._parts:
+            if p.index == rows.partition:
+                topic = p.message_topic or str(p.topic.base)
+                if rows.topic == topic or _same_topic(rows.topic, p.topic):
+                    return p
+                break
+        raise InvalidConfiguration(f"cannot acknowledge message {m.message_id()} of {rows.topic} (partition "
+                                   f"{rows.partition}) on a consumer of {self._topic}: acknowledge it on the consumer "
+                                   "it was received from")
 
     def _part(self, index: int) -> PartitionState:
         for p in self._parts:
@@ -267,3 +284,11 @@ def _after(decided: list[TxnMeta], apply: Callable[[CursorState, int, PartitionS
                 c.abort(key)
         apply(c, k, part, offs)
     return run
+
+
+def _same_topic(name: str, topic: TopicName) -> bool:
+    """Whether ``name`` (as a message carries it) names ``topic``'s topic."""
+    try:
+        return TopicName.parse(name).base == topic.base
+    except PulsarException:
+        return False
