@@ -14,11 +14,11 @@ import time
 from collections import Counter
 
 import pytest
+from _keys import keys_for  # tests/ is on sys.path (conftest)
 from _procs import BIG_RETENTION_MS, Child, count_markers, read_tc_log
 
 import pulsartx
 from pulsartx import MessageId
-from pulsartx.client.routing import partition_for_key
 from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
@@ -36,13 +36,6 @@ DECIDED = {TxnAction.COMMIT: TxnStatus.COMMITTING, TxnAction.ABORT: TxnStatus.AB
 SPARK_GRACE_S = 4.0
 
 
-def keys_for(n: int) -> list[str]:
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 @pytest.fixture

@@ -9,23 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _keys import keys_for  # tests/ is on sys.path (conftest)
 from pyspark.sql import functions as F
 from spark_jobs.checks import data_count, raw, read, txns, write
 
-from pulsartx.client.routing import partition_for_key
 from pulsartx.exceptions import InvalidConfiguration
 
 pytestmark = pytest.mark.spark
 
 
-def keys_for(n: int) -> list[str]:
-    """One key routed to each of ``n`` partitions."""
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 def error_of(action: Any) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _keys import keys_for  # tests/ is on sys.path (conftest)
 from chispa import assert_df_equality
 
 from pulsartx.buffer.markers import write_marker
-from pulsartx.client.routing import partition_for_key
 from pulsartx.coordinator.state import TxnAction, TxnStatus
 from pulsartx.naming import TopicName
 
@@ -22,13 +22,6 @@ pytestmark = pytest.mark.spark
 RC, RU = "READ_COMMITTED", "READ_UNCOMMITTED"
 
 
-def keys_for(n: int) -> list[str]:
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 def load(spark: Any, root: str, topic: str, level: str | None = None) -> Any:

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 import pytest
+from _keys import keys_for  # tests/ is on sys.path (conftest)
 from _procs import count_markers
 
 import pulsartx
@@ -20,7 +21,6 @@ from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.markers import write_marker
 from pulsartx.buffer.snapshot import SnapshotStore
 from pulsartx.buffer.state import FOLD_COLUMNS, BufferState
-from pulsartx.client.routing import partition_for_key
 from pulsartx.client.transaction import TransactionState
 from pulsartx.coordinator.participants import end_on_participants
 from pulsartx.coordinator.state import TxnAction, TxnStatus
@@ -33,14 +33,6 @@ RC, RU = "READ_COMMITTED", "READ_UNCOMMITTED"
 # ---- helpers -------------------------------------------------------------------------------------------
 
 
-def keys_for(n: int) -> list[str]:
-    """keys[i] routes to partition i of an n-partition topic."""
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 def read(client, topic: str, level: str = RC) -> list[bytes]:

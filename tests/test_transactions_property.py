@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from _keys import keys_for  # tests/ is on sys.path (conftest)
 from _procs import count_markers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pulsartx
 from pulsartx import MessageId
-from pulsartx.client.routing import partition_for_key
 
 SLOTS = 3  # at most this many transactions open at once
 
@@ -32,13 +32,6 @@ scenarios = st.tuples(
 )
 
 
-def keys_for(n: int) -> list[str]:
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 KEYS = {n: keys_for(n) for n in (2, 3)}
