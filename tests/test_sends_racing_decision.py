@@ -24,18 +24,6 @@ def read_all(client, topic: str, partitions: int = 1) -> list[bytes]:
     return out
 
 
-def in_thread(fn):
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:
-            out.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
 
 
 def slow_producer(client, topic: str):

@@ -12,6 +12,7 @@ import pytest
 from _keys import keys_for  # tests/ is on sys.path (conftest)
 from pyspark.sql import functions as F
 from spark_jobs.checks import data_count, raw, read, txns, write
+from test_spark_write import error_of, open_txns  # tests/ is on sys.path (conftest)
 
 from pulsartx.exceptions import InvalidConfiguration
 
@@ -20,14 +21,6 @@ pytestmark = pytest.mark.spark
 
 
 
-def error_of(action: Any) -> str:
-    with pytest.raises(Exception) as info:
-        action()
-    return str(info.value)
-
-
-def open_txns(client: Any) -> list[dict[str, Any]]:
-    return client.admin.transactions.get_slow_transactions(0)
 
 
 def test_pushed_partition_filter_with_offsets_for_a_filtered_out_partition(spark: Any, client: Any,
