@@ -144,3 +144,32 @@ def test_an_admin_fence_outlives_compaction(tmp_path):
     assert committed_values(fresh, "t") == []
     for c in (owner, admin, fresh):
         c.close()
+
+
+def test_a_commit_refused_as_not_found_then_an_abort_ends_quietly(tmp_path):
+    """An operator aborts an open transaction and its entry is trimmed; its owner then tries to
+    commit (refused: the TC holds no such transaction, so nothing was committed) and aborts. The
+    abort returns, and the transaction is ABORTED. It used to raise TransactionNotFound: the
+    refused commit counted as one whose outcome might have been a commit."""
+    import time
+
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    root = str(tmp_path / "root")
+    cfg = CoordinatorConfig(finished_retention_ms=0, compact_every=4, recovery_grace_ms=0)
+    with pulsartx.Client(root, num_coordinators=1, coordinator_config=cfg) as c, \
+            pulsartx.Client(root, num_coordinators=1) as operator:
+        c.admin.create_topic("t", 1)
+        p = c.create_producer("t")
+        txn = c.new_transaction()
+        p.send(b"m", txn=txn)
+        assert operator.admin.transactions.abort_transaction(str(txn.id))["status"] in ("ABORTING", "ABORTED")
+        assert c.flush() and operator.flush()
+        tl = TransactionLog(c.root, txn.id.most_bits, compact_every=1, finished_retention_ms=0).open()
+        tl.log.files_since_compaction = 1
+        tl.maybe_compact(int(time.time() * 1000))
+        with pytest.raises(pulsartx.PulsarException):
+            txn.commit()
+        txn.abort()
+        assert txn.state.value == "ABORTED"
+        assert committed_values(c, "t") == []

@@ -556,6 +556,7 @@ class Transaction:
             self._abort_locked()
             raise self._aborted_error()
         self._settle_registrations()
+        tried_before = self._commit_tried
         if action is TxnAction.COMMIT:
             self._commit_tried = True
         try:
@@ -563,6 +564,10 @@ class Transaction:
             meta = self._tc().end_transaction(self.id, action, owner=self._client.owner or "", background=True,
                                               subscriptions=self._deferred)
         except TransactionNotFound:
+            if action is TxnAction.COMMIT:
+                # A definite answer: the TC holds no such transaction, so this attempt committed
+                # nothing (an admin abort, or a timeout, ended it and its entry was trimmed).
+                self._commit_tried = tried_before
             if action is TxnAction.ABORT and not self._commit_tried:
                 # The TC has forgotten it: it ended and its entry was trimmed. Only this client can
                 # commit it, and it never asked to, so it ended ABORTED (an admin abort, a timeout).
