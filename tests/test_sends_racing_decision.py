@@ -6,28 +6,41 @@ import threading
 import time
 
 import pytest
+from test_txn_produce import read_all, slow_producer  # tests/ is on sys.path (conftest)
 
 import pulsartx
-from pulsartx import MessageId
 from pulsartx.client.transaction import Transaction
 from pulsartx.exceptions import PulsarException
 
 pytestmark = pytest.mark.parametrize("storage", ["local"], indirect=True)
 
 
-def read_all(client, topic: str, partitions: int = 1) -> list[bytes]:
-    out = []
-    for p in range(partitions):
-        r = client.create_reader(f"{topic}-partition-{p}", MessageId.earliest)
-        while r.has_message_available():
-            out.append(r.read_next().data())
-    return out
+def hold_decision_and_sender(monkeypatch, committer: str, sender: str
+                             ) -> tuple[threading.Event, threading.Event, threading.Event, threading.Event]:
+    """Hold the thread named ``committer`` just before its transaction's commit decision
+    (``Transaction._end``), and the thread named ``sender`` just after its append's last check
+    (``Transaction._before_append``). Returns (at_decision, decide, checked, append): each hold
+    sets the first of its pair and waits for the second."""
+    at_decision, decide = threading.Event(), threading.Event()
+    checked, append = threading.Event(), threading.Event()
+    real_end, real_before = Transaction._end, Transaction._before_append
 
+    def end(self, action):
+        if threading.current_thread().name == committer and action.value == "COMMIT":
+            at_decision.set()
+            assert decide.wait(30)
+        return real_end(self, action)
 
+    def before(self, partition, registered=False):
+        out = real_before(self, partition, registered)
+        if threading.current_thread().name == sender:
+            checked.set()
+            assert append.wait(30)
+        return out
 
-
-def slow_producer(client, topic: str):
-    return client.create_producer(topic, batching_max_messages=1000, batching_max_publish_delay_ms=60_000)
+    monkeypatch.setattr(Transaction, "_end", end)
+    monkeypatch.setattr(Transaction, "_before_append", before)
+    return at_decision, decide, checked, append
 
 
 def test_send_checked_before_the_decision_and_appended_after_it_is_not_lost(root, monkeypatch):
@@ -37,27 +50,8 @@ def test_send_checked_before_the_decision_and_appended_after_it_is_not_lost(root
     success, so the message must be visible with the transaction; the alternative is that the
     send fails. A success whose message is never visible (a straggler behind its own marker) is a
     lost message."""
-    at_decision, decide = threading.Event(), threading.Event()
-    checked, append = threading.Event(), threading.Event()
-    real_end = Transaction._end
-    real_before = Transaction._before_append
     committer_name = "review-committer"
-
-    def end(self, action):
-        if threading.current_thread().name == committer_name:
-            at_decision.set()
-            assert decide.wait(30)
-        return real_end(self, action)
-
-    def before(self, partition, registered=False):
-        out = real_before(self, partition, registered)
-        if threading.current_thread().name == "review-sender":
-            checked.set()
-            append.wait(30)
-        return out
-
-    monkeypatch.setattr(Transaction, "_end", end)
-    monkeypatch.setattr(Transaction, "_before_append", before)
+    at_decision, decide, checked, append = hold_decision_and_sender(monkeypatch, committer_name, "review-sender")
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
@@ -81,7 +75,7 @@ def test_send_checked_before_the_decision_and_appended_after_it_is_not_lost(root
     committer.join(30)
     client.flush()
     assert out_commit == [None] and txn.state.value == "COMMITTED"
-    visible = read_all(client, "one")
+    visible = read_all(client, "one", 1)
     if isinstance(out_send[0], BaseException):
         assert isinstance(out_send[0], PulsarException) and visible == [b"first"]
     else:
@@ -174,25 +168,7 @@ def test_an_append_in_flight_that_fails_while_commit_waits_for_it_aborts_the_tra
     from pulsartx.storage import faults
     from pulsartx.storage.faults import Fault, Op
 
-    at_decision, decide = threading.Event(), threading.Event()
-    checked, append = threading.Event(), threading.Event()
-    real_end, real_before = Transaction._end, Transaction._before_append
-
-    def end(self, action):
-        if threading.current_thread().name == "committer" and action.value == "COMMIT":
-            at_decision.set()
-            assert decide.wait(30)
-        return real_end(self, action)
-
-    def before(self, partition, registered=False):
-        out = real_before(self, partition, registered)
-        if threading.current_thread().name == "failing-sender":
-            checked.set()
-            assert append.wait(30)
-        return out
-
-    monkeypatch.setattr(Transaction, "_end", end)
-    monkeypatch.setattr(Transaction, "_before_append", before)
+    at_decision, decide, checked, append = hold_decision_and_sender(monkeypatch, "committer", "failing-sender")
     client = pulsartx.Client(root)
     prod = slow_producer(client, "one")
     txn = client.new_transaction()
@@ -220,5 +196,5 @@ def test_an_append_in_flight_that_fails_while_commit_waits_for_it_aborts_the_tra
     assert isinstance(out_commit[0], TransactionHasOperationFailed), out_commit
     assert txn.state.value == "ABORTED"
     client.flush()
-    assert read_all(client, "one") == []
+    assert read_all(client, "one", 1) == []
     client.close()
