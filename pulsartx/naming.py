@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from pulsartx.exceptions import InvalidTopicName
+from pulsartx.exceptions import InvalidTopicName, PulsarException
 
 DOMAIN = "persistent"
 DEFAULT_TENANT = "public"
@@ -128,6 +128,15 @@ def message_topic(partition: TopicName, partitioned: bool) -> str:
     topic here is stored as partitions, so a topic of one partition, addressed by its base name,
     counts as non-partitioned."""
     return str(partition) if partitioned else str(partition.base)
+
+
+def names_topic(name: str, topic: TopicName) -> bool:
+    """Whether ``name`` (short or full, with or without a partition suffix, as a message or a row's
+    ``__topic`` carries it) names ``topic``'s topic; False for a name that is not a topic name."""
+    try:
+        return TopicName.parse(name).base == topic.base
+    except PulsarException:
+        return False
 
 
 def is_partitioned(requested: str | TopicName, partitions: int) -> bool:

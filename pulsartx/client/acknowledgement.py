@@ -14,7 +14,7 @@ from pulsartx.coordinator.state import Subscription, TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, NotAllowedError, PulsarException, TransactionConflict
 from pulsartx.log.message_id import MessageId
-from pulsartx.naming import TopicName
+from pulsartx.naming import names_topic
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
 
@@ -81,7 +81,7 @@ class Acknowledgement(ConsumerCore):
         for p in self._parts:
             if p.index == rows.partition:
                 topic = p.message_topic or str(p.topic.base)
-                if rows.topic == topic or _same_topic(rows.topic, p.topic):
+                if rows.topic == topic or names_topic(rows.topic, p.topic):
                     return p
                 break
         raise InvalidConfiguration(f"cannot acknowledge message {m.message_id()} of {rows.topic} (partition "
@@ -170,8 +170,7 @@ class Acknowledgement(ConsumerCore):
                ) -> Callable[[CursorState, int, PartitionState, list[int]], None]:
         """``apply``, refused on a subscription this consumer did not open (deleted, maybe re-created)."""
         def run(c: CursorState, k: int, part: PartitionState, offs: list[int]) -> None:
-            if not part.owns(c):
-                raise self._gone(part)
+            self._require_own(part, c)
             apply(c, k, part, offs)
         return run
 
@@ -285,10 +284,3 @@ def _after(decided: list[TxnMeta], apply: Callable[[CursorState, int, PartitionS
         apply(c, k, part, offs)
     return run
 
-
-def _same_topic(name: str, topic: TopicName) -> bool:
-    """Whether ``name`` (as a message carries it) names ``topic``'s topic."""
-    try:
-        return TopicName.parse(name).base == topic.base
-    except PulsarException:
-        return False

@@ -23,7 +23,7 @@ from pulsartx.client.consumer_state import CLAIMING, ConsumerCore, PartitionStat
 from pulsartx.client.message import Message, Records
 from pulsartx.exceptions import InvalidConfiguration, PulsarException
 from pulsartx.log.rows import ROW_SCHEMA, parse_message_ids, rows_from_records
-from pulsartx.naming import TopicName
+from pulsartx.naming import names_topic
 from pulsartx.subscription.cursor import CursorState
 
 log = logging.getLogger("pulsartx.client.consumer")
@@ -301,7 +301,7 @@ class TableConsumer(ConsumerCore):
         col = table.column("__topic")
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             return
-        others = [t for t in pc.unique(col).to_pylist() if t is not None and not _names(t, base)]
+        others = [t for t in pc.unique(col).to_pylist() if t is not None and not names_topic(t, base)]
         if others:
             raise InvalidConfiguration(f"acknowledge_table: the table holds rows of {others[0]}, not of {base}: "
                                        "acknowledge them on a consumer of that topic")
@@ -328,10 +328,3 @@ class TableConsumer(ConsumerCore):
                        for o in itertools.chain(part.acks, part.inflight)) or \
                 any(c is not None for part in by_part for c in (part.cumulative, part.inflight_cumulative))
 
-
-def _names(name: str, base: TopicName) -> bool:
-    """Whether ``name`` (short or full, with or without a partition suffix) is the topic ``base``."""
-    try:
-        return TopicName.parse(name).base == base
-    except PulsarException:
-        return False
