@@ -168,7 +168,11 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 pos = message_id.offset()
             else:
                 continue
-            part.store.update(lambda c, pos=pos, part=part: c.reset(pos) if part.owns(c) else _raise(self._gone(part)))
+            def reset(c: CursorState, pos: int = pos, part: PartitionState = part) -> None:
+                self._require_own(part, c)
+                c.reset(pos)
+
+            part.store.update(reset)
             part.store.release_claims()
             with self._lock:
                 part.queue.clear()
@@ -192,9 +196,15 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             c.reset(0)
             c.deleted = True
 
-        for part in self._parts:
+        def tombstone_own(c: CursorState, part: PartitionState) -> bool:
             # Not a subscription of the same name re-created since this consumer's was deleted.
-            if part.store.update(lambda c, part=part: part.owns(c) and (tombstone(c), True)[1]):
+            if not part.owns(c):
+                return False
+            tombstone(c)
+            return True
+
+        for part in self._parts:
+            if part.store.update(lambda c, part=part: tombstone_own(c, part)):
                 part.store.release_claims()
 
     def close(self) -> None:
@@ -267,8 +277,3 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 self._expire_unacked()
             except Exception as e:  # the loop must survive storage hiccups
                 log.warning("consumer %s background work failed: %s", self._name, e)
-
-
-
-def _raise(e: Exception) -> None:
-    raise e

@@ -126,7 +126,9 @@ class ConsumerCore:
         if self._closed:
             raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")
 
-    def _gone(self, part: PartitionState) -> NotAllowedError:
-        return NotAllowedError(f"subscription {self._subscription!r} on {part.topic} was deleted under consumer "
-                               f"{self._name} (it may have been re-created since, as another subscription): close "
-                               "this consumer and subscribe again")
+    def _require_own(self, part: PartitionState, cursor: CursorState) -> None:
+        """Refuse a change to a cursor this consumer did not open (:meth:`PartitionState.owns`)."""
+        if not part.owns(cursor):
+            raise NotAllowedError(f"subscription {self._subscription!r} on {part.topic} was deleted under consumer "
+                                  f"{self._name} (it may have been re-created since, as another subscription): "
+                                  "close this consumer and subscribe again")

@@ -817,7 +817,8 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
     now = int(time.time() * 1000)
     actions: list[Any] = [dl.transaction.RemoveAction(p, data_change, now, size=s) for p, s in removes]
     uri = root.uri(*segments)
-    def write_file() -> Any:
+    def write_file(written: int) -> tuple[Any, float]:
+        """The file's add action (``written``: its modificationTime) and its since_boot()."""
         name = f"compacted-{uuid.uuid4().hex}.parquet"
         size = retrying("write a data file of", uri, lambda: put_parquet(root, segments, name, data), root=root)
         return dl.transaction.AddAction(name, size, {}, written, data_change, file_stats(data, stats_columns)), \
@@ -825,12 +826,12 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
 
     if data is not None and data.num_rows:
         written = now
-        add, boot = write_file()
-        while file_age_s(written, boot) >= STALE_DATA_FILE_S:  # paused before its commit: see STALE_DATA_FILE_S
+        add, boot = write_file(written)
+        while (age := file_age_s(written, boot)) >= STALE_DATA_FILE_S:  # paused before its commit
             log.warning("%s: compacted file %s was written %.0f s ago and is not committed yet; writing it again, "
-                        "as a vacuum may delete an unreferenced file that old", uri, add.path, file_age_s(written, boot))
+                        "as a vacuum may delete an unreferenced file that old", uri, add.path, age)
             stale, written = add.path, int(time.time() * 1000)
-            add, boot = write_file()
+            add, boot = write_file(written)
             with contextlib.suppress(Exception):  # unreferenced: vacuum would delete it anyway
                 root.rm(*segments, stale)
         actions.append(add)
