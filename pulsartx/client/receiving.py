@@ -142,13 +142,14 @@ class Receiving(ConsumerCore):
                     passed = self._fill(part) or passed
                 except PulsarException as e:
                     failed = failed or e
-            with self._lock:
-                ready = [p for p in self._parts if p.queue]
-            if ready or failed is not None or not passed or time.monotonic() >= deadline:
+            if failed is not None or not passed or time.monotonic() >= deadline:
                 break
             # Only offsets passed (aborted data, markers), held locally as acks: the next fetch
             # starts after them. Waiting for a commit first would cost a wait per fetch window (one
             # per message with receiver_queue_size=1).
+            with self._lock:
+                if any(p.queue for p in self._parts):
+                    break
         with self._lock:
             ready = [p for p in self._parts if p.queue]
             if not ready:
