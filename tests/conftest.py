@@ -232,3 +232,14 @@ def one_helper(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     started = pool.started()
     if started is not None:
         started.shutdown(wait=True)
+
+
+@pytest.fixture
+def no_faults() -> Iterator[None]:
+    """No storage fault plan before or after the test (a test module that installs them uses it:
+    ``pytestmark = pytest.mark.usefixtures("no_faults")``)."""
+    from pulsartx.storage import faults
+
+    faults.clear()
+    yield
+    faults.clear()

@@ -39,11 +39,7 @@ from pulsartx.storage.faults import Fault, Mode, Op
 SOURCE, SINK, SUBS, ACKED, TOTAL = "src", "sink", ["s-cum", "s-list"], 6, 10
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 def _seed(root: str) -> pulsartx.Client:

@@ -14,12 +14,7 @@ from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Fault, Op
 
-
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 @pytest.mark.parametrize("action", ["commit", "abort"])

@@ -27,11 +27,7 @@ def rows(*seqs: int) -> pa.Table:
     return pa.table({"seq": list(seqs), "name": [f"n{s}" for s in seqs]}, schema=SCHEMA)
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 @pytest.fixture

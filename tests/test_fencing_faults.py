@@ -17,11 +17,7 @@ from pulsartx.storage.faults import Fault, Op
 KEY, OWNER = "etl", "alice"
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 def _connect(root: str) -> pulsartx.Client:

@@ -18,11 +18,7 @@ CFG = CoordinatorConfig(recovery_grace_ms=0)
 SCHEMA = pa.schema([("seq", pa.int64(), False), ("k", pa.string(), False), ("v", pa.int64())])
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 def tc(root: StorageRoot) -> TransactionCoordinator:

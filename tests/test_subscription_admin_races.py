@@ -14,12 +14,7 @@ from pulsartx.storage.faults import Fault, Op
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import SubscriptionStore
 
-
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.clear()
-    yield
-    faults.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
 
 @pytest.fixture
