@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from _keys import keys_for  # tests/ is on sys.path (conftest), in the forkserver's children too
+
 from .history import History, read_events, txn_list
 
 # point -> (step, outcome once recovered: None = the child's chosen action, "ABORTED" = timed out)
@@ -63,16 +65,6 @@ def topics_for(point: str, seed: int) -> tuple[str, str]:
 
 # ================================ child ===========================================================
 
-
-def _keys(n: int) -> list[str]:
-    from pulsartx.client.routing import partition_for_key
-
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        out.setdefault(partition_for_key(f"k{i}", n), f"k{i}")
-        i += 1
-    return [out[p] for p in range(n)]
 
 
 def crash_child(url: str, options: dict | None, point: str, seed: int, hist_path: str, stopped: Any) -> None:
@@ -113,7 +105,7 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
     # 1. plain inputs and a subscription
     n_in = rng.randint(1, 3)
     p_in = c.create_producer(in_topic)
-    in_keys = _keys(IN_PARTS)
+    in_keys = keys_for(IN_PARTS)
     for j in range(n_in):
         v = f"{name}:in{j}"
         h.invoke("send", topic=in_topic, value=v, txn=None)
@@ -130,7 +122,7 @@ def _crash_child(url: str, options: dict | None, point: str, seed: int, hist_pat
         h.ok("poll", consumer=name, epoch=0, topic=in_topic, sub=SUB, msgs=[[mid.partition(), mid.offset(), m.data().decode()]])
 
     # 2. the transaction, with the injection point's patch in place
-    out_keys = _keys(OUT_PARTS)
+    out_keys = keys_for(OUT_PARTS)
     values = [f"t:{m.data().decode()}" for m in got] + [f"{name}:x{j}" for j in range(rng.randint(1, 2))]
     keys = [out_keys[i % OUT_PARTS] for i in range(len(values))]  # at least two partitions
     rng.shuffle(keys)
