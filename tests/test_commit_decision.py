@@ -33,7 +33,7 @@ from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidTxnStatusError, StorageError, Timeout, TransactionConflict
 from pulsartx.log.partition import shared_log
 from pulsartx.naming import TopicName
-from pulsartx.storage import faults
+from pulsartx.storage import delta, faults
 from pulsartx.storage.faults import Fault, Mode, Op
 
 SOURCE, SINK, SUBS, ACKED, TOTAL = "src", "sink", ["s-cum", "s-list"], 6, 10
@@ -115,7 +115,7 @@ def test_another_process_sees_the_outcome_at_once_and_recovery_finishes_it(tmp_p
         c.close()
 
 
-def test_commit_retry_after_a_lost_decision_reply_reports_committed_once(tmp_path):
+def test_commit_retry_after_a_lost_decision_reply_reports_committed_once(tmp_path, monkeypatch):
     """The COMMITTING entry is written, but its put answers an error and every read-back fails too
     (the commit file and the table): the outcome is unknown, and commit() says so. ``commit()``
     again asks the TC and returns; nothing is duplicated. (With the table readable, the first
@@ -125,6 +125,7 @@ def test_commit_retry_after_a_lost_decision_reply_reports_committed_once(tmp_pat
     client.admin.create_topic("t", partitions=2)
     p = client.create_producer("t")
     txn = client.new_transaction()
+    monkeypatch.setenv(delta.RETRY_ENV, "0.5")  # how long the read-back is tried before "unknown"
     for i in range(4):
         p.send(f"m{i}".encode(), partition_key=str(i), txn=txn)
     log_dir = "/".join(tc_segments(0)) + "/_delta_log"

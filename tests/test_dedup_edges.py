@@ -14,8 +14,9 @@ from _procs import Child, emit, hang, main
 
 import pulsartx
 from pulsartx.log.message_id import MessageId
-from pulsartx.storage import faults
+from pulsartx.storage import delta, faults
 from pulsartx.storage.faults import Fault, Mode, Op
+from pulsartx.storage.retry import OutcomeUnknown
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.abspath(__file__)
@@ -100,12 +101,6 @@ def test_a_lost_response_on_the_commit_put_sends_once(root, mode):
         assert _seen(c) == [b"a", b"b", b"c"]
 
 
-@pytest.mark.xfail(strict=True, reason="a commit whose outcome is unknown (its put's answer lost, the read-back "
-                                       "failing too) fails the send; the application's resend gets a new sequence "
-                                       "id, so a commit that did land is written twice. Fix: the producer resends "
-                                       "the batch itself under the same ids, holding back the partition's later "
-                                       "batches until it is settled (as Pulsar's client resends its pending "
-                                       "messages in order); deduplication then settles which landed")
 def test_a_send_whose_commit_outcome_is_unknown_is_written_once_after_the_application_retries(root):
     with pulsartx.Client(root) as c:
         c.admin.create_topic(TOPIC, 1)
@@ -126,6 +121,30 @@ def test_a_send_whose_commit_outcome_is_unknown_is_written_once_after_the_applic
         assert lost.fired == 1 and unreadable.fired >= 1
         p.close()
         assert _seen(c) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_send_whose_outcome_stays_unknown_names_the_ids_whose_resend_keeps_it_once(root, monkeypatch, landed):
+    """Storage unreadable for the whole retry budget after a failed commit put: the send fails with
+    OutcomeUnknown naming its sequence ids, and a resend under them is written exactly once whether
+    or not the first put had landed."""
+    monkeypatch.setenv(delta.RETRY_ENV, "0.3")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="V")
+        p.send(b"a")
+        commit = "_delta_log/00000000000000000002.json"
+        put = Fault(Op.CREATE, Mode.LOST if landed else Mode.ERROR, after=landed, match=commit)
+        faults.install([put, Fault(Op.READ, Mode.ERROR, match=commit, times=1_000_000)])
+        try:
+            with pytest.raises(OutcomeUnknown, match=r"resend them with the same producer name and sequence id 1 "):
+                p.send(b"b")
+        finally:
+            faults.clear()
+        assert p.send(b"b", sequence_id=1).offset() == (-1 if landed else 1)
+        assert p.send(b"c").offset() == 2
+        p.close()
+        assert _seen(c) == [b"a", b"b", b"c"]
 
 
 # ---- two live producers of one name ---------------------------------------------------------------

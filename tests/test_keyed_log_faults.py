@@ -79,15 +79,16 @@ def test_a_write_whose_answer_was_lost_is_reported_as_what_the_reloaded_log_show
     assert log.get("x") == {"seq": 0, "k": "x", "v": 1}
 
 
-def test_a_write_whose_outcome_cannot_be_learned_is_outcome_unknown_and_reread_later(tmp_path):
-    """...and when the table cannot be re-read either, the answer is OutcomeUnknown (never a
-    guessed failure), and the log reloads before anything is decided on it."""
-    from pulsartx.storage.delta import OutcomeUnknown
+def test_a_write_whose_outcome_cannot_be_learned_is_outcome_unknown_and_reread_later(tmp_path, monkeypatch):
+    """...and when the table cannot be re-read either, for the whole retry budget, the answer is
+    OutcomeUnknown (never a guessed failure), and the log reloads before anything is decided on it."""
+    from pulsartx.storage.delta import RETRY_ENV, OutcomeUnknown
 
+    monkeypatch.setenv(RETRY_ENV, "0.5")
     root = StorageRoot.resolve(str(tmp_path))
     log = KeyedLog(root, ("kl",), SCHEMA, key_of=lambda r: r["k"], name="kl").open()
-    faults.install([Fault(Op.CREATE, Mode.LOST, match="kl/_delta_log"), Fault(Op.READ, match="kl/_delta_log"),
-                    Fault(Op.DELTA, match="kl")])
+    faults.install([Fault(Op.CREATE, Mode.LOST, match="kl/_delta_log"),
+                    Fault(Op.READ, match="kl/_delta_log", times=10_000), Fault(Op.DELTA, match="kl")])
     with pytest.raises(OutcomeUnknown):
         log.put([{"seq": 0, "k": "x", "v": 1}])
     faults.clear()

@@ -1182,6 +1182,10 @@ def test_transactions_and_markers_of_this_process_while_another_process_merges(t
             open_txn.commit()
             c.flush()
             more, every2 = _workload(c, 50, "u", p)
+            # A loaded host may start the child late: the workload must have run beside a merge.
+            deadline = time.monotonic() + 60
+            while not _merge_commits(c.root) and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             open(stop, "w").close()
         out, _ = child.communicate(timeout=120)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
 from pulsartx import forks
 from pulsartx.client.fields import check_message_fields
 from pulsartx.client.result import Result
@@ -35,12 +37,14 @@ from pulsartx.exceptions import (
     InvalidConfiguration,
     InvalidTxnStatusError,
     PulsarException,
+    causes,
     short_cause,
 )
 from pulsartx.log.compression import DEFAULT_COMPRESSION, CompressionType
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import AppendResult, build_records, shared_log
 from pulsartx.naming import TopicName
+from pulsartx.storage.retry import OutcomeUnknown
 from pulsartx.suggest import checked_keywords, keyword_defaults, refuse_unknown
 
 if TYPE_CHECKING:
@@ -48,6 +52,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SendCallback = Callable[[Result, MessageId | None], None]
+
+
+def _resend_hint(e: BaseException, txn: Any, records: Any) -> str:
+    """What an application must know about a plain send whose outcome is unknown (storage could not
+    be read back for the whole retry budget): a resend under new sequence ids writes it twice if it
+    landed, one under the same ids is dropped by deduplication if it did. (A transaction's send
+    needs no hint: the transaction cannot commit, so whatever landed is aborted.)"""
+    if txn is not None or records is None or not any(isinstance(c, OutcomeUnknown) for c in causes(e)):
+        return ""
+    seqs = records.column("sequence_id")
+    lo, hi = pc.min(seqs).as_py(), pc.max(seqs).as_py()
+    ids = f"sequence id {lo}" if lo == hi else f"sequence ids {lo}..{hi}"
+    return (f"; the messages may have been written: to keep them exactly once, resend them with the same "
+            f"producer name and {ids} (send(..., sequence_id=...)), which deduplication drops if they landed")
 
 
 class _Pending:
@@ -391,6 +409,7 @@ class Producer(TableSending):
         sequence-id order, and the next batch (another transaction's) joins the next commit, or
         this one, instead of waiting for this one's round trip (pipelining)."""
         plog = self._logs[part]
+        records = None
         try:
             txn_bits = None
             if txn is not None:
@@ -398,8 +417,8 @@ class Producer(TableSending):
             try:
                 with self._append_locks[part]:
                     number()
-                    request = plog.submit_append(build(txn_bits), producer_name=self._name,
-                                                 compression=self._compression)
+                    records = build(txn_bits)
+                    request = plog.submit_append(records, producer_name=self._name, compression=self._compression)
                 res = plog.wait_append(request)
                 if txn is not None:
                     txn._after_append(plog.topic, res)
@@ -409,8 +428,12 @@ class Producer(TableSending):
             return res
         except Exception as e:
             # storage errors surface as PulsarException to callers
-            err = e if isinstance(e, PulsarException) else PulsarException(
-                f"send to {plog.topic} failed: {short_cause(e)}")
+            hint = _resend_hint(e, txn, records)
+            if hint:
+                err = OutcomeUnknown(f"send to {plog.topic} failed: {short_cause(e)}{hint}")
+            else:
+                err = e if isinstance(e, PulsarException) else PulsarException(
+                    f"send to {plog.topic} failed: {short_cause(e)}")
             if txn is not None:
                 txn._operation_failed(err)  # the rest of the transaction must not commit without it
             if err is e:

@@ -676,17 +676,41 @@ class DeltaAppender:
         files are kept: on an object store a put whose request failed can still land later, and
         a commit naming a deleted file would break every reader of the table, where an orphaned
         file costs only space until vacuum. Taken: False, and the caller's read-back tells our own
-        commit (a lost answer) from another writer's. Unreadable: OutcomeUnknown, the files kept."""
-        try:
-            taken = self._tail.read_commit(version) is not None
-        except Exception as e:
-            raise delta.OutcomeUnknown(
-                f"{self.uri}: committing version {version} failed ({error}) and reading it back failed too "
-                f"({delta.describe(e, delta.secrets_of(self.root))}): whether it was written is unknown; "
-                "re-read the table before acting on it") from error
+        commit (a lost answer) from another writer's.
+
+        A read-back that fails is tried again, whatever its error, for the storage retry budget
+        (``PULSARTX_STORAGE_RETRY_SECONDS``), with the table's append lock still held: an unknown
+        outcome reported to a producer is one its application may resend under new sequence ids,
+        written twice if the put had landed, and nothing of the partition may be appended meanwhile
+        (a later batch's higher ids would make a resend of this one look like a duplicate).
+        Unreadable for the whole budget: OutcomeUnknown, the files kept."""
+        taken = self._read_back(version, error) is not None
         if not taken:
             raise error
         return False
+
+    def _read_back(self, version: int, error: StorageError) -> list[dict[str, Any]] | None:
+        policy: delta.RetryPolicy | None = None
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return self._tail.read_commit(version)
+            except Exception as e:
+                policy = policy or delta.RetryPolicy.from_env()
+                waited = time.monotonic() - start
+                why = delta.describe(e, delta.secrets_of(self.root))
+                if waited >= policy.deadline_s:
+                    raise delta.OutcomeUnknown(
+                        f"{self.uri}: committing version {version} failed ({error}) and reading it back failed "
+                        f"too for {waited:.1f} s ({attempt + 1} attempts, retry budget {policy.deadline_s:g} s, "
+                        f"set {delta.RETRY_ENV} to change; last error: {why}): whether it was written is "
+                        "unknown; re-read the table before acting on it") from error
+                if attempt == 0:
+                    log.warning("%s: committing version %d failed (%s) and reading it back failed (%s); reading "
+                                "it again for up to %g s", self.uri, version, error, why, policy.deadline_s)
+                attempt += 1
+                time.sleep(min(policy.cap_s, policy.base_s * 2 ** min(attempt, 16), max(0.0, policy.deadline_s - waited)))
 
     def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None,
                          unique: str) -> dict[str, Any]:
