@@ -8,6 +8,7 @@ fresh interpreter (this file is its script, speaking ``_procs``'s protocol) SIGK
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from _procs import Child, emit, hang, main
@@ -200,9 +201,6 @@ def test_an_explicit_id_queued_behind_an_unnumbered_message_is_kept(root):
         assert _seen(c) == [b"auto", b"explicit"]
 
 
-@pytest.mark.xfail(strict=True, reason="queues of one partition (plain, each transaction's) are appended in the "
-                                       "order they flush, not in send order: caller-chosen ids appended out of "
-                                       "order are dropped as duplicates (Pulsar's wire keeps send order)")
 def test_explicit_ids_in_a_transaction_and_outside_it_are_kept_in_send_order(root):
     """A plain batch appended before an earlier-sent transactional one (it filled first) made the
     transaction's lower explicit ids look persisted: the committed transaction lost them."""
@@ -220,6 +218,57 @@ def test_explicit_ids_in_a_transaction_and_outside_it_are_kept_in_send_order(roo
         assert got[b"t1"].offset() != -1
         p.close()
         assert sorted(_seen(c)) == [b"p2", b"p3", b"t1"]
+
+
+def test_explicit_ids_interleaved_across_queues_are_all_kept(root):
+    """Send order t0 (txn), p1, t2 (txn), p3, then an unnumbered plain message: each queue's batch is
+    appended before another queue's message joins, so every id rises in append order."""
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="I", batching_max_publish_delay_ms=60_000)
+        txn = c.new_transaction()
+        got: dict[bytes, MessageId] = {}
+
+        def send(value: bytes, seq: int | None, t=None) -> None:
+            p.send_async(value, lambda r, m: got.__setitem__(value, m), sequence_id=seq, txn=t)
+
+        send(b"t0", 0, txn)
+        send(b"p1", 1)
+        send(b"t2", 2, txn)
+        send(b"p3", 3)
+        send(b"auto", None)
+        txn.commit()
+        p.flush()
+        assert sorted(v for v, m in got.items() if m.offset() == -1) == []
+        assert p.last_sequence_id() == 4
+        p.close()
+        assert _seen(c) == [b"t0", b"p1", b"t2", b"p3", b"auto"]
+
+
+def test_a_callback_sending_an_explicit_id_to_another_queue_does_not_deadlock(root):
+    """A send_async callback runs while its queue's append still holds that queue's flush lock. A
+    callback that refills that queue, then sends a caller-chosen id to another queue (which would
+    append the refilled queue first), must not wait for its own lock."""
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="C", batching_max_publish_delay_ms=60_000)
+        txn = c.new_transaction()
+        done: list[MessageId] = []
+
+        def chain(res, mid) -> None:
+            p.send_async(b"p1", lambda r, m: done.append(m), sequence_id=1)
+            p.send_async(b"t2", lambda r, m: done.append(m), sequence_id=2, txn=txn)
+
+        p.send_async(b"p0", chain, sequence_id=0)
+        worker = threading.Thread(target=p.flush, daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "flush() deadlocked in its own callback"
+        txn.commit()
+        p.flush()
+        assert sorted(m.offset() for m in done) == [1, 2]
+        p.close()
+        assert _seen(c) == [b"p0", b"p1", b"t2"]
 
 
 # ---- transactions ------------------------------------------------------------------------------------

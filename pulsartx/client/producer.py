@@ -68,6 +68,17 @@ def _resend_hint(e: BaseException, txn: Any, records: Any) -> str:
             f"producer name and {ids} (send(..., sequence_id=...)), which deduplication drops if they landed")
 
 
+_FLUSHING = threading.local()
+
+
+def _flushing() -> set[tuple[int, Any]]:
+    """The queue keys this thread is appending right now (their flush locks held)."""
+    keys = getattr(_FLUSHING, "keys", None)
+    if keys is None:
+        keys = _FLUSHING.keys = set()
+    return keys
+
+
 class _Pending:
     """One queued message. Slotted and Event-free for async sends: at 1 KiB a message, per-message
     Python overhead is what bounds producer throughput, not storage."""
@@ -139,6 +150,9 @@ class Producer(TableSending):
         self._txn_keys: dict[Any, list[tuple[int, Any]]] = {}
         self._append_locks = {p.partition: threading.Lock() for p in self._partitions}
         self._first_enqueued: dict[tuple[int, Any], float] = {}
+        # Queues that hold a message with a caller-chosen sequence id (a superset: a key leaves when
+        # its queue is taken for an append): see ``_ahead_of``.
+        self._explicit: set[tuple[int, Any]] = set()
         self._closed = False
         # Failures of batches sent with send_async, for flush() to raise: (error, transaction). A
         # transaction's go when it is decided or aborted (its commit() reports them itself), and
@@ -278,35 +292,70 @@ class Producer(TableSending):
             idx = partition_for_key(partition_key, n)
         else:
             idx = None
-        with self._lock:
-            # Ids, the caller's too, are counted when appended (``_append``), in queue order.
-            unkeyed = idx is None
-            if idx is None:
-                idx = self._router.current()
-            # A producer on one "-partition-i" name routes everything to that partition's index.
-            part = self._partitions[idx].partition
-            p = _Pending(content if type(content) is bytes else bytes(content), partition_key, properties,
-                         event_timestamp, sequence_id, callback, sync, part)
-            key = (part, txn)
-            q = self._queues.get(key)
-            if not q:
-                if q is None:
-                    q = self._queues[key] = []
-                self._first_enqueued[key] = time.monotonic()
-                if key not in self._flush_locks:
-                    self._flush_locks[key] = threading.Lock()
-                    self._txn_keys.setdefault(txn, []).append(key)
-            q.append(p)
-            p.full = len(q) >= self._max_messages
-            early = txn is not None and len(q) == EARLY_REGISTRATION_AT and not p.full
-            if unkeyed:
-                if p.full:  # this batch is complete: the next unkeyed message starts the next one
-                    self._end_round()
-                else:
-                    self._round.add(key)
+        routed = idx
+        while True:
+            with self._lock:
+                idx = self._router.current() if routed is None else routed
+                # A producer on one "-partition-i" name routes everything to that partition's index.
+                ahead = self._ahead_of(self._partitions[idx].partition, txn, sequence_id)
+                if not ahead:
+                    p, early = self._put(content, callback, properties, partition_key, sequence_id, event_timestamp,
+                                         txn, sync, idx, unkeyed=routed is None)
+                    break
+            mine = _flushing()  # a send from a callback of that very queue's append holds its flush lock
+            try:
+                for k in ahead:
+                    if k in mine:
+                        self._flush_taken(k, False)
+                self._flush_keys([k for k in ahead if k not in mine])
+            except PulsarException as e:  # that batch's senders are told through its callbacks
+                log.info("producer %s: appending an earlier queue before a send failed: %s", self._name, e)
         if early:
             txn._register_early()
         return p
+
+    def _ahead_of(self, part: int, txn: Any, sequence_id: int | None) -> list[tuple[int, Any]]:
+        """The other queues of ``part`` to append before a message joins ``txn``'s queue (caller holds
+        ``_lock``). Queues of one partition (the plain one, each transaction's) are appended in the
+        order they flush, and an id is counted when appended: a caller-chosen id appended after a
+        higher one, though sent before it, would be dropped as a duplicate. So while caller-chosen
+        ids are queued, a partition's queues are appended in send order: a message with such an id,
+        or any message while another queue holds one, first waits for the partition's other queues
+        to be appended. Producers that number their messages themselves never pay for this."""
+        if sequence_id is None and not self._explicit:
+            return []
+        others = [k for k, q in self._queues.items() if q and k[0] == part and k[1] is not txn]
+        if sequence_id is not None:
+            return others
+        return [k for k in others if k in self._explicit]
+
+    def _put(self, content, callback, properties, partition_key, sequence_id, event_timestamp, txn, sync: bool,
+             idx: int, unkeyed: bool) -> tuple[_Pending, bool]:
+        """Queue one message on partition index ``idx`` (caller holds ``_lock``); True: the
+        transaction should register its partitions early."""
+        part = self._partitions[idx].partition
+        p = _Pending(content if type(content) is bytes else bytes(content), partition_key, properties,
+                     event_timestamp, sequence_id, callback, sync, part)
+        key = (part, txn)
+        q = self._queues.get(key)
+        if not q:
+            if q is None:
+                q = self._queues[key] = []
+            self._first_enqueued[key] = time.monotonic()
+            if key not in self._flush_locks:
+                self._flush_locks[key] = threading.Lock()
+                self._txn_keys.setdefault(txn, []).append(key)
+        q.append(p)
+        if sequence_id is not None:
+            self._explicit.add(key)
+        p.full = len(q) >= self._max_messages
+        early = txn is not None and len(q) == EARLY_REGISTRATION_AT and not p.full
+        if unkeyed:
+            if p.full:  # this batch is complete: the next unkeyed message starts the next one
+                self._end_round()
+            else:
+                self._round.add(key)
+        return p, early
 
     def _end_round(self) -> None:
         """The batch of the router's current partition has ended (caller holds ``_lock``)."""
@@ -355,14 +404,24 @@ class Producer(TableSending):
         lock = self._flush_locks.get(key)
         if lock is None:
             return
+        mine = _flushing()
         with lock:
-            with self._lock:
-                batch = self._queues.pop(key, [])
-                self._first_enqueued.pop(key, None)
-                if batch and key in self._round:
-                    self._end_round()
-            if batch:
-                self._append(key, batch, registered)
+            mine.add(key)
+            try:
+                self._flush_taken(key, registered)
+            finally:
+                mine.discard(key)
+
+    def _flush_taken(self, key: tuple[int, Any], registered: bool) -> None:
+        """``_flush_queue`` with the queue's flush lock held."""
+        with self._lock:
+            batch = self._queues.pop(key, [])
+            self._first_enqueued.pop(key, None)
+            self._explicit.discard(key)
+            if batch and key in self._round:
+                self._end_round()
+        if batch:
+            self._append(key, batch, registered)
 
     def _append(self, key: tuple[int, Any], batch: list[_Pending], registered: bool = False) -> None:
         """Append one queue's batch. Batches of one partition are numbered as they are queued for
@@ -477,6 +536,7 @@ class Producer(TableSending):
             dropped = [p for k in keys for p in self._queues.pop(k)]
             for k in keys:
                 self._first_enqueued.pop(k, None)
+                self._explicit.discard(k)
         if dropped:
             self._fail(dropped, InvalidTxnStatusError(f"transaction {txn.id} was aborted before these messages were sent"),
                        report=False)
@@ -521,6 +581,7 @@ class Producer(TableSending):
                 self._flush_locks.pop(k, None)
                 self._queues.pop(k, None)
                 self._first_enqueued.pop(k, None)
+                self._explicit.discard(k)
             if left:
                 self._txn_keys[txn] = left
 
