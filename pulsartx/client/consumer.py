@@ -132,7 +132,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if cur is None or cur.deleted:
             start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
             cur = store.create(start)
-        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation)
+        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation,
+                              reset_epoch=cur.reset_epoch)
 
     def topic(self) -> str:
         return self._topic
@@ -168,11 +169,14 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 pos = message_id.offset()
             else:
                 continue
-            def reset(c: CursorState, pos: int = pos, part: PartitionState = part) -> None:
+            def reset(c: CursorState, pos: int = pos, part: PartitionState = part) -> CursorState:
                 self._require_own(part, c)
                 c.reset(pos)
+                return c
 
-            part.store.update(reset)
+            # Acknowledgements another thread grouped after the flush above are for the position
+            # this replaces: dropped here, or at their flush if that one took them already.
+            self._see_reset(part, part.store.update(reset))
             part.store.release_claims()
             with self._lock:
                 part.queue.clear()
