@@ -151,7 +151,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         """Reset the subscription, as pulsar-client: the next message delivered is ``message_id``
         (or the earliest/latest), or, given an ``int`` (milliseconds since the epoch), on every
         partition the first message published at or after that time (the partition's end when
-        there is none). Acknowledgement state above that position is dropped."""
+        there is none). Acknowledgement state above that position is dropped, and so are the
+        acknowledgements this consumer grouped that were not persisted before the reset (another
+        thread's, made while it runs)."""
         self._check_open()
         by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
         if not by_time and not isinstance(message_id, MessageId):
