@@ -385,9 +385,27 @@ def test_reset_drops_everything_above():
     c.txn_ack_cumulative(B, 2)
     c.bump_redelivery([4])
     c.reset(0)
-    assert c == CursorState(mark_delete=-1)
+    assert c == CursorState(mark_delete=-1, reset_epoch=1)
     c.reset(10)
-    assert c.mark_delete == 9
+    assert c.mark_delete == 9 and c.reset_epoch == 2  # each reset is a new epoch, even one going forward
+
+
+def test_reset_epoch_roundtrips_and_reads_as_zero_when_absent():
+    """A row written before the epoch was recorded (no ``reset_epoch`` in its state) reads as
+    epoch 0, as one of a cursor never reset; a never-reset cursor's row is written without it."""
+    import json
+
+    c = CursorState(mark_delete=4, incarnation="i")
+    row = cursor_to_row(0, c)
+    assert "reset_epoch" not in json.loads(row["state"])
+    c.reset(2)
+    c.reset(3)
+    assert row_to_cursor(cursor_to_row(0, c)).reset_epoch == 2
+    old = cursor_to_row(0, c)
+    state = json.loads(old["state"])
+    del state["reset_epoch"]
+    old["state"] = json.dumps(state)
+    assert row_to_cursor(old) == CursorState(mark_delete=2, incarnation="i")
 
 
 # ================================ the store's row codec ===========================================

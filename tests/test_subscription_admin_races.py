@@ -198,12 +198,6 @@ def test_reset_into_an_open_transaction_then_commit_or_abort(client) -> None:
 
 # ---- a consumer's grouped acknowledgements crossing an admin reset -----------------------------------
 
-RESET_EPOCH = ("a consumer's grouped acks and redelivery-count bumps, taken before an admin reset and "
-               "persisted after it, are applied to the reset cursor; needs a reset epoch in CursorState that "
-               "the consumer records with what it groups, its flush dropping what predates the cursor's epoch")
-
-
-@pytest.mark.xfail(strict=True, reason=RESET_EPOCH)
 def test_a_cumulative_ack_grouped_before_a_reset_does_not_undo_it(client) -> None:
     """The operator resets to earliest to replay; the live consumer's cumulative ack, made before the
     reset but grouped (persisted on close), must not move the cursor back past the replay."""
@@ -218,7 +212,6 @@ def test_a_cumulative_ack_grouped_before_a_reset_does_not_undo_it(client) -> Non
         assert drain(again) == ["m0", "m1", "m2", "m3"]
 
 
-@pytest.mark.xfail(strict=True, reason=RESET_EPOCH)
 def test_a_negative_ack_grouped_before_a_reset_leaves_no_redelivery_count(client) -> None:
     """"seek and a cursor reset clear the counts" (docs/semantics.md): a negative ack's count bump
     made before the reset, persisted after it, must not survive in the reset cursor."""
@@ -232,6 +225,80 @@ def test_a_negative_ack_grouped_before_a_reset_leaves_no_redelivery_count(client
     with subscribe(client, "t", "s") as again:
         got = [again.receive(5000) for _ in range(2)]
         assert [(m.data(), m.redelivery_count()) for m in got] == [(b"m0", 0), (b"m1", 0)]
+
+
+def test_individual_acks_grouped_before_a_reset_do_not_undo_it(client) -> None:
+    """Same with individual acks on a Shared subscription: persisted after the reset, they would
+    acknowledge the replayed messages, which no consumer would then receive."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", *[f"m{i}" for i in range(4)])
+    c = subscribe(client, "t", "s", consumer_type=ConsumerType.Shared, acknowledgment_group_time_ms=600_000)
+    c.acknowledge([c.receive(5000) for _ in range(4)])  # grouped: not persisted yet
+    client.admin.reset_subscription("t", "s", message_id=MessageId.earliest)
+    c.close()
+    assert cursor(client, "t", 0, "s").acked.ranges() == []
+    with subscribe(client, "t", "s", consumer_type=ConsumerType.Shared) as again:
+        assert drain(again) == ["m0", "m1", "m2", "m3"]
+
+
+def test_acks_after_the_consumer_saw_the_reset_are_kept(client) -> None:
+    """The live consumer receives the replay after the reset (its fetch reads the new cursor): what
+    it acknowledges from then on lands, grouped or not, and what it grouped before does not."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", *[f"m{i}" for i in range(4)])
+    c = subscribe(client, "t", "s", acknowledgment_group_time_ms=600_000)
+    got = [c.receive(5000) for _ in range(4)]
+    c.acknowledge_cumulative(got[-1])
+    client.admin.reset_subscription("t", "s", message_id=MessageId(0, 1))
+    again = [c.receive(5000) for _ in range(3)]
+    assert vals(again) == ["m1", "m2", "m3"]
+    c.acknowledge_cumulative(again[0])
+    c.close()
+    assert cursor(client, "t", 0, "s").mark_delete == 1
+    with subscribe(client, "t", "s") as later:
+        assert drain(later) == ["m2", "m3"]
+
+
+def test_a_consumers_seek_drops_acks_grouped_while_it_resets(client, monkeypatch) -> None:
+    """seek() persists what its consumer grouped, then resets; a cumulative ack another thread
+    groups in between is for the position the seek replaces: persisted after it (on close), it
+    would undo the seek."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", *[f"m{i}" for i in range(4)])
+    c = subscribe(client, "t", "s", acknowledgment_group_time_ms=600_000)
+    got = [c.receive(5000) for _ in range(4)]
+    c.acknowledge_cumulative(got[1])  # grouped before the seek: persisted by it, then reset
+    flush = c._flush_acks
+
+    def flush_then_ack() -> None:
+        flush()
+        c.acknowledge_cumulative(got[-1])  # another thread's, between the seek's flush and its reset
+
+    monkeypatch.setattr(c, "_flush_acks", flush_then_ack)
+    c.seek(MessageId.earliest)
+    monkeypatch.undo()
+    assert drain(c) == ["m0", "m1", "m2", "m3"]
+    c.close()
+    assert cursor(client, "t", 0, "s").mark_delete == -1
+
+
+def test_a_cursor_written_without_its_reset_epoch_keeps_the_consumers_acks(client) -> None:
+    """A process of a version that does not record the reset epoch drops the field (epoch 0) when it
+    writes the cursor: a consumer that saw a later epoch keeps acknowledging (a lower epoch is not
+    taken for a reset)."""
+    client.admin.create_topic("t", partitions=1)
+    send(client, "t", "m0", "m1", "m2")
+    c = subscribe(client, "t", "s")
+    client.admin.reset_subscription("t", "s", message_id=MessageId.earliest)
+    assert vals([c.receive(5000)]) == ["m0"]  # the consumer sees epoch 1
+    store = SubscriptionStore(client.root, TopicName.parse("t").with_partition(0), "s")
+    store.update(lambda cur: setattr(cur, "reset_epoch", 0))  # what an older writer leaves
+    assert store.cursor().reset_epoch == 0
+    c.acknowledge(c.receive(5000))  # m1, persisted now
+    assert cursor(client, "t", 0, "s").acked.ranges() == [(1, 1)]
+    c.close()
+    with subscribe(client, "t", "s") as again:
+        assert drain(again) == ["m0", "m2"]
 
 
 # ---- Shared claims across a reset -------------------------------------------------------------------

@@ -154,7 +154,9 @@ class SubscriptionsAdmin:
           (the end of the partition when there is none).
 
         Acknowledgement state above the new position is dropped, pending acks included (their
-        transactions' commit or abort then changes nothing). Returns one row per partition moved.
+        transactions' commit or abort then changes nothing), and so are the plain acknowledgements
+        and redelivery-count rises live consumers grouped against the old position (the reset
+        starts a new reset epoch of the cursor). Returns one row per partition moved.
         """
         if (message_id is None) == (timestamp_ms is None):
             raise InvalidConfiguration(

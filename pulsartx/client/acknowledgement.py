@@ -228,14 +228,19 @@ class Acknowledgement(ConsumerCore):
     def _flush_acks_locked(self) -> None:
         for part in self._parts:
             with self._lock:
-                acks, cum, bumps = part.acks, part.cumulative, part.redeliver
+                acks, cum, bumps, epoch = part.acks, part.cumulative, part.redeliver, part.reset_epoch
                 part.acks, part.cumulative, part.redeliver = [], None, []
                 part.inflight, part.inflight_cumulative, part.inflight_redeliver = acks, cum, bumps
             if not acks and cum is None and not bumps:
                 continue
 
-            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps, part=part) -> None:
+            def apply(c: CursorState, acks=acks, cum=cum, bumps=bumps, part=part, epoch=epoch) -> None:
                 if not part.owns(c):  # for a deleted subscription: dropped with it
+                    return
+                if part.reset_since(epoch, c):
+                    # Made against the position a reset (admin, another consumer's seek) replaced:
+                    # applied now, they would undo it (a cumulative ack moving the cursor back past
+                    # the replay, a redelivery count the reset cleared).
                     return
                 if bumps:
                     c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
@@ -245,12 +250,20 @@ class Acknowledgement(ConsumerCore):
                     c.ack_cumulative(cum)
 
             try:
-                part.cursor = part.store.update(lambda c, f=apply: (f(c), c)[1])
+                cursor = part.store.update(lambda c, f=apply: (f(c), c)[1])
+                part.cursor = cursor
+                if part.reset_since(epoch, cursor) and part.owns(cursor):
+                    log.info("consumer %s: subscription %r on %s was reset after %d acknowledgements, cumulative "
+                             "to %s, and %d redelivery-count rises were grouped: dropped", self._name,
+                             self._subscription, part.topic, len(acks), cum, len(bumps))
+                    self._see_reset(part, cursor)
                 if bumps:  # redelivered messages are deliverable from now: a waiting receive() looks
                     self._local_change.set()
             except PulsarException as e:  # keep them for the next flush: an ack is never dropped
                 log.warning("persisting acknowledgements of %s failed, will retry: %s", self._name, e)
                 with self._lock:
+                    if part.reset_epoch != epoch:  # a reset seen meanwhile: they were for what it replaced
+                        continue
                     part.acks[:0] = acks
                     part.redeliver[:0] = bumps
                     if cum is not None:

@@ -132,7 +132,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if cur is None or cur.deleted:
             start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
             cur = store.create(start)
-        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation)
+        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation,
+                              reset_epoch=cur.reset_epoch)
 
     def topic(self) -> str:
         return self._topic
@@ -150,7 +151,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         """Reset the subscription, as pulsar-client: the next message delivered is ``message_id``
         (or the earliest/latest), or, given an ``int`` (milliseconds since the epoch), on every
         partition the first message published at or after that time (the partition's end when
-        there is none). Acknowledgement state above that position is dropped."""
+        there is none). Acknowledgement state above that position is dropped, and so are the
+        acknowledgements this consumer grouped that were not persisted before the reset (another
+        thread's, made while it runs)."""
         self._check_open()
         by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
         if not by_time and not isinstance(message_id, MessageId):
@@ -168,11 +171,14 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 pos = message_id.offset()
             else:
                 continue
-            def reset(c: CursorState, pos: int = pos, part: PartitionState = part) -> None:
+            def reset(c: CursorState, pos: int = pos, part: PartitionState = part) -> CursorState:
                 self._require_own(part, c)
                 c.reset(pos)
+                return c
 
-            part.store.update(reset)
+            # Acknowledgements another thread grouped after the flush above are for the position
+            # this replaces: dropped here, or at their flush if that one took them already.
+            self._see_reset(part, part.store.update(reset))
             part.store.release_claims()
             with self._lock:
                 part.queue.clear()

@@ -7,6 +7,7 @@ redelivery, the unacked timeout). They work on the state declared here, set up b
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,8 @@ from pulsartx.storage.delta import NextCommit
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.leases import LeaseStore
 from pulsartx.subscription.store import SubscriptionStore
+
+log = logging.getLogger("pulsartx.client.consumer")
 
 if TYPE_CHECKING:
     from pulsartx.client.client import Client
@@ -77,6 +80,9 @@ class PartitionState:
     # threads, and two fetches at once would both take the offsets neither had marked yet.
     fetching: threading.Lock = field(default_factory=threading.Lock, repr=False)
     incarnation: str = ""  # the subscription's life this consumer opened (CursorState.incarnation)
+    # The cursor's reset epoch as this consumer last read it: what ``acks``, ``cumulative`` and
+    # ``redeliver`` were made against (CursorState.reset_epoch).
+    reset_epoch: int = 0
 
     def owns(self, cursor: CursorState) -> bool:
         """Whether ``cursor`` is still the subscription this consumer opened. A subscription deleted
@@ -86,6 +92,15 @@ class PartitionState:
         version that did not record one (it drops the field): taken as this consumer's, so that
         such a process sharing the root does not stop every consumer of the subscription."""
         return not cursor.deleted and (cursor.incarnation == self.incarnation or not cursor.incarnation)
+
+    @staticmethod
+    def reset_since(epoch: int, cursor: CursorState) -> bool:
+        """Whether ``cursor`` was reset since this consumer read it at ``epoch``: what it grouped
+        then is for the position the reset replaced. Epochs only grow, so a stale read is never
+        taken for a reset. A cursor last written by a version that does not record the epoch reads
+        as epoch 0 (it drops the field, as the incarnation): not a reset either, and the resets
+        after it are seen once the count passes what the consumer saw."""
+        return cursor.reset_epoch > epoch
 
     @property
     def index(self) -> int:
@@ -125,6 +140,27 @@ class ConsumerCore:
             forks.check(self._made, f"consumer {self._name} of subscription {self._subscription!r} on {self._topic}")
         if self._closed:
             raise AlreadyClosed(f"consumer {self._name} on {self._topic} is closed")
+
+    def _see_reset(self, part: PartitionState, cursor: CursorState) -> bool:
+        """Take in a reset of ``cursor`` this consumer had not seen yet (an operator's
+        ``reset_subscription``, another consumer's ``seek``). What it grouped and has not persisted
+        was made against the position the reset replaced: dropped, with the delays of its negative
+        acknowledgements, as the reset redelivers from its own position. Queued and held messages
+        stay (docs/semantics.md, "Administration under live consumers"). True if it was new here."""
+        if not part.reset_since(part.reset_epoch, cursor):
+            return False
+        with self._lock:
+            if not part.reset_since(part.reset_epoch, cursor):
+                return False
+            acks, cum, bumps = part.acks, part.cumulative, part.redeliver
+            part.acks, part.cumulative, part.redeliver = [], None, []
+            part.nacked.clear()
+            part.reset_epoch = cursor.reset_epoch
+        if acks or cum is not None or bumps:
+            log.info("consumer %s: subscription %r on %s was reset; dropping what was grouped before it "
+                     "(%d acknowledgements, cumulative to %s, %d redelivery-count rises)",
+                     self._name, self._subscription, part.topic, len(acks), cum, len(bumps))
+        return True
 
     def _require_own(self, part: PartitionState, cursor: CursorState) -> None:
         """Refuse a change to a cursor this consumer did not open (:meth:`PartitionState.owns`)."""

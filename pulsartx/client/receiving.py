@@ -209,6 +209,8 @@ class Receiving(ConsumerCore):
         cursor = part.store.cursor()
         if cursor is None or not part.owns(cursor):
             return None
+        if self._see_reset(part, cursor):  # what it dropped was in `local`: once more without it
+            return self._fetch(part, max_messages)
         part.cursor = cursor
         self._resolve_pending(part, cursor)
         limit = part.visible.end_position()

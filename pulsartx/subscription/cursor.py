@@ -17,6 +17,12 @@ one without its registration (docs/semantics.md, "An acknowledgement-only transa
 ``incarnation`` names one life of the subscription: a new one each time it is created (after a
 deletion too), so a consumer of a deleted subscription, whose object outlives it, can tell the
 re-created subscription of the same name from its own and leave it alone.
+
+``reset_epoch`` counts the resets (``reset_subscription``, ``seek``) of this incarnation. A
+consumer groups plain acknowledgements and redelivery-count rises before it persists them; it
+records the epoch of the cursor it last read with them, and drops them when the cursor it persists
+them to was reset since: they were made against the position the reset replaced, and applied
+after it they would undo it (docs/design/subscription-incarnations.md).
 """
 from __future__ import annotations
 
@@ -37,11 +43,12 @@ class CursorState:
     deleted: bool = False
     deadlines: dict[int, int] = field(default_factory=dict)  # txn key -> deadline ms, unregistered ones only
     incarnation: str = ""  # "" for a cursor created before incarnations were recorded
+    reset_epoch: int = 0  # resets of this incarnation; 0 also for a cursor written before it was recorded
 
     def copy(self) -> CursorState:
         return CursorState(self.mark_delete, self.acked.copy(), {k: v.copy() for k, v in self.pending.items()},
                            self.pending_cumulative, dict(self.redelivery), self.deleted, dict(self.deadlines),
-                           self.incarnation)
+                           self.incarnation, self.reset_epoch)
 
     def note_deadline(self, txn: int, deadline_ms: int) -> None:
         """Record the deadline of a transaction the TC log does not hold yet, beside its pending acks."""
@@ -242,7 +249,10 @@ class CursorState:
             self.redelivery[o] = self.redelivery.get(o, 0) + 1
 
     def reset(self, position: int) -> None:
-        """Seek: the next message delivered is ``position``; everything before it counts as acked."""
+        """Seek: the next message delivered is ``position``; everything before it counts as acked.
+        A new reset epoch, so that acknowledgements grouped against the old position are not
+        applied to the new one."""
+        self.reset_epoch += 1
         self.mark_delete = position - 1
         self.acked = RangeSet()
         self.pending = {}

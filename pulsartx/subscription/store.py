@@ -78,7 +78,8 @@ def _state(r: dict[str, Any]) -> dict[str, Any]:
 def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
     """The cursor as a row. ``state``: ``acked`` ranges ``[first, last]``, ``pending`` acks
     ``[txn most bits, txn least bits, first, last]`` (PENDING_ACK), ``pending_cumulative``
-    ``[most, least, position]``, ``redelivery`` ``[offset, count]``, and only when some
+    ``[most, least, position]``, ``redelivery`` ``[offset, count]``, ``incarnation`` and
+    ``reset_epoch`` when set (absent: ``""`` and 0, as written before they existed), and only when some
     transaction acknowledged before its TC log held it, ``deadlines`` ``[most, least, deadline ms]``."""
     cum = c.pending_cumulative
     state = {
@@ -89,6 +90,8 @@ def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
     }
     if c.incarnation:
         state["incarnation"] = c.incarnation
+    if c.reset_epoch:
+        state["reset_epoch"] = c.reset_epoch
     if c.deadlines:
         state["deadlines"] = [[*_bits(k), d] for k, d in sorted(c.deadlines.items())]
     return _row(seq, CURSOR, state, mark_delete=c.mark_delete, deleted=c.deleted)
@@ -97,7 +100,8 @@ def cursor_to_row(seq: int, c: CursorState) -> dict[str, Any]:
 def row_to_cursor(r: dict[str, Any]) -> CursorState:
     st = _state(r)
     c = CursorState(mark_delete=r["mark_delete"], acked=RangeSet((a, b) for a, b in st.get("acked") or ()),
-                    deleted=bool(r["deleted"]), incarnation=st.get("incarnation") or "")
+                    deleted=bool(r["deleted"]), incarnation=st.get("incarnation") or "",
+                    reset_epoch=st.get("reset_epoch") or 0)
     for most, least, a, b in st.get("pending") or ():
         c.pending.setdefault(_key(most, least), RangeSet()).add_range(a, b)
     cum = st.get("pending_cumulative")
