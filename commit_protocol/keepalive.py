@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 from pulsartx.commit_protocol.driver import driver_jvm
 
-from pulsartx.coordinator.coordinator import now_ms
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnMeta, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
@@ -121,10 +120,11 @@ def extend_due(tcs: Coordinators, metas: Iterable[TxnMeta], driver: Driver) -> t
             gone.append(meta.txn_id)
             continue
         shortest = timeout if not shortest else min(shortest, timeout)
-        if not due(meta, timeout, now_ms()):
+        tc = tcs.for_txn(meta.txn_id)
+        if not due(meta, timeout, tc.keep_alive_now(meta.txn_id)):  # not the wall clock: it may have stepped back
             continue
         try:
-            tcs.for_txn(meta.txn_id).extend(meta.txn_id, timeout)
+            tc.extend(meta.txn_id, timeout)
         except PulsarException as e:  # decided, expired or fenced meanwhile: nothing left to keep
             log.debug("keep-alive of %s ends: %s", meta.txn_id, e)
             gone.append(meta.txn_id)

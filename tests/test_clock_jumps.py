@@ -68,27 +68,72 @@ def test_an_owner_whose_clock_steps_forward_before_commit_is_refused_and_nothing
     assert committed_values(client, "cj") == [b"y"]
 
 
-@pytest.mark.xfail(strict=True, reason="extend() and keepalive.due() judge the deadline by the extender's wall clock "
-                   "alone: after a backward step the extension silently writes nothing. Needs a step-proof "
-                   "base (the extender's monotonic time since its last extension) or extend() raising")
+class Monotonic:
+    """A monotonic clock (ms) that the test moves: real time passing, which a step does not change."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
 def test_a_keep_alive_after_the_owners_clock_steps_back_moves_the_deadline(client, monkeypatch):
     """The owner begins with a 30 s timeout; 20 s later its host's clock steps back an hour and its
     keep-alive extends the transaction by 30 s, which returns normally. A sweeper whose clock is
     right, 15 s after that extension, must find the transaction open: it was extended while its
-    owner lived. Today ``extend`` computes the new deadline as (its clock + 30 s) - start, which is
-    below the current one, writes nothing and says nothing, so the live owner's transaction is
-    aborted at its original deadline (and ``keepalive.due`` never finds it due either)."""
-    clock = Clock(at=now_ms())
+    owner lived. Failed before the fix: ``extend`` computed the new deadline as (its wall clock +
+    30 s) - start, below the current one, wrote nothing and said nothing, so the live owner's
+    transaction was aborted at its original deadline. It now counts from the begin (or the last
+    extension) by the monotonic clock."""
+    clock, mono = Clock(at=now_ms()), Monotonic()
     monkeypatch.setattr(coordinator, "now_ms", clock)
+    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
     tc = client._coordinators().tc(0)
     t0 = clock()
     m = tc.new_transaction(30_000, partitions=[P])
-    clock.at = t0 + 20_000 - HOUR  # the owner's clock steps back an hour
+    clock.at, mono.at = t0 + 20_000 - HOUR, 20_000  # 20 s later, the owner's clock steps back an hour
     tc.extend(m.txn_id, 30_000)  # the keep-alive: no error
     clock.at = t0 + 35_000  # another process, right clock, 15 s after the extension
     assert tc.sweep(now=t0 + 35_000).timed_out == 0
     assert tc.get(m.txn_id, refresh=True).status is TxnStatus.OPEN
+    assert tc.get(m.txn_id).start_ms + tc.get(m.txn_id).timeout_ms == t0 + 50_000
     assert tc.end_transaction(m.txn_id, TxnAction.COMMIT).status is TxnStatus.COMMITTED
+
+
+def test_the_keeper_finds_a_transaction_due_after_its_clock_steps_back(client, monkeypatch):
+    """The keep-alive of a driver's transaction (30 s timeout) looks 11 s after the begin, when its
+    host's clock has stepped back an hour: less than two thirds of the timeout is left, so it must
+    extend. Failed before the fix: ``keepalive.due`` judged by the wall clock, which found the
+    deadline an hour away, so nothing was extended and the live owner's transaction timed out."""
+    from pulsartx.commit_protocol import keepalive
+
+    clock, mono = Clock(at=now_ms()), Monotonic()
+    monkeypatch.setattr(coordinator, "now_ms", clock)
+    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    driver = keepalive.Driver("host", 1, "?")
+    tcs = client._coordinators()
+    t0 = clock()
+    m = tcs.tc(0).new_transaction(30_000, partitions=[P], properties=keepalive.properties(30_000, driver))
+    clock.at, mono.at = t0 + 11_000 - HOUR, 11_000
+    assert keepalive.extend_due(tcs, [tcs.tc(0).get(m.txn_id, refresh=True)], driver) == (30_000, [])
+    extended = tcs.tc(0).get(m.txn_id, refresh=True)
+    assert extended.start_ms + extended.timeout_ms == t0 + 41_000
+
+
+def test_an_extension_after_a_backward_step_does_not_resurrect_an_expired_transaction(client, monkeypatch):
+    """35 s after a 30 s transaction began, its owner's clock (stepped back an hour) says it has 55
+    minutes left: the extension must still refuse it, as past its deadline, not move it."""
+    clock, mono = Clock(at=now_ms()), Monotonic()
+    monkeypatch.setattr(coordinator, "now_ms", clock)
+    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    tc = client._coordinators().tc(0)
+    t0 = clock()
+    m = tc.new_transaction(30_000, partitions=[P])
+    clock.at, mono.at = t0 + 35_000 - HOUR, 35_000
+    with pytest.raises(ExpiredTransactionError, match="passed its timeout"):
+        tc.extend(m.txn_id, 30_000)
+    assert tc.get(m.txn_id, refresh=True).timeout_ms == 30_000
 
 
 def test_a_shared_consumer_whose_clock_steps_forward_keeps_its_claims(client, monkeypatch):

@@ -5,6 +5,7 @@ READ_COMMITTED readers show."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from _reads import committed_values  # tests/ is on sys.path (conftest)
@@ -139,15 +140,27 @@ def test_an_idle_producer_of_a_deleted_and_re_created_topic_does_not_corrupt_the
             assert committed_values(fresh, "idle") == [b"new-0", *([late] if late else [])]
 
 
-@pytest.mark.xfail(strict=True, raises=pulsartx.exceptions.ConsumerBusy,
-                   reason="leases are kept per subscription name, not per topic incarnation, and delete_topic "
-                          "leaves them: a deleted topic's open consumer keeps renewing its Exclusive lease")
+def _delete_and_recreate(root: str, topic: str, *data: bytes) -> None:
+    """What another process does to ``topic`` while a consumer of the old one stays open."""
+    with pulsartx.Client(root) as other:
+        other.admin.delete_topic(topic)
+        other.admin.create_topic(topic, partitions=1)
+        p = other.create_producer(topic)
+        for d in data:
+            p.send(d, partition_key=d.decode())  # keyed: a Key_Shared subscription spreads them
+
+
+def _renewals_pass(lease_ms: int) -> None:
+    """Long enough for an old consumer to try renewing its lease or presence twice."""
+    time.sleep(2 * lease_ms / 3000 + 0.3)
+
+
 def test_a_deleted_topics_exclusive_consumer_does_not_hold_the_re_created_topics_subscription(tmp_path):
     """A consumer of the old topic stays open (in another process) while its topic is deleted and
-    re-created. Its subscription went with the old topic, but its Exclusive lease did not: a
-    consumer of the new topic's subscription of the same name gets ConsumerBusy for as long as
-    the old one lives. Fix: ``tombstone_topic`` also ends the subscriptions' leases, and a
-    consumer whose subscription was tombstoned stops renewing instead of re-taking its lease."""
+    re-created. Its subscription went with the old topic, and its Exclusive lease goes too: a
+    consumer of the new topic's subscription of the same name takes it, and the old one, whose
+    renewals are refused, does not take it back. Failed before the fix with ConsumerBusy, for as
+    long as the old consumer lived (leases were kept per subscription name and outlived it)."""
     from pulsartx import ConsumerType, InitialPosition
 
     root = str(tmp_path / "root")
@@ -157,13 +170,98 @@ def test_a_deleted_topics_exclusive_consumer_does_not_hold_the_re_created_topics
         old = c.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
                           initial_position=InitialPosition.Earliest, lease_ms=2000)
         old.acknowledge(old.receive(timeout_millis=3000))
-        with pulsartx.Client(root) as other:  # another process's doing
-            other.admin.delete_topic("lease")
-            other.admin.create_topic("lease", partitions=1)
-            other.create_producer("lease").send(b"new-0")
+        _delete_and_recreate(root, "lease", b"new-0")
+        _renewals_pass(2000)
+        with pulsartx.Client(root) as other:
             new = other.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
                                   initial_position=InitialPosition.Earliest)
             assert new.receive(timeout_millis=3000).data() == b"new-0"
+            _renewals_pass(2000)
+            assert new._leases.holder() == new._id
+            with pytest.raises(pulsartx.exceptions.Timeout):
+                old.receive(timeout_millis=200)
+
+
+def test_a_deleted_topics_failover_consumers_leave_the_re_created_topics_subscription_alone(tmp_path):
+    """Failover: the old topic's active consumer and its standby stay open across the delete and
+    re-creation. The active one's renewals are refused, and once it closes the standby does not
+    take the freed lease (its subscription is gone): the new topic's consumer becomes active and
+    receives. Failed before the fix: the old active consumer kept the lease (the new one waited as
+    its standby), and after its close the old standby took it."""
+    from pulsartx import ConsumerType, InitialPosition
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("lease", partitions=1)
+        c.create_producer("lease").send(b"old-0")
+        kw = dict(consumer_type=ConsumerType.Failover, initial_position=InitialPosition.Earliest, lease_ms=2000)
+        active = c.subscribe("lease", "s", **kw)
+        standby = c.subscribe("lease", "s", **kw)
+        active.acknowledge(active.receive(timeout_millis=3000))
+        _delete_and_recreate(root, "lease", b"new-0")
+        _renewals_pass(2000)
+        active.close()
+        with pytest.raises(pulsartx.exceptions.Timeout):
+            standby.receive(timeout_millis=300)  # tries to take the free lease
+        with pulsartx.Client(root) as other:
+            new = other.subscribe("lease", "s", **kw)
+            assert new.receive(timeout_millis=3000).data() == b"new-0"
+            _renewals_pass(2000)
+            assert new._leases.holder() == new._id
+        standby.close()
+
+
+@pytest.mark.parametrize("consumer_type", ["Shared", "KeyShared"])
+def test_a_deleted_topics_shared_consumer_is_not_present_on_the_re_created_topics_subscription(
+        tmp_path, consumer_type):
+    """A Shared or Key_Shared consumer of the old topic stays open across the delete and
+    re-creation. Its presence ends with its subscription and is not renewed: the new topic's
+    subscription of the same name takes a consumer of another type, and a Key_Shared newcomer
+    gets the whole hash space. Failed before the fix: the old presence, renewed for as long as the
+    consumer lived, refused an Exclusive consumer (InvalidConfiguration) and kept half the hash
+    space (its keys' messages went to no consumer)."""
+    from pulsartx import ConsumerType, InitialPosition
+
+    root = str(tmp_path / "root")
+    kind = ConsumerType[consumer_type]
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("lease", partitions=1)
+        old = c.subscribe("lease", "s", consumer_type=kind, initial_position=InitialPosition.Earliest,
+                          lease_ms=2000)
+        _delete_and_recreate(root, "lease", *[f"k{i}".encode() for i in range(20)])
+        _renewals_pass(2000)
+        with pulsartx.Client(root) as other:
+            if kind is ConsumerType.KeyShared:
+                new = other.subscribe("lease", "s", consumer_type=kind, initial_position=InitialPosition.Earliest)
+                _renewals_pass(2000)
+                assert new._key_shared.ranges() == [(0, 65535)]
+            else:
+                new = other.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive,
+                                      initial_position=InitialPosition.Earliest)
+            got = []
+            while len(got) < 20:
+                got.append(new.receive(timeout_millis=3000).data())
+            assert sorted(got) == sorted(f"k{i}".encode() for i in range(20))
+            assert old._id not in new._leases.live_members()
+        old.close()
+
+
+def test_a_force_deleted_subscriptions_consumer_does_not_hold_its_re_subscription(tmp_path):
+    """``delete_subscription(force=True)`` with an Exclusive consumer open: a new subscription of
+    the same name is free at once, as for a deleted topic's."""
+    from pulsartx import ConsumerType
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("lease", partitions=1)
+        old = c.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive, lease_ms=2000)
+        c.admin.delete_subscription("lease", "s", force=True)
+        _renewals_pass(2000)
+        new = c.subscribe("lease", "s", consumer_type=ConsumerType.Exclusive)
+        _renewals_pass(2000)
+        assert new._leases.holder() == new._id
+        new.close()
+        old.close()
 
 
 def test_a_transaction_whose_topic_was_deleted_before_its_commit_ends_and_leaves_no_marker_behind(tmp_path):

@@ -26,7 +26,7 @@ from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import LeaseStore
+from pulsartx.subscription.leases import LeaseStore, end_leases
 from pulsartx.subscription.store import SubscriptionStore, subscription_dir
 
 if TYPE_CHECKING:
@@ -274,7 +274,8 @@ class SubscriptionsAdmin:
 
         Refused while a consumer holds a live lease on it, unless ``force``: there is no broker to
         disconnect that consumer, which then stops receiving (its cursor is gone) until it is
-        closed. A pending ack dropped here makes its transaction's commit or abort a no-op here."""
+        closed, and whose lease or presence ends with the subscription (a new subscription of the
+        same name is free at once). A pending ack dropped here makes its transaction's commit or abort a no-op here."""
         stores = self._subscription_stores(topic, subscription)
         base = stores[0][0].partition.base
         if not force and self.client.root.exists(*subscription_dir(base, subscription), "consumers", "_delta_log"):
@@ -288,6 +289,8 @@ class SubscriptionsAdmin:
                     "force=True)")
 
         tombstone(store for store, _ in stores)
+        if TopicName.parse(topic).partition is None:  # the whole subscription, not one partition's cursor
+            end_leases(self.client.root, base, subscription)
         return {"topic": str(base), "subscription": subscription, "partitions": len(stores)}
 
 
@@ -305,9 +308,13 @@ def tombstone(stores: Iterable[SubscriptionStore]) -> None:
 
 
 def tombstone_topic(root: StorageRoot, partitions: list[TopicName]) -> int:
-    """Delete every subscription of a topic being deleted (as Pulsar deletes them with the topic);
-    returns how many there were."""
+    """Delete every subscription of a topic being deleted (as Pulsar deletes them with the topic),
+    leases included: a consumer left open on the old topic must not hold the lease of the
+    re-created topic's subscription of the same name. Returns how many there were."""
     live = [(name, store) for name in _subscription_dirs(root, partitions) for p in partitions
             if live_cursor(store := SubscriptionStore(root, p, name)) is not None]  # each cursor read once
     tombstone(store for _, store in live)
-    return len({name for name, _ in live})
+    names = sorted({name for name, _ in live})
+    for name in names:
+        end_leases(root, partitions[0].base, name)
+    return len(names)

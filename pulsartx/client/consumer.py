@@ -209,9 +209,14 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             tombstone(c)
             return True
 
+        ended = False
         for part in self._parts:
             if part.store.update(lambda c, part=part: tombstone_own(c, part)):
                 part.store.release_claims()
+                ended = True
+        if ended and TopicName.parse(self._topic).partition is None and self._leases.incarnation is not None:
+            # The other consumers of the subscription stop with it, leases and presences included.
+            self._leases.end(self._leases.incarnation)
 
     def close(self) -> None:
         if self._closed:
@@ -262,10 +267,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 return
             try:
                 self._flush_acks()
-                if self._type in CLAIMING and time.monotonic() - last_renew >= renew_every:
+                if self._type in CLAIMING and not self._leases.ended and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
-                    self._leases.join_shared(self._id, self._lease_ms, self._type.name)
-                    if self._key_shared is not None:
+                    if not self._leases.join_shared(self._id, self._lease_ms, self._type.name):
+                        log.warning("consumer %s: subscription %r was deleted; it receives nothing more, close it",
+                                    self._name, self._subscription)
+                    elif self._key_shared is not None:
                         self._key_shared.refresh()
                 if self._type in CLAIMING and time.monotonic() - last_claims >= claims_every:
                     last_claims = time.monotonic()
@@ -274,7 +281,11 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     if not self._leases.try_acquire(self._id, self._lease_ms):
-                        log.warning("consumer %s lost its lease on %r; now standby", self._name, self._subscription)
+                        if self._leases.ended:
+                            log.warning("consumer %s: subscription %r was deleted; it receives nothing more, close it",
+                                        self._name, self._subscription)
+                        else:
+                            log.warning("consumer %s lost its lease on %r; now standby", self._name, self._subscription)
                         self._active = False
                         with self._lock:
                             for part in self._parts:

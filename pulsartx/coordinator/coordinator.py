@@ -39,8 +39,20 @@ REASON_FENCED = "fenced"
 REASON_ADMIN_ABORT = "admin abort"
 
 
+# Transactions whose begin or last extension here is remembered as a step-proof base for the next
+# extension (keep_alive_now); the oldest are forgotten first (they then fall back to the wall clock).
+CLOCK_BASES_KEPT = 16_384
+# How far the wall clock may stray from that base plus the monotonic time since before it is taken
+# for stepped (and the count used instead).
+CLOCK_STEP_MS = 1_000
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000
 
 
 @dataclass
@@ -89,6 +101,8 @@ class TransactionCoordinator:
         self._ids: tuple[int, int] | None = None  # the rest of this process's TxnID block: (next, last)
         self._ids_lock = threading.Lock()  # guards _ids; taken before _lock, never inside it
         self._made = forks.stamp()  # the block is this process's: a forked child issuing from it would repeat ids
+        # TxnID least bits -> (the wall time of its begin or last extension here, the monotonic time then)
+        self._clock_bases: dict[int, tuple[int, float]] = {}
         self.completer = completer  # background completion for end_transaction(background=True)
         self.on_event: Callable[[str, TxnMeta], None] | None = None  # metrics hook
 
@@ -212,6 +226,7 @@ class TransactionCoordinator:
         meta = TxnMeta(self._next_id(), TxnStatus.OPEN, int(timeout_ms), t, t,
                        partitions=frozenset(partitions), owner=owner, transaction_key=transaction_key,
                        epoch=epoch, properties=dict(properties or {}))
+        self._remember_clock(meta.txn_id, t, monotonic_ms())
         if lazy and not meta.partitions:
             self._unwritten[meta.txn_id.least_bits] = meta  # no lock: one dict store, of an id no one else has
         else:
@@ -393,9 +408,14 @@ class TransactionCoordinator:
         decision (a commit, a reader aborting it as expired) wins or loses whole. An extension
         never resurrects anything: a transaction already past its deadline at the compare-and-set
         raises ExpiredTransactionError (whoever looks next aborts it), one no longer OPEN raises
-        InvalidTxnStatusError. The deadline only moves forward."""
+        InvalidTxnStatusError. The deadline only moves forward.
+
+        "Now" is :meth:`keep_alive_now`, not the wall clock alone: after this host's clock steps
+        back, the wall clock would put the new deadline below the current one, and the extension
+        would write nothing while its owner lives."""
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms={timeout_ms}: must be >= 1")
+        used: list[tuple[int, float]] = []
 
         def prepare(meta: TxnMeta):
             _check_usable(meta)  # fenced/timed out, or OPEN past its deadline: ExpiredTransactionError
@@ -403,13 +423,47 @@ class TransactionCoordinator:
                 raise InvalidTxnStatusError(f"cannot extend transaction {txn_id}: it is {meta.status.value}"
                                             + (f" ({meta.reason})" if meta.reason else "")
                                             + ", and only OPEN transactions can be kept alive")
-            t = now_ms()
+            mono = monotonic_ms()
+            t = self.keep_alive_now(txn_id, mono)
+            if meta.expired(t):  # past it by the step-proof clock, whatever a stepped-back wall clock says
+                raise _expired(meta, "it passed its timeout")
+            used[:] = [(t, mono)]
             wanted = t + int(timeout_ms) - meta.start_ms
             if wanted <= meta.timeout_ms:
                 return None  # the deadline is already that far: nothing to write
             return replace(meta, timeout_ms=wanted, last_modified_ms=t, seq=meta.seq + 1), MetadataOp.UPDATE
 
-        return self._cas(txn_id, prepare)
+        out = self._cas(txn_id, prepare)
+        if used:
+            self._remember_clock(txn_id, *used[0])
+        return out
+
+    def keep_alive_now(self, txn_id: TxnID, mono: float | None = None) -> int:
+        """This process's "now" for ``txn_id``'s deadline, proof against steps of its wall clock:
+        the wall clock while it agrees with the time of the transaction's begin or last extension
+        here plus the monotonic time since, else that count (the wall clock for a transaction this
+        process has not begun or extended). The keep-alive judges whether an extension is due by
+        it too, since the wall clock of a host that stepped back an hour finds nothing due for an
+        hour."""
+        wall = now_ms()
+        base = self._clock_bases.get(txn_id.least_bits)
+        if base is None or txn_id.most_bits != self.tc_id:
+            return wall
+        ms, then = base
+        counted = ms + int((monotonic_ms() if mono is None else mono) - then)
+        # Within CLOCK_STEP_MS the wall clock is taken as it is (rounding, slewing): only a step
+        # is counted past.
+        return wall if abs(wall - counted) <= CLOCK_STEP_MS else counted
+
+    def _remember_clock(self, txn_id: TxnID, ms: int, mono: float) -> None:
+        bases = self._clock_bases  # no lock: single dict operations
+        bases.pop(txn_id.least_bits, None)  # re-inserted last: the oldest stays first
+        bases[txn_id.least_bits] = (ms, mono)
+        while len(bases) > CLOCK_BASES_KEPT:
+            try:
+                bases.pop(next(iter(bases)))
+            except (StopIteration, KeyError, RuntimeError):  # another thread changed it meanwhile
+                break
 
     def end_transaction(self, txn_id: TxnID, action: TxnAction, *, commit_entries=None, reason: str | None = None,
                         owner: str | None = None, admin: bool = False, properties: dict[str, str] | None = None,

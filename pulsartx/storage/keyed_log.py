@@ -426,28 +426,34 @@ class KeyedLog:
             log.info("%s: reading other writers' commits failed (%s); retried before the next decision", self.name, e)
 
     def cas(self, key: str, change: Callable[[dict[str, Any] | None], tuple[dict[str, Any] | None, T]], *,
-            what: str, optimistic: bool = False, keep: Callable[[dict[str, Any]], bool] | None = None) -> T:
+            what: str, optimistic: bool = False, keep: Callable[[dict[str, Any]], bool] | None = None,
+            also: tuple[str, ...] = ()) -> T:
         """Read-modify-write one key: ``change(current row or None)`` returns ``(new row, result)``,
         and a new row of None writes nothing. The new row gets the key's next ``seq``; a lost race
         refreshes and runs ``change`` again on the winner's state, so ``change`` must be pure.
+
+        ``also``: other keys whose rows ``change`` reads (through ``rows``): a write of one of them
+        after our snapshot fails this write too, as a write of ``key`` would, so a decision that
+        rests on another key's row is a compare-and-set on both.
 
         ``optimistic``: the first attempt uses the cached snapshot without refreshing (a refresh
         costs as much as the write). The per-key CAS refuses the write if the key changed since;
         a no-op or an exception computed from the cached state is re-checked on fresh state
         before it is returned or raised. ``keep``: when the log is due, compact it after the
         write, keeping the rows ``keep`` accepts."""
-        [(ok, value)] = self.cas_many(key, [change], what=what, optimistic=optimistic, keep=keep)
+        [(ok, value)] = self.cas_many(key, [change], what=what, optimistic=optimistic, keep=keep, also=also)
         if not ok:
             raise value
         return value
 
     def cas_many(self, key: str, changes: list[Callable[[dict[str, Any] | None], tuple[dict[str, Any] | None, Any]]],
                  *, what: str, optimistic: bool = False,
-                 keep: Callable[[dict[str, Any]], bool] | None = None) -> list[tuple[bool, Any]]:
+                 keep: Callable[[dict[str, Any]], bool] | None = None,
+                 also: tuple[str, ...] = ()) -> list[tuple[bool, Any]]:
         """Several read-modify-writes of one key in one commit (group commit): each change sees the
         row the previous ones left, and the last row is written once. Returns, per change,
         ``(True, result)`` or ``(False, exception)``: a change that raises changes nothing and
-        fails alone. A lost race re-runs them all on the winner's state."""
+        fails alone. A lost race re-runs them all on the winner's state. ``also``: as for ``cas``."""
         if not optimistic or self._appender is None or self._reopen:
             self.refresh()
             optimistic = False
@@ -474,8 +480,11 @@ class KeyedLog:
                 return outs
             assert cur is not None
             cur[SEQ] = (row[SEQ] + 1) if row is not None else 0
+            own = bucket_app_id(self.name, key)
+            read = {app: int(r[SEQ]) if (r := self.rows.get(k)) is not None else 0
+                    for k in also if (app := bucket_app_id(self.name, k)) != own}
             try:
-                self.put([cur])
+                self.put([cur], extra_app_ids=read)
             except delta.ConcurrentCommit:
                 if not optimistic:
                     delta.backoff(attempt)

@@ -4,15 +4,25 @@
   * ``meta``: the subscription's consumer type (set by its first consumer);
   * ``active``: the Exclusive or Failover owner, with a lease expiry;
   * ``shared:<consumer>``: each live Shared or Key_Shared consumer, with a lease expiry (renewed like
-    ``active``).
+    ``active``);
+  * ``incarnation``: the subscription's current life, a random id in its ``consumer`` column.
 Taking or renewing the lease is a compare-and-set on ``active``. An owner renews well before
 expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a new consumer
 (Exclusive) takes over after at most one lease period. Closing releases the lease at once.
+
+The table outlives the subscription (it is kept by name, and a deleted topic's subscriptions are
+tombstoned, not removed), so deleting a subscription ends its leases: a new ``incarnation``, and
+every lease and presence row emptied. A consumer adopts the incarnation with its first lease write,
+and each later take or renewal is a compare-and-set on ``incarnation`` as well as on its own row:
+a consumer of a deleted subscription, still open in some process, is refused instead of holding
+the lease (or a presence) of the subscription re-created under its name
+(docs/design/leases-per-subscription-incarnation.md).
 """
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +34,7 @@ from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import subscription_dir
 
 SHARED = "shared:"  # key prefix of Shared and Key_Shared consumers' presence rows
+INCARNATION = "incarnation"  # key of the row naming the subscription's current life (``consumer``)
 MEMBER_TYPES = ("Shared", "KeyShared")  # the types whose consumers are present side by side
 LEASE_SCHEMA = pa.schema([
     pa.field("seq", pa.int64(), False),
@@ -39,22 +50,45 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class SubscriptionEnded(Exception):
+    """A lease write refused because the subscription was deleted after its consumer opened it."""
+
+
+def consumers_table(topic: TopicName, subscription: str) -> tuple[str, ...]:
+    return (*subscription_dir(topic.base, subscription), "consumers")
+
+
 class LeaseStore:
     def __init__(self, root: StorageRoot, topic: TopicName, subscription: str):
         self.subscription = subscription
         self.topic = topic.base
-        self.log = KeyedLog(root, (*subscription_dir(topic.base, subscription), "consumers"), LEASE_SCHEMA,
+        self.log = KeyedLog(root, consumers_table(topic, subscription), LEASE_SCHEMA,
                             key_of=lambda r: r["key"], name=f"sub-{subscription}-consumers", compact_every=100)
         self._lock = threading.RLock()
+        # The subscription's life this store's consumer belongs to: None until its first lease
+        # write adopts the current one.
+        self.incarnation: str | None = None
+        self.ended = False  # the subscription was deleted since: no lease is taken or renewed any more
 
     def _ensure(self) -> None:
         with self._lock:
             self.log.refresh()  # opens the log on first use
 
-    def _cas(self, key: str, change) -> Any:
-        """``change(row)`` returns (the fields to store, result); unnamed fields take their defaults."""
+    def _cas(self, key: str, change, *, own: bool = False) -> Any:
+        """``change(row)`` returns (the fields to store, result); unnamed fields take their defaults.
+
+        ``own``: a consumer's take or renewal, made within the incarnation it adopted (the first
+        one adopts the current incarnation). Raises :class:`SubscriptionEnded`, writing nothing,
+        when the subscription was deleted since."""
         def step(row):
+            if own:
+                current = self.log.rows.get(INCARNATION)
+                life = "" if current is None else current["consumer"] or ""
+                if self.incarnation is not None and life != self.incarnation:
+                    raise SubscriptionEnded()
             new, out = change(row)
+            if own:
+                out = (out, life)
             if new is None:
                 return None, out
             return {"key": key, "consumer": None, "consumer_type": None, "expires_ms": None,
@@ -62,8 +96,52 @@ class LeaseStore:
 
         # On compaction, gone Shared consumers' rows are dropped.
         with self._lock:  # a consumer's own threads (renewal, close) share this store
-            return self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
-                                keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
+            if own and self.ended:
+                raise SubscriptionEnded()
+            if own and self.incarnation is None:
+                self._begin_incarnation()
+            try:
+                out = self.log.cas(key, step, what=f"subscription {self.subscription!r} lease",
+                                   also=(INCARNATION,) if own else (),
+                                   keep=lambda r: not r["key"].startswith(SHARED) or r["expires_ms"] > now_ms())
+            except SubscriptionEnded:
+                self.ended = True
+                raise
+            if not own:
+                return out
+            out, life = out
+            if self.incarnation is None:
+                self.incarnation = life
+            return out
+
+    def _begin_incarnation(self) -> None:
+        """The subscription's first consumer names its first life (a table written before
+        incarnations existed gets one the same way)."""
+        self.log.cas(INCARNATION, lambda row: (None if row is not None else {
+            "key": INCARNATION, "consumer": uuid.uuid4().hex, "consumer_type": None, "expires_ms": None,
+            "updated_ms": now_ms()}, None), what=f"subscription {self.subscription!r} incarnation")
+
+    def end(self, incarnation: str | None = None) -> bool:
+        """The subscription was deleted: a new incarnation, so its consumers' takes and renewals are
+        refused from now on, then every lease and presence row emptied. ``incarnation``: only if it is
+        still that one (a consumer unsubscribing must not end a re-created subscription's leases).
+        Whether it ended them."""
+        with self._lock:
+            def renew(row):
+                if incarnation is not None and (row["consumer"] if row is not None else "") != incarnation:
+                    return None, False
+                return {"key": INCARNATION, "consumer": uuid.uuid4().hex, "consumer_type": None,
+                        "expires_ms": None, "updated_ms": now_ms()}, True
+
+            if not self.log.cas(INCARNATION, renew, what=f"subscription {self.subscription!r} incarnation"):
+                return False
+            # Rows written before the new incarnation landed: every later write of an old consumer is refused.
+            for key, row in list(self.log.rows.items()):
+                if (key == "active" or key.startswith(SHARED)) and row["consumer"]:
+                    self._cas(key, lambda r: (None if r is None or not r["consumer"] else
+                                              {"consumer": None, "consumer_type": r["consumer_type"], "expires_ms": 0},
+                                              None))
+            return True
 
     def register_type(self, consumer_type: str) -> None:
         """The first consumer fixes the subscription's type; a different type is refused while a
@@ -91,25 +169,33 @@ class LeaseStore:
         self._ensure()
         return self._live_shared()
 
-    def join_shared(self, consumer: str, lease_ms: int, consumer_type: str = "Shared") -> None:
+    def join_shared(self, consumer: str, lease_ms: int, consumer_type: str = "Shared") -> bool:
         """A Shared (or Key_Shared) consumer's presence (taken and renewed like a lease): while one
         is live, a consumer of another type is refused, as for the Exclusive/Failover ``active``
-        lease."""
-        self._cas(SHARED + consumer, lambda row: ({"consumer": consumer, "consumer_type": consumer_type,
-                                                   "expires_ms": now_ms() + lease_ms}, None))
+        lease. False, writing nothing, once the subscription was deleted since the consumer joined."""
+        try:
+            self._cas(SHARED + consumer, lambda row: ({"consumer": consumer, "consumer_type": consumer_type,
+                                                       "expires_ms": now_ms() + lease_ms}, None), own=True)
+        except SubscriptionEnded:
+            return False
+        return True
 
     def leave_shared(self, consumer: str) -> None:
         self._cas(SHARED + consumer, lambda row: (None if row is None else {"consumer": None, "expires_ms": 0}, None))
 
     def try_acquire(self, consumer: str, lease_ms: int) -> bool:
-        """Take (or renew) the ``active`` lease; False when another live consumer holds it."""
+        """Take (or renew) the ``active`` lease; False when another live consumer holds it, or when
+        the subscription was deleted since this consumer opened it (``ended``)."""
         def change(row):
             t = now_ms()
             if row is not None and row["consumer"] and row["consumer"] != consumer and row["expires_ms"] > t:
                 return None, False
             return {"consumer": consumer, "expires_ms": t + lease_ms}, True
 
-        return self._cas("active", change)
+        try:
+            return self._cas("active", change, own=True)
+        except SubscriptionEnded:
+            return False
 
     def acquire_exclusive(self, consumer: str, lease_ms: int) -> None:
         if not self.try_acquire(consumer, lease_ms):
@@ -133,3 +219,10 @@ class LeaseStore:
         if row is None or not row["consumer"] or row["expires_ms"] <= now_ms():
             return None
         return row["consumer"]
+
+
+def end_leases(root: StorageRoot, topic: TopicName, subscription: str) -> None:
+    """End a deleted subscription's leases (see :meth:`LeaseStore.end`), creating no table when
+    no consumer ever opened it."""
+    if root.exists(*consumers_table(topic, subscription), "_delta_log"):
+        LeaseStore(root, topic, subscription).end()
