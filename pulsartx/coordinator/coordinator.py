@@ -483,6 +483,7 @@ class TransactionCoordinator:
         participant calls end their pending acks. For a transaction the log does not hold yet, that
         entry is written with its NEW entry in one compare-and-set: one commit for all three."""
         deferred = frozenset(subscriptions)
+        self._clock_bases.pop(txn_id.least_bits, None)  # a deciding transaction is kept alive no more
         if action is TxnAction.COMMIT and not admin:
             self._check_epoch(txn_id)
         if admin and action is TxnAction.ABORT:
