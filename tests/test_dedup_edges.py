@@ -175,7 +175,8 @@ def test_a_second_producer_of_a_name_in_one_process_is_busy_until_the_first_clos
         # Another Client on the root is the same process: refused too, and so is one partition of the topic.
         with pytest.raises(ProducerBusy, match="another producer_name"):
             other.create_producer(TOPIC, producer_name="same")
-        with pytest.raises(ProducerBusy, match="dd-partition-1"):
+        with pytest.raises(ProducerBusy, match=r"open on persistent://public/default/dd-partition-1 \(its producer "
+                                               r"made on persistent://public/default/dd\) in this process"):
             other.create_producer(f"{TOPIC}-partition-1", producer_name="same")
         other.create_producer("elsewhere", producer_name="same").close()  # another topic: its own sequence
         c.create_producer(TOPIC).close()  # generated names never collide

@@ -637,10 +637,11 @@ def _claim_name(producer: Producer, root_url: str) -> list[tuple[str, str, str]]
         for key in keys:
             other = _LIVE.get(key)
             if other is not None and other is not producer:
-                where = producer._topic if key[1] == producer._topic else f"{key[1]} (of {producer._topic})"
+                where = other._topic if other._topic == producer._topic else \
+                    f"{key[1]} (its producer made on {other._topic})"
                 raise ProducerBusy(
-                    f"a producer named {producer._name!r} is already open on {where} in this process "
-                    f"(made on {other._topic}): two live producers of one name number from the same sequence "
+                    f"a producer named {producer._name!r} is already open on {where} in this process: "
+                    "two live producers of one name number from the same sequence "
                     "ids, and deduplication drops one's messages as the other's duplicates. Close the other "
                     "producer first, or give this one another producer_name (or none, for a generated one)")
         for key in keys:
