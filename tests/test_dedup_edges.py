@@ -263,6 +263,25 @@ def test_the_producer_whose_name_was_taken_fails_its_next_append_too(root):
         assert _seen(c) == [b"p0", b"from-child"]
 
 
+def test_an_async_send_refused_as_busy_tells_its_callback_and_flush(root):
+    from pulsartx.log.partition import build_records, shared_log
+    from pulsartx.naming import TopicName
+
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="same", batching_max_publish_delay_ms=60_000)
+        # Another writer of the name (as another process's producer would) appends sequence id 0.
+        other = build_records([b"other"], producer_name="same", sequence_ids=[0])
+        shared_log(c.root, TopicName.parse(TOPIC).with_partition(0)).append(other, producer_name="same")
+        got: list = []
+        p.send_async(b"mine", lambda r, m: got.append((r, m)))
+        with pytest.raises(ProducerBusy, match="appended sequence id 0 to .*, above this producer's -1"):
+            p.flush()
+        assert got == [(pulsartx.Result.ProducerBusy, None)]
+        p.close()
+        assert _seen(c) == [b"other"]
+
+
 def test_the_floor_check_at_the_partition_log(root):
     """The check itself: an append whose floor is below the name's persisted id fails; without a
     floor (Spark's task appends) it is deduplicated as before; batches submitted one after the
