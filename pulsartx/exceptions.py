@@ -69,6 +69,13 @@ class ConsumerBusy(PulsarException):
     """An Exclusive subscription already has a live consumer (pulsar-client's ConsumerBusy)."""
 
 
+class ProducerBusy(PulsarException):
+    """Another live producer has the name (pulsar-client's ProducerBusy): two producers of one name
+    number from the same sequence ids, and deduplication would drop one's messages as the other's
+    duplicates. Raised when the second is made in the same process, and by an append that finds
+    another writer of the name appended since this producer was made (docs/semantics.md)."""
+
+
 class ProducerFenced(PulsarException):
     """Another producer with the same name won the race for a sequence id."""
 

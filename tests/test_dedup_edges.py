@@ -14,6 +14,7 @@ import pytest
 from _procs import Child, emit, hang, main
 
 import pulsartx
+from pulsartx.exceptions import ProducerBusy
 from pulsartx.log.message_id import MessageId
 from pulsartx.storage import delta, faults
 from pulsartx.storage.faults import Fault, Mode, Op
@@ -150,9 +151,6 @@ def test_a_send_whose_outcome_stays_unknown_names_the_ids_whose_resend_keeps_it_
 
 # ---- two live producers of one name ---------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="a second live producer of a name is accepted (Pulsar: ProducerBusy); "
-                                       "both number from the same persisted id and one's messages are dropped "
-                                       "as duplicates while send() reports success")
 def test_two_live_producers_of_one_name_lose_no_message(root):
     with pulsartx.Client(root) as c:
         c.admin.create_topic(TOPIC, 1)
@@ -166,6 +164,147 @@ def test_two_live_producers_of_one_name_lose_no_message(root):
         # Accepted: then both messages must be there, or the second send must fail.
         assert (a.offset(), b.offset()) == (0, 1)
         assert _seen(c) == [b"from-p1", b"from-p2"]
+
+
+def test_a_second_producer_of_a_name_in_one_process_is_busy_until_the_first_closes(root):
+    with pulsartx.Client(root) as c, pulsartx.Client(root) as other:
+        c.admin.create_topic(TOPIC, 2)
+        p1 = c.create_producer(TOPIC, producer_name="same")
+        with pytest.raises(ProducerBusy, match="'same' is already open on persistent://public/default/dd in this process"):
+            c.create_producer(TOPIC, producer_name="same")
+        # Another Client on the root is the same process: refused too, and so is one partition of the topic.
+        with pytest.raises(ProducerBusy, match="another producer_name"):
+            other.create_producer(TOPIC, producer_name="same")
+        with pytest.raises(ProducerBusy, match=r"open on persistent://public/default/dd-partition-1 \(its producer "
+                                               r"made on persistent://public/default/dd\) in this process"):
+            other.create_producer(f"{TOPIC}-partition-1", producer_name="same")
+        other.create_producer("elsewhere", producer_name="same").close()  # another topic: its own sequence
+        c.create_producer(TOPIC).close()  # generated names never collide
+        c.create_producer(TOPIC).close()
+        p1.send(b"a", partition_key="k")
+        p1.close()
+        p2 = other.create_producer(TOPIC, producer_name="same")  # released by close()
+        assert p2.last_sequence_id() == 0
+        p2.send(b"b", partition_key="k")
+        p2.close()
+        assert sorted(m for part in range(2) for m in _seen(c, f"{TOPIC}-partition-{part}")) == [b"a", b"b"]
+
+
+def _second_producer(root: str, topic: str, txn: bool) -> dict:
+    """Make producer "same" while the parent's is live, wait for the parent's go (a line on stdin),
+    then send (in a transaction, committed, with ``txn``); report what each step raised."""
+    import sys
+
+    out: dict = {}
+    c = pulsartx.Client(root)
+    p = c.create_producer(topic, producer_name="same")
+    emit("EVENT", "made", p.last_sequence_id())
+    sys.stdin.readline()
+    t = c.new_transaction() if txn else None
+    for step, run in (("send", lambda: p.send(b"from-child", txn=t)), ("commit", lambda: t and t.commit()),
+                      ("close", c.close)):
+        try:
+            run()
+            out[step] = "ok"
+        except pulsartx.PulsarException as e:
+            out[step] = [type(e).__name__, str(e)]
+    return out
+
+
+class _Interactive(_Script):
+    stdin = True
+
+
+@pytest.mark.parametrize("txn", [False, True], ids=["plain", "transaction"])
+def test_a_live_producer_of_the_name_in_another_process_fails_the_second_writer(root, txn):
+    """Another process's producer of the name is not seen when made: the first append that finds
+    the name's persisted id above what this producer knew of fails with ProducerBusy, where
+    deduplication dropped its message as a duplicate while send() reported success."""
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="same")
+        child = _Interactive("second_producer", root=root, topic=TOPIC, txn=txn)
+        try:
+            assert child.wait_event("made") == -1
+            assert p.send(b"p0").offset() == 0  # sequence id 0, above what the child's producer found
+            child.proc.stdin.write("go\n")
+            child.proc.stdin.flush()
+            got = child.result()
+        finally:
+            child.kill()
+        assert got["send"][0] == "ProducerBusy"
+        assert "another producer named 'same' appended sequence id 0" in got["send"][1]
+        assert "above this producer's -1" in got["send"][1]
+        if txn:
+            assert got["commit"][0] == "TransactionHasOperationFailed", got  # it lost a send: it may not commit
+        assert p.send(b"p1").offset() >= 1  # the first producer goes on (after an abort marker, in a transaction)
+        p.close()
+        assert _seen(c) == [b"p0", b"p1"]
+
+
+def test_the_producer_whose_name_was_taken_fails_its_next_append_too(root):
+    """Either producer's append fails once the other appended above what it knew of."""
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="same")
+        assert p.send(b"p0").offset() == 0
+        child = _Interactive("second_producer", root=root, topic=TOPIC, txn=False)
+        try:
+            assert child.wait_event("made") == 0
+            child.proc.stdin.write("go\n")
+            child.proc.stdin.flush()
+            got = child.result()
+        finally:
+            child.kill()
+        assert got["send"] == "ok"  # made after p0 landed: it numbered past it (sequence id 1)
+        with pytest.raises(ProducerBusy, match="appended sequence id 1 to .*, above this producer's 0"):
+            p.send(b"lost-before")
+        p.close()
+        assert _seen(c) == [b"p0", b"from-child"]
+
+
+def test_an_async_send_refused_as_busy_tells_its_callback_and_flush(root):
+    from pulsartx.log.partition import build_records, shared_log
+    from pulsartx.naming import TopicName
+
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+        p = c.create_producer(TOPIC, producer_name="same", batching_max_publish_delay_ms=60_000)
+        # Another writer of the name (as another process's producer would) appends sequence id 0.
+        other = build_records([b"other"], producer_name="same", sequence_ids=[0])
+        shared_log(c.root, TopicName.parse(TOPIC).with_partition(0)).append(other, producer_name="same")
+        got: list = []
+        p.send_async(b"mine", lambda r, m: got.append((r, m)))
+        with pytest.raises(ProducerBusy, match="appended sequence id 0 to .*, above this producer's -1"):
+            p.flush()
+        assert got == [(pulsartx.Result.ProducerBusy, None)]
+        p.close()
+        assert _seen(c) == [b"other"]
+
+
+def test_the_floor_check_at_the_partition_log(root):
+    """The check itself: an append whose floor is below the name's persisted id fails; without a
+    floor (Spark's task appends) it is deduplicated as before; batches submitted one after the
+    other share a commit, each with a floor that counts the ones before it (pipelining)."""
+    from pulsartx.log.partition import build_records, shared_log
+    from pulsartx.naming import TopicName
+    from pulsartx.storage.root import StorageRoot
+
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(TOPIC, 1)
+    plog = shared_log(StorageRoot.resolve(root), TopicName.parse(TOPIC).with_partition(0))
+
+    def rec(*seqs: int):
+        return build_records([b"x%d" % s for s in seqs], producer_name="n", sequence_ids=list(seqs))
+
+    assert plog.append(rec(0, 1), producer_name="n").offsets == [0, 1]
+    with pytest.raises(ProducerBusy, match="appended sequence id 1 to .*-partition-0, above this producer's 0"):
+        plog.wait_append(plog.submit_append(rec(1, 2), producer_name="n", floor=0))
+    assert plog.wait_append(plog.submit_append(rec(0, 1), producer_name="n", floor=1)).offsets == [None, None]
+    assert plog.append(rec(1, 2), producer_name="n").offsets == [None, 2]  # no floor: deduplicated
+    first = plog.submit_append(rec(3, 4), producer_name="n", floor=2)
+    second = plog.submit_append(rec(5), producer_name="n", floor=4)
+    assert (plog.wait_append(first).offsets, plog.wait_append(second).offsets) == ([3, 4], [5])
 
 
 # ---- explicit sequence ids ----------------------------------------------------------------------
@@ -361,7 +500,7 @@ def test_send_table_numbers_rows_after_sends_and_a_restart_resumes(root):
 
 # ---- the child side -----------------------------------------------------------------------------
 
-COMMANDS = {"append_then_hang": _append_then_hang}
+COMMANDS = {"append_then_hang": _append_then_hang, "second_producer": _second_producer}
 
 if __name__ == "__main__":
     main(COMMANDS)

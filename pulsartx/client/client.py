@@ -199,7 +199,8 @@ class Client:
         Keywords:
             topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
             producer_name=None: names the producer's sequence ids, so a restarted producer of that name
-                resumes after its last persisted id; None: a generated name.
+                resumes after its last persisted id; None: a generated name. One live producer per
+                name: a second one raises ProducerBusy (docs/semantics.md, Producers).
             batching_max_messages=1000: a partition's queued messages are appended as one commit when
                 this many are queued...
             batching_max_publish_delay_ms=10: ...or when the oldest has waited this long.

@@ -36,6 +36,7 @@ from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
     InvalidTxnStatusError,
+    ProducerBusy,
     PulsarException,
     causes,
     short_cause,
@@ -131,6 +132,17 @@ class Producer(TableSending):
         self._partitions: list[TopicName] = client.admin.partitions_of(topic)
         self._topic = str(TopicName.parse(topic))
         self._name = producer_name or f"pulsartx-{uuid.uuid4().hex[:12]}"
+        self._live_keys = _claim_name(self, client.root.url)
+        try:
+            self._open(client, initial_sequence_id, producer_name is not None, batching_max_messages,
+                       batching_max_publish_delay_ms)
+        except BaseException:
+            self._release_name()
+            raise
+
+    def _open(self, client: Client, initial_sequence_id: int | None, named: bool, batching_max_messages: int,
+              batching_max_publish_delay_ms: int) -> None:
+        """The rest of ``__init__``, once the name is this producer's in this process."""
         # One write handle per partition per process, shared with the TC's marker channel: separate
         # handles would each go stale on the other's commits and lose every CAS race once.
         self._logs = {p.partition: shared_log(client.root, p) for p in self._partitions}
@@ -158,13 +170,22 @@ class Producer(TableSending):
         # transaction's go when it is decided or aborted (its commit() reports them itself), and
         # one that failed because it was no longer OPEN is not kept (its sender was told).
         self._errors: list[tuple[BaseException, Any]] = []
+        # Per partition, the highest sequence id of this name that may be persisted by this producer
+        # or before it was made: its floor. An append that finds a higher one persisted fails with
+        # ProducerBusy (another live producer of the name appended), where deduplication would drop
+        # its messages as duplicates. None: ``initial_sequence_id`` given, the caller numbers from
+        # where it chooses and a persisted id above is its own to deduplicate against (no check).
+        self._floors: dict[int, int] | None
         if initial_sequence_id is not None:
             self._last_seq = initial_sequence_id
-        elif producer_name is not None:
-            persisted = [lg.last_sequence_id(self._name) for lg in self._logs.values()]
-            self._last_seq = max((s for s in persisted if s is not None), default=-1)
-        else:
+            self._floors = None
+        elif named:
+            persisted = {part: lg.last_sequence_id(self._name) for part, lg in self._logs.items()}
+            self._last_seq = max((s for s in persisted.values() if s is not None), default=-1)
+            self._floors = {part: -1 if s is None else s for part, s in persisted.items()}
+        else:  # a generated name is new: nothing of it is persisted
             self._last_seq = -1
+            self._floors = dict.fromkeys(self._logs, -1)
         self._timer = threading.Thread(target=self._flush_loop, name=f"pulsartx-producer-{self._name}", daemon=True)
         self._wake = threading.Event()
         self._timer.start()
@@ -255,6 +276,7 @@ class Producer(TableSending):
         finally:
             self._closed = True
             self._wake.set()
+            self._release_name()
 
     def is_connected(self) -> bool:
         return not self._closed and not forks.forked(self._made)
@@ -268,6 +290,13 @@ class Producer(TableSending):
     # ---- internals ------------------------------------------------------------------------------
     def _describe(self) -> str:
         return f"producer {self._name} on {self._topic}"
+
+    def _release_name(self) -> None:
+        """Let another producer of this process take the name (``close``, or a failed ``__init__``)."""
+        with _LIVE.lock:
+            for key in self._live_keys:
+                if _LIVE.get(key) is self:
+                    del _LIVE[key]
 
     def _check_open(self) -> None:
         if self._made != forks.generation:
@@ -477,7 +506,16 @@ class Producer(TableSending):
                 with self._append_locks[part]:
                     number()
                     records = build(txn_bits)
-                    request = plog.submit_append(records, producer_name=self._name, compression=self._compression)
+                    floor = None
+                    if self._floors is not None:
+                        # Taken and raised in submission order: a batch submitted while the one
+                        # before it is still being committed counts that one's ids as its own.
+                        floor = self._floors[part]
+                        high = pc.max(records.column("sequence_id")).as_py()
+                        if high is not None and high > floor:
+                            self._floors[part] = high
+                    request = plog.submit_append(records, producer_name=self._name,
+                                                 compression=self._compression, floor=floor)
                 res = plog.wait_append(request)
                 if txn is not None:
                     txn._after_append(plog.topic, res)
@@ -584,6 +622,31 @@ class Producer(TableSending):
                 self._explicit.discard(k)
             if left:
                 self._txn_keys[txn] = left
+
+
+# This process's open producers, by (storage root, partition, name): a second live producer of a
+# name is refused when made, as a Pulsar broker refuses it (another process's is refused by its
+# appends: ``Producer._write``'s floor). Emptied in a forked child, whose producers are its own.
+_LIVE: forks.ProcessCache[tuple[str, str, str], Producer] = forks.ProcessCache()
+
+
+def _claim_name(producer: Producer, root_url: str) -> list[tuple[str, str, str]]:
+    """Take the producer's name on each of its partitions in this process, or raise ProducerBusy."""
+    keys = [(root_url, str(p), producer._name) for p in producer._partitions]
+    with _LIVE.lock:
+        for key in keys:
+            other = _LIVE.get(key)
+            if other is not None and other is not producer:
+                where = other._topic if other._topic == producer._topic else \
+                    f"{key[1]} (its producer made on {other._topic})"
+                raise ProducerBusy(
+                    f"a producer named {producer._name!r} is already open on {where} in this process: "
+                    "two live producers of one name number from the same sequence "
+                    "ids, and deduplication drops one's messages as the other's duplicates. Close the other "
+                    "producer first, or give this one another producer_name (or none, for a generated one)")
+        for key in keys:
+            _LIVE[key] = producer
+    return keys
 
 
 _SEND = frozenset(keyword_defaults(Producer.send))

@@ -9,6 +9,7 @@ class Result(Enum):
     UnknownError = 1
     Timeout = 5
     TopicNotFound = 15
+    ProducerBusy = 19
     AlreadyClosed = 20
     InvalidTxnStatus = 30
     TransactionConflict = 31
@@ -19,7 +20,7 @@ class Result(Enum):
         if exc is None:
             return cls.Ok
         name = type(exc).__name__
-        for key, res in (("Timeout", cls.Timeout), ("TopicNotFound", cls.TopicNotFound),
+        for key, res in (("Timeout", cls.Timeout), ("TopicNotFound", cls.TopicNotFound), ("ProducerBusy", cls.ProducerBusy),
                          ("AlreadyClosed", cls.AlreadyClosed), ("InvalidTxnStatus", cls.InvalidTxnStatus),
                          ("TransactionConflict", cls.TransactionConflict), ("NotAllowed", cls.NotAllowed),
                          ("Expired", cls.NotAllowed)):

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from pulsartx import forks
-from pulsartx.exceptions import CorruptedLog, StorageError, TopicNotFound
+from pulsartx.exceptions import CorruptedLog, ProducerBusy, StorageError, TopicNotFound
 from pulsartx.log.compression import CompressionType
 from pulsartx.log.constant import constant
 from pulsartx.log.dedup import OFFSET_APP_ID, new_message_keep, producer_app_id
@@ -128,6 +128,8 @@ class _AppendItem:
     seqs: Any  # its sequence ids (numpy), with app_id
     guard_app_id: str | None  # at most once ever (markers)
     codecs: dict[str, str] | None  # None: any (a marker's empty payload)
+    producer_name: str | None = None
+    floor: int | None = None  # the producer's: a persisted id above it is another writer's (ProducerBusy)
     keep: Any = None  # planned: the rows dedup keeps (None: all)
     rows: pa.Table | None = None  # planned: the rows written
     attempts: int = 0
@@ -448,13 +450,20 @@ class PartitionLog:
         return self.wait_append(self.submit_append(records, producer_name, guard_app_id, compression))
 
     def submit_append(self, records: pa.Table, producer_name: str | None = None, guard_app_id: str | None = None,
-                      compression: CompressionType | str | None = None) -> Any:
+                      compression: CompressionType | str | None = None, floor: int | None = None) -> Any:
         """Queue :meth:`append` without waiting; :meth:`wait_append` answers it. A producer submits
         its batches in sequence-id order under its own lock and waits outside it, so its next batch
-        joins the commit under way's successor instead of waiting for that commit to finish."""
+        joins the commit under way's successor instead of waiting for that commit to finish.
+
+        ``floor`` (with ``producer_name``): the highest id of the name that the producer may have
+        persisted itself or found persisted when it was made. A higher one persisted was appended
+        by another live producer of the name, and the append fails with ProducerBusy instead of
+        having its rows dropped as that writer's duplicates. None: no such check (Spark's task
+        appends, a producer given ``initial_sequence_id``)."""
         codecs = {"value": CompressionType.parse(compression).parquet_codec}
         item = _AppendItem(records, producer_app_id(producer_name) if producer_name else None,
-                           records.column("sequence_id").to_numpy() if producer_name else None, guard_app_id, codecs)
+                           records.column("sequence_id").to_numpy() if producer_name else None, guard_app_id, codecs,
+                           producer_name, floor if producer_name else None)
         # One producer's appends have distinct keys: planned in queue order (see _plan), they may share a commit.
         key = guard_app_id or id(item)
         return self._group.submit(key, lambda: self._plan(item), kind=codecs["value"], before=self._writer_idle())
@@ -546,6 +555,12 @@ class PartitionLog:
             before = self._planned.get(item.app_id)  # the producer's appends ahead of this one in the commit
             if before is not None and (last is None or before > last):
                 last = before
+            if item.floor is not None and last is not None and last > item.floor:
+                raise ProducerBusy(
+                    f"another producer named {item.producer_name!r} appended sequence id {last} to {self.topic}, "
+                    f"above this producer's {item.floor}: two live producers of one name drop each other's "
+                    "messages as duplicates, so this append was refused. Close the other producer, or give each "
+                    "its own producer_name")
             keep = new_message_keep(item.seqs, last)
             if not keep.any():
                 item.result = AppendResult(None, attempts=item.attempts, duplicates=n)
