@@ -129,3 +129,37 @@ def test_a_batch_on_the_drivers_tc_commits_only_while_its_run_holds_the_key(tmp_
     tcs.key_store_of(full_key("spark-streaming", "k4")).claim_connection("spark-streaming", "k4", "run-1")
     with pytest.raises(TransactionFenced):
         batch.commit([], batch_id=1)
+
+
+def test_a_batch_begun_in_another_planner_worker_is_still_known_committed_after_tc_compaction(tmp_path):
+    """pyspark begins each micro-batch in a planner worker, and its workers are processes, each
+    issuing TxnIDs from a block of its own. Fails before the fix: batch 5 began in a worker whose
+    block was higher than the one batch 6 then began in, so batch 6's transaction had the lower id;
+    the TC log's compaction, which keeps a key's committed transaction with the highest id, kept
+    batch 5's and trimmed batch 6's, and a replay of batch 6 did not find it: it was written twice."""
+    import time
+
+    from pulsartx.commit_protocol.driver import driver_coordinators
+
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    root = StorageRoot.resolve(str(tmp_path / "root"))
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata").write_text(json.dumps({"id": "query-4"}) + "\n")
+    b4 = MicroBatchTransaction.begin(root, "k4", str(ck), timeout_ms=600_000, connection="run")
+    b4.commit([], batch_id=4)
+    tc = driver_coordinators(root).tc(b4.job.txn_id.most_bits)
+    first_worker = tc._ids
+    tc._ids = tc.txlog.lease_block(1000)  # batch 5 is planned in another worker: a later, higher block
+    b5 = MicroBatchTransaction.begin(root, "k4", str(ck), timeout_ms=600_000, connection="run")
+    b5.commit([], batch_id=5)
+    tc._ids = first_worker  # batch 6 in the first worker again, its block not used up
+    b6 = MicroBatchTransaction.begin(root, "k4", str(ck), timeout_ms=600_000, connection="run")
+    b6.commit([], batch_id=6)
+    assert b6.job.txn_id.most_bits != b5.job.txn_id.most_bits or b6.job.txn_id.least_bits > b5.job.txn_id.least_bits
+    tl = TransactionLog(root, b6.job.txn_id.most_bits, compact_every=1, finished_retention_ms=0).open()
+    tl.log.files_since_compaction = 1
+    assert tl.maybe_compact(int(time.time() * 1000) + 1000)  # a full one: every finished entry is past retention
+    replay = MicroBatchTransaction.begin(root, "k4", str(ck), timeout_ms=600_000, connection="run")
+    assert replay.committed_by(6) == str(b6.job.txn_id)

@@ -213,6 +213,17 @@ class TransactionCoordinator:
             self._ids = (least + 1, last)
         return TxnID(self.tc_id, least)
 
+    def issue_above(self, least_bits: int) -> None:
+        """Make the next TxnID this process issues here greater than ``least_bits``: the rest of a
+        block at or below it is skipped (never reissued), and the next lease starts past the counter,
+        which every issued id is at or below. Ids come in blocks per process, so a transaction key
+        whose transactions begin in several processes (pyspark's planner workers begin micro-batches)
+        would otherwise get a lower id after a higher one, and the TC log's compaction, which keeps
+        a key's latest committed transaction by id, would trim the one committed last."""
+        with self._ids_lock:
+            if self._ids is not None and self._ids[0] <= least_bits:
+                self._ids = None
+
     def new_transaction(self, timeout_ms: int, owner: str | None = None, transaction_key: str | None = None,
                         epoch: int | None = None, properties: dict[str, str] | None = None,
                         partitions: Iterable[str] = (), lazy: bool = False) -> TxnMeta:

@@ -220,6 +220,8 @@ class TransactionLog:
 
         # The latest transaction of each transaction key, and its latest committed one, are kept
         # whatever their age: a streaming sink replaying its last batch asks whether it committed.
+        # Latest by id: a micro-batch begins above its key's earlier ids on the TC
+        # (docs/design/transaction-key-ids-rise-per-tc.md).
         # Worked out on the first row asked about: a minor compaction asks about none.
         keep_ids: set[int] | None = None
 

@@ -5,7 +5,8 @@ still undecided are never rewritten. The transaction buffer is settled through t
 (``reads.settle``): data a zombie wrote after a forgotten marker would otherwise hold
 maxReadPosition, and so compaction, where it stands for good. The rewrite drops DATA rows of
 aborted transactions, rows a commit marker left out, and stragglers after their own transaction's
-marker; it keeps plain messages, committed messages and markers with their offsets, in order. Offsets never change, so
+marker; it keeps plain messages, committed messages and markers with their offsets, in order, and
+the log's last record whatever it is (where the log's end is read). Offsets never change, so
 cursors, MessageIds and transaction-buffer snapshots stay valid.
 
 The commit is recorded as Delta records an OPTIMIZE (docs/design/compaction-commits.md): runs of
@@ -71,6 +72,19 @@ def rewrite_plan(files: list[DataFile], kept: pa.Table) -> tuple[list[tuple[pa.T
     return parts, [(f.path, f.size, c) for f, c in zip(files, changed, strict=True)]
 
 
+def _with_the_last_record(kept: pa.Table, raw: pa.Table, last: int) -> pa.Table:
+    """``kept`` (sorted by offset) with the log's last record at offset ``last`` when ``raw`` holds
+    it, even one no reader may see (a straggler, the data of a transaction its TC finished without
+    a marker here): the newest file's statistics are where the log's end is read. Dropped, the end
+    went back, and once the offset app id expired (an idle week) the next append reused an offset
+    that readers, cursors and transaction-buffer snapshots had already passed. Readers hide the
+    record as before: the state that hid it keeps it, and a fold of the log finds it again."""
+    if kept.num_rows and kept.column("offset")[-1].as_py() == last:
+        return kept
+    tail = raw.filter(pc.equal(raw.column("offset"), last))
+    return pa.concat_tables([kept, tail]) if tail.num_rows else kept
+
+
 def compact_partition(root: StorageRoot, partition: TopicName, min_files: int = 2,
                       attempts: int = 5) -> CompactionResult:
     """Compact, planning again when a concurrent change removed some of the same files first (a
@@ -98,6 +112,7 @@ def _compact_once(root: StorageRoot, partition: TopicName, min_files: int) -> Co
         state.filter().apply(raw),  # visible DATA rows (plain and committed)
         raw.filter(pc.not_equal(raw.column("type"), MessageType.DATA.value)),  # markers keep their offsets
     ]).sort_by("offset")
+    kept = _with_the_last_record(kept, raw, index.end_offset - 1)
     res.rows_before = raw.num_rows
     res.rows_dropped = raw.num_rows - kept.num_rows
     res.bytes_before = sum(f.size for f in files)
