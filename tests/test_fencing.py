@@ -224,3 +224,24 @@ def test_epochs_stay_monotonic_across_delete(root_url):
     assert meta(fresh, live)["status"] == "OPEN"
     live.commit()
     assert meta(fresh, live)["status"] == "COMMITTED"
+
+
+def test_the_transaction_key_table_is_compacted_as_batches_attach(tmp_path):
+    """A streaming query attaches a transaction to its key every micro-batch, one file each: the
+    table is compacted like the TC's other logs, so it does not grow a file per batch ever run,
+    and every key's row (its epoch, its transactions) survives the compaction."""
+    from pulsartx.coordinator.keys import TransactionKeyStore
+    from pulsartx.coordinator.txnid import TxnID
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve(str(tmp_path))
+    store = TransactionKeyStore(root, 0)
+    store.log.compact_every = 10
+    epoch, _ = store.claim("o", "stream")
+    other, _ = store.claim("o", "other")
+    for i in range(35):
+        store.attach("o", "stream", epoch, TxnID(0, i))
+    assert store.log.files_since_compaction < 10
+    fresh = TransactionKeyStore(root, 0)
+    assert fresh.current_epoch("o", "stream") == epoch and fresh.current_epoch("o", "other") == other
+    assert fresh.txn_ids("o", "stream")[-1] == TxnID(0, 34)

@@ -50,6 +50,10 @@ def full_key(owner: str | None, key: str) -> str:
     return f"{owner or ''}&{key}"
 
 
+def _keep_every_row(row: dict[str, Any]) -> bool:
+    return True
+
+
 class _Unchanged(Exception):
     def __init__(self, row: dict[str, Any]):
         self.row = row
@@ -88,7 +92,10 @@ class TransactionKeyStore:
             new = change(old)
             return new, (old, new)
 
-        return self.log.cas(k, step, what=f"transaction key {k!r}")
+        # Every key's row is kept (an epoch is never reused, even after a delete): compaction only
+        # folds the table's files, one more per write (a streaming query attaches every micro-batch),
+        # into one, so that opening the table does not read one file per batch ever run.
+        return self.log.cas(k, step, what=f"transaction key {k!r}", keep=_keep_every_row)
 
     def claim(self, owner: str | None, key: str) -> tuple[int, list[TxnID]]:
         """Bump the epoch; returns the new epoch and the previous epoch's transactions to abort."""
