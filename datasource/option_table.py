@@ -78,7 +78,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
     OptionSpec("topicsPattern", _READS, "regular expression",
                "Read every topic one of whose names (`persistent://tenant/ns/t`, `tenant/ns/t`, or `t` in "
-               "public/default) the pattern fully matches; a stream picks up matching topics created later.",
+               "public/default) the pattern fully matches; a stream picks up matching topics created later "
+               "(from their start) and stops reading deleted ones.",
                wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
     OptionSpec("subscription", frozenset({READ_STREAM}), "subscription name",
                "Keep the stream's position in this durable subscription, acknowledged in the sink's "
@@ -86,7 +87,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     # ---- how much -----------------------------------------------------------------------------
     OptionSpec("startingOffsets", _READS, "`earliest`, `latest` or JSON",
                "Where reading starts: `earliest`, `latest`, or "
-               '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest).',
+               '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest). A stream refuses an '
+               "offset past its partition's end.",
                default=None, default_text="read: `earliest`; readStream: `latest`"),
     OptionSpec("endingOffsets", frozenset({READ}), "`latest` or JSON",
                "Where a batch read ends (exclusive), in the same syntax as `startingOffsets`.",

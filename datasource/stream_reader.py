@@ -95,6 +95,10 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._buffers: dict[str, Any] = {}
         self._logs: dict[str, Any] = {}
         self._available_now: Offsets | None = None
+        # Per partition, the table (incarnation) this run's offsets belong to, and the last offset
+        # found to be the old table's with where it resumed: a topic re-created under the query.
+        self._tables: dict[str, str] = {}
+        self._moved: dict[str, tuple[int, int]] = {}
 
     # ---- helpers ------------------------------------------------------------------------------------
     def _partitions(self) -> list[TopicName]:
@@ -129,6 +133,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _starting(self, p: TopicName) -> int:
         """Where a partition without a checkpointed offset starts."""
         plog = self._log(p)
+        self._tables.setdefault(str(p), plog.table_id)
         spec = self.opts.read.starting_offsets.position(p, plog.offset_at_time)
         if spec == EARLIEST:
             start = plog.refresh().start_offset
@@ -136,32 +141,59 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start = self._limit(p)
         else:
             start = spec
-        if self.opts.subscription is None:
+        store = self._store(p) if self.opts.subscription is not None else None
+        cursor = store.cursor() if store is not None and store.exists() else None
+        if cursor is None or cursor.deleted:
+            self._check_start(p, spec, start)
+        if store is None:
             return start
-        store = self._store(p)
-        cursor = store.cursor() if store.exists() else None
         if cursor is None or cursor.deleted:
             cursor = store.create(start - 1)
             log.info("created subscription %r on %s at offset %d", self.opts.subscription, p, start)
         return cursor.mark_delete + 1
+
+    def _check_start(self, p: TopicName, spec: int, start: int) -> None:
+        """An explicit starting offset past the partition's end is refused, naming the option: the
+        first batch would otherwise take it for a checkpoint of a re-created topic, and report that
+        (or, with failOnDataLoss=false, read from the earliest offset, which the option skipped)."""
+        if spec < 0:
+            return
+        end = self._log(p).end_offset()
+        if start > end:
+            option = self.opts.read.starting_offsets.source(p)
+            raise InvalidConfiguration(
+                f"option {option}: offset {start} for {p} is past the partition's end {end} (its next offset); "
+                f"give an offset from 0 to {end}, or -1 (latest) to start at its end")
 
     def _resume_from(self, p: TopicName, offset: int) -> int:
         """``offset`` itself, unless it lies past the partition's end: the topic was deleted and
         re-created since (its offsets restarted), so the checkpoint's offsets are the old topic's.
         As Spark's Kafka source: an error with failOnDataLoss (the default), else the new topic
         from its start."""
-        plog = self._log(p)
+        plog, key = self._log(p), str(p)
         end = plog.end_offset()
-        if offset <= end:
+        table = plog.table_id
+        moved = self._moved.get(key)
+        if moved is not None and moved[0] == offset:
+            return moved[1]  # the batch latestOffset planned from the new table's start
+        # A running query also knows the table its offsets came from: a re-created topic that has
+        # grown past the checkpoint's offset is noticed too, not read on from that offset.
+        recreated = self._tables.setdefault(key, table) != table
+        if offset <= end and not recreated:
             return offset
         if self.opts.fail_on_data_loss:
+            where = (f"this query read the old topic up to offset {offset}" if offset <= end else
+                     f"this query's checkpoint is at offset {offset}, past the partition's end {end}, so it belongs "
+                     "to the old topic")
             raise InvalidConfiguration(
-                f"topic partition {p} was deleted and re-created (or truncated): this query's checkpoint is at offset "
-                f"{offset}, past the partition's end {end}, so it belongs to the old topic; start from a new "
+                f"topic partition {p} was deleted and re-created (or truncated): {where}; start from a new "
                 "checkpointLocation, or set option failOnDataLoss=false to read the new topic from its start")
         start = plog.refresh().start_offset
         log.warning("%s was re-created: its offsets restarted (checkpoint at %d, end now %d); reading it from %d",
                     p, offset, end, start)
+        self._tables[key] = table
+        self._moved[key] = (offset, start)
+        self._buffers.pop(key, None)  # the old table's transactions
         return start
 
     # ---- DataSourceStreamReader ---------------------------------------------------------------------
@@ -178,8 +210,18 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def _available(self, start: Offsets, partitions: list[TopicName]) -> tuple[Offsets, dict[str, int]]:
-        """(end offsets if everything available were read, backlog per partition)."""
-        end: Offsets = {t: dict(ps) for t, ps in start.items()}
+        """(end offsets if everything available were read, backlog per partition).
+
+        A topic ``topicsPattern`` no longer lists was deleted: it leaves the offsets. Kept, every
+        later batch would plan it, which fails in any source process that did not load it before
+        the delete (a restarted query, forever); and a topic re-created under the name is new,
+        read from its start like any topic the pattern picks up."""
+        assert self.opts.read.selection is not None
+        listed = {p.base.short for p in partitions}
+        kept = {t: ps for t, ps in start.items() if t in listed or self.opts.read.selection.pattern is None}
+        if len(kept) < len(start):
+            log.warning("topics %s were deleted: no longer read", sorted(set(start) - set(kept)))
+        end: Offsets = {t: dict(ps) for t, ps in kept.items()}
         backlog: dict[str, int] = {}
         for p in partitions:
             s = _get(start, p)
@@ -222,6 +264,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for part, hi in parts.items():
                 p = TopicName.parse(topic).with_partition(int(part))
                 lo = start.get(topic, {}).get(part)
+                if lo == hi:
+                    continue  # nothing to read; the topic may even be gone since (a replayed batch)
                 plog = self._log(p)
                 index = plog.refresh()
                 if lo is None:
