@@ -107,7 +107,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "over `endingOffsets`.", default_text="none",
                wrong_use="a stream has no end (use Trigger.AvailableNow to stop at the data present when it starts)"),
     OptionSpec("maxEntriesPerTrigger", frozenset({READ_STREAM}), "integer >= 1",
-               "At most this many entries per micro-batch, shared among partitions by backlog.",
+               "At most this many entries per micro-batch, shared among partitions by backlog (each partition "
+               "with a backlog gets at least one while the limit allows).",
                default_text="no limit", minimum=1),
     OptionSpec("maxEntriesPerPartition", _READS, "integer >= 1",
                "A partition's range larger than this is split over several Spark tasks, as few as keep each "

@@ -71,12 +71,20 @@ def _get(offsets: Offsets, p: TopicName) -> int | None:
 
 def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
     """Share ``limit`` entries among partitions in proportion to their backlog (largest
-    remainders first), never giving a partition more than it has."""
+    remainders first), never giving a partition more than it has.
+
+    A partition whose proportional share rounds down to nothing gets one entry first (the smallest
+    backlogs first, while the limit lasts): by remainders alone, a partition holding a few entries
+    beside one whose backlog stays large (fed faster than the limit) was given nothing batch after
+    batch, so its entries waited for as long as the other's load lasted."""
     total = sum(backlog.values())
     if total <= limit:
         return dict(backlog)
     share = {k: (v * limit) // total for k, v in backlog.items()}
     left = limit - sum(share.values())
+    for k in sorted((k for k, v in backlog.items() if v and not share[k]), key=lambda k: (backlog[k], k))[:left]:
+        share[k] = 1
+        left -= 1
     for k in sorted(backlog, key=lambda k: ((backlog[k] * limit) % total, backlog[k]), reverse=True):
         if left <= 0:
             break

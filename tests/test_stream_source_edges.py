@@ -127,3 +127,20 @@ def test_a_restarted_source_notices_its_topic_recreated_and_grown_past_its_offse
         restarted = _reader(root, topic="rc", startingOffsets="earliest")
         with pytest.raises(InvalidConfiguration, match="re-created"):
             restarted.latestOffset(end, ReadAllAvailable())
+
+
+def test_max_entries_per_trigger_starves_no_partition_beside_a_large_backlog() -> None:
+    """A partition fed faster than maxEntriesPerTrigger keeps a large backlog beside another with a
+    few entries. Fails before the fix: the small one's proportional share rounded down to nothing
+    and the remainders went to the large one, batch after batch, so its entries were never read."""
+    from pulsartx.datasource.stream_reader import spread
+
+    backlog = {"big": 100_000, "small": 5}
+    for _ in range(10):  # micro-batches while "big" receives 200 entries a batch
+        taken = spread(100, backlog)
+        assert sum(taken.values()) == 100 and all(taken[k] <= backlog[k] for k in backlog)
+        backlog = {"big": backlog["big"] - taken["big"] + 200, "small": backlog["small"] - taken["small"]}
+    assert backlog["small"] == 0
+    assert spread(10, {"a": 3, "b": 3, "c": 3, "d": 30}) == {"a": 1, "b": 1, "c": 1, "d": 7}
+    assert spread(1, {"a": 1000, "b": 1}) == {"a": 0, "b": 1}
+    assert spread(50, {"a": 20, "b": 10}) == {"a": 20, "b": 10}
