@@ -131,8 +131,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "The key that fences an older run of the same query; derived from `checkpointLocation` "
                "when absent.", default_text="from `checkpointLocation`"),
     OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
-               "Spark's query checkpoint; the sink needs it (or `transactionKey`) for exactly-once.",
-               default_text="`spark.sql.streaming.checkpointLocation`"),
+               "Spark's query checkpoint; the sink needs it for exactly-once. Give it on `writeStream`: "
+               "pyspark does not pass the session's `spark.sql.streaming.checkpointLocation` to data sources.",
+               default_text="none"),
     OptionSpec("transactionTimeoutMs", _WRITES, "integer >= 1",
                "The transaction's timeout in milliseconds. With `transactionKeepAlive` the driver extends it "
                "while the job or micro-batch runs, so it bounds how long a dead driver's transaction holds "

@@ -71,3 +71,19 @@ def test_a_task_run_again_by_a_new_stage_attempt_loses_no_row(tmp_path: Path, mo
         while reader.has_message_available():
             got.append(reader.read_next(1000).data())
     assert got == [b"r0", b"r1", b"r2"]
+
+
+def test_a_sink_without_the_checkpoint_option_names_the_session_setting_it_cannot_see(tmp_path: Path) -> None:
+    """pyspark passes a Python data source only the writeStream options: a query whose checkpoint
+    comes from spark.sql.streaming.checkpointLocation reaches the sink without one. Fails before
+    the fix: the error said only "needs option checkpointLocation", which such a query seemed to
+    have, and the options table gave that session setting as the option's default."""
+    from pulsartx.exceptions import InvalidConfiguration
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("out", 1)
+    schema = StructType([StructField("value", BinaryType())])
+    with pytest.raises(InvalidConfiguration, match=r"checkpointLocation on writeStream.*"
+                       r"spark\.sql\.streaming\.checkpointLocation is not passed to data sources"):
+        prepare_stream_write({"service.url": root, "topic": "out", "queryName": "q"}, schema, False)
