@@ -173,7 +173,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"option {option}: offset {start} for {p} is past the partition's end {end} (its next offset); "
                 f"give an offset from 0 to {end}, or -1 (latest) to start at its end")
 
-    def _resume_from(self, p: TopicName, offset: int) -> int:
+    def _resume_from(self, p: TopicName, offset: int, planning: bool = False) -> int:
         """``offset`` itself, unless it lies past the partition's end: the topic was deleted and
         re-created since (its offsets restarted), so the checkpoint's offsets are the old topic's.
         As Spark's Kafka source: an error with failOnDataLoss (the default), else the new topic
@@ -183,7 +183,12 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         table = plog.table_id
         moved = self._moved.get(key)
         if moved is not None and moved[0] == offset:
-            return moved[1]  # the batch latestOffset planned from the new table's start
+            # Still the old table's offset: the batch planned from the new table's start. Kept
+            # until a batch is planned from it, since a first end that equals the old offset runs
+            # no batch (Spark sees the same offsets) and the next one starts there again.
+            if planning:
+                del self._moved[key]
+            return moved[1]
         # A running query also knows the table its offsets came from: a re-created topic that has
         # grown past the checkpoint's offset is noticed too, not read on from that offset.
         recreated = self._tables.setdefault(key, table) != table
@@ -278,7 +283,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 index = plog.refresh()
                 if lo is None:
                     lo = index.start_offset
-                lo = self._resume_from(p, lo)
+                lo = self._resume_from(p, lo, planning=True)
                 if lo < index.start_offset:
                     if self.opts.fail_on_data_loss:
                         raise InvalidConfiguration(

@@ -144,3 +144,51 @@ def test_max_entries_per_trigger_starves_no_partition_beside_a_large_backlog() -
     assert spread(10, {"a": 3, "b": 3, "c": 3, "d": 30}) == {"a": 1, "b": 1, "c": 1, "d": 7}
     assert spread(1, {"a": 1000, "b": 1}) == {"a": 0, "b": 1}
     assert spread(50, {"a": 20, "b": 10}) == {"a": 20, "b": 10}
+
+
+def test_a_recreated_topic_read_up_to_the_old_offset_is_not_read_again(tmp_path: Path, monkeypatch: Any) -> None:
+    """The new topic holds as many messages as the query had read of the old one: its first end
+    offsets equal the old ones, so Spark runs no batch, and the next batch starts at the old offset
+    again. That batch reads the new topic from its start, and the one after it on from its end.
+    Fails before the fix: the new messages were skipped."""
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 3)
+        reader = _reader(root, topic="rc", startingOffsets="earliest", failOnDataLoss="false")
+        end, _ = _batch(reader, reader.initialOffset())
+        c.admin.delete_topic("rc")
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 3, "new")
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # no batch
+        _send(c, "rc", 2, "more")
+        end, values = _batch(reader, end)
+        assert (end, values) == ({"public/default/rc": {"0": 5}}, [b"new0", b"new1", b"new2", b"more0", b"more1"])
+        _send(c, "rc", 1, "last")
+        end, values = _batch(reader, end)
+        assert values == [b"last0"]
+        _send(c, "rc", 2, "x")
+        assert _batch(reader, end)[1] == [b"x0", b"x1"]
+
+
+def test_a_recreated_topics_batch_starting_at_the_old_offset_reads_on(tmp_path: Path, monkeypatch: Any) -> None:
+    """Once a batch read the re-created topic from its start, a later batch that starts at the
+    number the old topic's offset had reads on from there (nothing twice)."""
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 3)
+        reader = _reader(root, topic="rc", startingOffsets="earliest", failOnDataLoss="false")
+        end, _ = _batch(reader, reader.initialOffset())
+        c.admin.delete_topic("rc")
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 1, "a")
+        end, values = _batch(reader, end)
+        assert (end, values) == ({"public/default/rc": {"0": 1}}, [b"a0"])
+        _send(c, "rc", 2, "b")
+        end, values = _batch(reader, end)
+        assert (end, values) == ({"public/default/rc": {"0": 3}}, [b"b0", b"b1"])
+        _send(c, "rc", 1, "c")
+        assert _batch(reader, end)[1] == [b"c0"]
