@@ -47,11 +47,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import resolved_filter
 from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
@@ -231,10 +232,11 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         read from its start like any topic the pattern picks up."""
         assert self.opts.read.selection is not None
         listed = {p.base.short for p in partitions}
-        kept = {t: ps for t, ps in start.items() if t in listed or self.opts.read.selection.pattern is None}
-        if len(kept) < len(start):
-            log.warning("topics %s were deleted: no longer read", sorted(set(start) - set(kept)))
-        end: Offsets = {t: dict(ps) for t, ps in kept.items()}
+        gone = [] if self.opts.read.selection.pattern is None else [t for t in start if t not in listed and
+                                                                     not self._exists(t)]
+        if gone:
+            log.warning("topics %s were deleted: no longer read", sorted(gone))
+        end: Offsets = {t: dict(ps) for t, ps in start.items() if t not in gone}
         backlog: dict[str, int] = {}
         for p in partitions:
             s = _get(start, p)
@@ -249,6 +251,15 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 limit = min(limit, cap if cap is not None else s)
             backlog[str(p)] = max(0, limit - s)
         return end, backlog
+
+    def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists, asked again of its own metadata: a topic merely missing from one
+        listing keeps its offsets (dropped, it would be read again from its start)."""
+        try:
+            TopicsAdmin(self.root).get_partitions(topic)
+        except TopicNotFound:
+            return False
+        return True
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         partitions = self._partitions()  # listed once per batch: each listing reads the topics' metadata
@@ -359,6 +370,15 @@ class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offsets:
         raise self.error
+
+    def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists, asked again of its own metadata: a topic merely missing from one
+        listing keeps its offsets (dropped, it would be read again from its start)."""
+        try:
+            TopicsAdmin(self.root).get_partitions(topic)
+        except TopicNotFound:
+            return False
+        return True
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         raise self.error

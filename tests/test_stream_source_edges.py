@@ -192,3 +192,24 @@ def test_a_recreated_topics_batch_starting_at_the_old_offset_reads_on(tmp_path: 
         assert (end, values) == ({"public/default/rc": {"0": 3}}, [b"b0", b"b1"])
         _send(c, "rc", 1, "c")
         assert _batch(reader, end)[1] == [b"c0"]
+
+
+def test_a_pattern_topic_missing_from_one_listing_keeps_its_offsets(tmp_path: Path, monkeypatch: Any) -> None:
+    """A topic that still exists but one listing left out is not taken for deleted: dropped from
+    the offsets, it would be read again from its start at the next batch."""
+    from pulsartx.admin.topics import TopicsAdmin
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("pl-1", 1)
+        c.admin.create_topic("pl-2", 1)
+        _send(c, "pl-1", 2)
+        _send(c, "pl-2", 2)
+        reader = _reader(root, topicsPattern="pl-.*", startingOffsets="earliest")
+        end, _ = _batch(reader, reader.initialOffset())
+        listing = TopicsAdmin.list_topics
+        with monkeypatch.context() as m:
+            m.setattr(TopicsAdmin, "list_topics", lambda self, ns=None: [t for t in listing(self, ns) if "pl-1" not in t])
+            assert reader.latestOffset(end, ReadAllAvailable()) == end
+        _send(c, "pl-1", 1, "x")
+        assert _batch(reader, end)[1] == [b"x0"]
