@@ -229,7 +229,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         A topic ``topicsPattern`` no longer lists was deleted: it leaves the offsets. Kept, every
         later batch would plan it, which fails in any source process that did not load it before
         the delete (a restarted query, forever); and a topic re-created under the name is new,
-        read from its start like any topic the pattern picks up."""
+        read from its start like any topic the pattern picks up
+        (docs/design/stream-source-topic-lifecycle.md)."""
         assert self.opts.read.selection is not None
         listed = {p.base.short for p in partitions}
         gone = [] if self.opts.read.selection.pattern is None else [t for t in start if t not in listed and
