@@ -129,7 +129,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "visible as tasks append them.", default=True),
     OptionSpec("transactionKey", frozenset({WRITE_STREAM}), "string without `&`",
                "The key that fences an older run of the same query; derived from `checkpointLocation` "
-               "when absent.", default_text="from `checkpointLocation`"),
+               "when absent. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "
+               "so another query's first batch under the key can be taken for a replay and discarded.",
+               default_text="from `checkpointLocation`"),
     OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
                "Spark's query checkpoint; the sink needs it for exactly-once. Give it on `writeStream`: "
                "pyspark does not pass the session's `spark.sql.streaming.checkpointLocation` to data sources.",

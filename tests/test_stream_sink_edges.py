@@ -87,3 +87,36 @@ def test_a_sink_without_the_checkpoint_option_names_the_session_setting_it_canno
     with pytest.raises(InvalidConfiguration, match=r"checkpointLocation on writeStream.*"
                        r"spark\.sql\.streaming\.checkpointLocation is not passed to data sources"):
         prepare_stream_write({"service.url": root, "topic": "out", "queryName": "q"}, schema, False)
+
+
+@pytest.mark.xfail(strict=True, reason="without a checkpointLocation option (an explicit transactionKey alone, the "
+                   "checkpoint from spark.sql.streaming.checkpointLocation) the sink has no Spark query id, so a "
+                   "batch token is ':<batch id>' only: a new query (or a deleted checkpoint) under the key whose "
+                   "first batch id equals the key's last committed one is taken for its replay and its output "
+                   "discarded; refusing transactionKey without checkpointLocation would fix it")
+def test_a_new_query_under_an_explicit_key_without_a_checkpoint_is_not_taken_for_a_replay(tmp_path: Path) -> None:
+    from pulsartx.commit_protocol.microbatch import MicroBatchTransaction
+    from pulsartx.commit_protocol.task import TaskAppender
+
+    from pulsartx.naming import TopicName
+    from pulsartx.storage.root import StorageRoot
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("out", 1)
+    r, topic = StorageRoot.resolve(root), TopicName.parse("out")
+
+    def batch_zero(connection: str, value: str) -> None:
+        mbt = MicroBatchTransaction.begin(r, "k", None, timeout_ms=600_000, connection=connection)
+        appender = TaskAppender(mbt.job, topic, {str(topic): 1}, None, 0, 0)
+        appender.add(_rows([value]))
+        mbt.commit([appender.finish()], 0)
+
+    batch_zero("run-1", "first-query")
+    batch_zero("run-2", "second-query")  # another query under the same key: its own batch 0
+    with pulsartx.Client(root) as c:
+        reader = c.create_reader("out", pulsartx.MessageId.earliest)
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(1000).data())
+    assert got == [b"first-query", b"second-query"]
