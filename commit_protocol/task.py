@@ -1,8 +1,8 @@
 """A task attempt's side of the commit protocol: route rows to partitions, append them with the
 job's TxnID through the idempotent-producer path, and report exactly what was appended.
 
-The producer name is unique per (job, task, attempt), and sequence ids count the attempt's rows,
-so a retried append inside an attempt is deduplicated while a new attempt of the same task
+The producer name is unique per (job, task attempt), and sequence ids count the
+attempt's rows, so a retried append inside an attempt is deduplicated while a new attempt of the same task
 writes afresh (its own report is the one the driver commits; the failed attempt's entries are
 never listed in a marker, so they stay invisible).
 """
@@ -72,14 +72,19 @@ def _row_topic(name: str) -> TopicName:
 class TaskAppender:
     def __init__(self, job: JobTransaction, default_topic: TopicName | None, partition_counts: dict[str, int],
                  create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset(),
-                 compression: str | None = None):
+                 compression: str | None = None, task_attempt_id: int | None = None):
         self.job = job
         self.compression = compression  # the write's compressionType option: the payload column's codec
         self.default_topic = default_topic
         self.counts = dict(partition_counts)  # topic -> partitions, known on the driver
         self.create_topics = create_topics  # partitions for topics created on the fly, or None
         self.task_id = task_id
-        self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}-t{task_id}-a{attempt}"
+        # Spark numbers a task's attempts per stage attempt: a stage run again (a shuffle fetch
+        # failure, a lost executor) runs the task as attempt 0 again. Under one name, the new
+        # attempt's sequence ids would be taken for resends of the failed attempt's rows, which no
+        # report lists: those rows would be lost. Spark's task attempt id is unique in its context.
+        unique = "" if task_attempt_id is None else f"-i{task_attempt_id}"
+        self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}{unique}-t{task_id}-a{attempt}"
         self.registered = set(registered)
         self.buffers: dict[str, _Buffer] = {}
         self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)

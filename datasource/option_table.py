@@ -78,7 +78,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
     OptionSpec("topicsPattern", _READS, "regular expression",
                "Read every topic one of whose names (`persistent://tenant/ns/t`, `tenant/ns/t`, or `t` in "
-               "public/default) the pattern fully matches; a stream picks up matching topics created later.",
+               "public/default) the pattern fully matches; a stream picks up matching topics created later "
+               "(from their start) and stops reading deleted ones.",
                wrong_use="a write takes one topic option (or a __topic column to route rows to several topics)"),
     OptionSpec("subscription", frozenset({READ_STREAM}), "subscription name",
                "Keep the stream's position in this durable subscription, acknowledged in the sink's "
@@ -86,7 +87,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     # ---- how much -----------------------------------------------------------------------------
     OptionSpec("startingOffsets", _READS, "`earliest`, `latest` or JSON",
                "Where reading starts: `earliest`, `latest`, or "
-               '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest).',
+               '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest). A stream refuses an '
+               "offset past its partition's end.",
                default=None, default_text="read: `earliest`; readStream: `latest`"),
     OptionSpec("endingOffsets", frozenset({READ}), "`latest` or JSON",
                "Where a batch read ends (exclusive), in the same syntax as `startingOffsets`.",
@@ -105,7 +107,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "over `endingOffsets`.", default_text="none",
                wrong_use="a stream has no end (use Trigger.AvailableNow to stop at the data present when it starts)"),
     OptionSpec("maxEntriesPerTrigger", frozenset({READ_STREAM}), "integer >= 1",
-               "At most this many entries per micro-batch, shared among partitions by backlog.",
+               "At most this many entries per micro-batch, shared among partitions by backlog (each partition "
+               "with a backlog gets at least one while the limit allows).",
                default_text="no limit", minimum=1),
     OptionSpec("maxEntriesPerPartition", _READS, "integer >= 1",
                "A partition's range larger than this is split over several Spark tasks, as few as keep each "
@@ -126,10 +129,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "visible as tasks append them.", default=True),
     OptionSpec("transactionKey", frozenset({WRITE_STREAM}), "string without `&`",
                "The key that fences an older run of the same query; derived from `checkpointLocation` "
-               "when absent.", default_text="from `checkpointLocation`"),
+               "when absent. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "
+               "so another query's first batch under the key can be taken for a replay and discarded.",
+               default_text="from `checkpointLocation`"),
     OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
-               "Spark's query checkpoint; the sink needs it (or `transactionKey`) for exactly-once.",
-               default_text="`spark.sql.streaming.checkpointLocation`"),
+               "Spark's query checkpoint; the sink needs it for exactly-once. Give it on `writeStream`: "
+               "pyspark does not pass the session's `spark.sql.streaming.checkpointLocation` to data sources.",
+               default_text="none"),
     OptionSpec("transactionTimeoutMs", _WRITES, "integer >= 1",
                "The transaction's timeout in milliseconds. With `transactionKeepAlive` the driver extends it "
                "while the job or micro-batch runs, so it bounds how long a dead driver's transaction holds "

@@ -47,11 +47,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import resolved_filter
 from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
@@ -71,12 +72,20 @@ def _get(offsets: Offsets, p: TopicName) -> int | None:
 
 def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
     """Share ``limit`` entries among partitions in proportion to their backlog (largest
-    remainders first), never giving a partition more than it has."""
+    remainders first), never giving a partition more than it has.
+
+    A partition whose proportional share rounds down to nothing gets one entry first (the smallest
+    backlogs first, while the limit lasts): by remainders alone, a partition holding a few entries
+    beside one whose backlog stays large (fed faster than the limit) was given nothing batch after
+    batch, so its entries waited for as long as the other's load lasted."""
     total = sum(backlog.values())
     if total <= limit:
         return dict(backlog)
     share = {k: (v * limit) // total for k, v in backlog.items()}
     left = limit - sum(share.values())
+    for k in sorted((k for k, v in backlog.items() if v and not share[k]), key=lambda k: (backlog[k], k))[:left]:
+        share[k] = 1
+        left -= 1
     for k in sorted(backlog, key=lambda k: ((backlog[k] * limit) % total, backlog[k]), reverse=True):
         if left <= 0:
             break
@@ -95,6 +104,10 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._buffers: dict[str, Any] = {}
         self._logs: dict[str, Any] = {}
         self._available_now: Offsets | None = None
+        # Per partition, the table (incarnation) this run's offsets belong to, and the last offset
+        # found to be the old table's with where it resumed: a topic re-created under the query.
+        self._tables: dict[str, str] = {}
+        self._moved: dict[str, tuple[int, int]] = {}
 
     # ---- helpers ------------------------------------------------------------------------------------
     def _partitions(self) -> list[TopicName]:
@@ -129,6 +142,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _starting(self, p: TopicName) -> int:
         """Where a partition without a checkpointed offset starts."""
         plog = self._log(p)
+        self._tables.setdefault(str(p), plog.table_id)
         spec = self.opts.read.starting_offsets.position(p, plog.offset_at_time)
         if spec == EARLIEST:
             start = plog.refresh().start_offset
@@ -136,32 +150,64 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start = self._limit(p)
         else:
             start = spec
-        if self.opts.subscription is None:
+        store = self._store(p) if self.opts.subscription is not None else None
+        cursor = store.cursor() if store is not None and store.exists() else None
+        if cursor is None or cursor.deleted:
+            self._check_start(p, spec, start)
+        if store is None:
             return start
-        store = self._store(p)
-        cursor = store.cursor() if store.exists() else None
         if cursor is None or cursor.deleted:
             cursor = store.create(start - 1)
             log.info("created subscription %r on %s at offset %d", self.opts.subscription, p, start)
         return cursor.mark_delete + 1
 
-    def _resume_from(self, p: TopicName, offset: int) -> int:
+    def _check_start(self, p: TopicName, spec: int, start: int) -> None:
+        """An explicit starting offset past the partition's end is refused, naming the option: the
+        first batch would otherwise take it for a checkpoint of a re-created topic, and report that
+        (or, with failOnDataLoss=false, read from the earliest offset, which the option skipped)."""
+        if spec < 0:
+            return
+        end = self._log(p).end_offset()
+        if start > end:
+            option = self.opts.read.starting_offsets.source(p)
+            raise InvalidConfiguration(
+                f"option {option}: offset {start} for {p} is past the partition's end {end} (its next offset); "
+                f"give an offset from 0 to {end}, or -1 (latest) to start at its end")
+
+    def _resume_from(self, p: TopicName, offset: int, planning: bool = False) -> int:
         """``offset`` itself, unless it lies past the partition's end: the topic was deleted and
         re-created since (its offsets restarted), so the checkpoint's offsets are the old topic's.
         As Spark's Kafka source: an error with failOnDataLoss (the default), else the new topic
         from its start."""
-        plog = self._log(p)
+        plog, key = self._log(p), str(p)
         end = plog.end_offset()
-        if offset <= end:
+        table = plog.table_id
+        moved = self._moved.get(key)
+        if moved is not None and moved[0] == offset:
+            # Still the old table's offset: the batch planned from the new table's start. Kept
+            # until a batch is planned from it, since a first end that equals the old offset runs
+            # no batch (Spark sees the same offsets) and the next one starts there again.
+            if planning:
+                del self._moved[key]
+            return moved[1]
+        # A running query also knows the table its offsets came from: a re-created topic that has
+        # grown past the checkpoint's offset is noticed too, not read on from that offset.
+        recreated = self._tables.setdefault(key, table) != table
+        if offset <= end and not recreated:
             return offset
         if self.opts.fail_on_data_loss:
+            where = (f"this query read the old topic up to offset {offset}" if offset <= end else
+                     f"this query's checkpoint is at offset {offset}, past the partition's end {end}, so it belongs "
+                     "to the old topic")
             raise InvalidConfiguration(
-                f"topic partition {p} was deleted and re-created (or truncated): this query's checkpoint is at offset "
-                f"{offset}, past the partition's end {end}, so it belongs to the old topic; start from a new "
+                f"topic partition {p} was deleted and re-created (or truncated): {where}; start from a new "
                 "checkpointLocation, or set option failOnDataLoss=false to read the new topic from its start")
         start = plog.refresh().start_offset
         log.warning("%s was re-created: its offsets restarted (checkpoint at %d, end now %d); reading it from %d",
                     p, offset, end, start)
+        self._tables[key] = table
+        self._moved[key] = (offset, start)
+        self._buffers.pop(key, None)  # the old table's transactions
         return start
 
     # ---- DataSourceStreamReader ---------------------------------------------------------------------
@@ -178,8 +224,20 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def _available(self, start: Offsets, partitions: list[TopicName]) -> tuple[Offsets, dict[str, int]]:
-        """(end offsets if everything available were read, backlog per partition)."""
-        end: Offsets = {t: dict(ps) for t, ps in start.items()}
+        """(end offsets if everything available were read, backlog per partition).
+
+        A topic ``topicsPattern`` no longer lists was deleted: it leaves the offsets. Kept, every
+        later batch would plan it, which fails in any source process that did not load it before
+        the delete (a restarted query, forever); and a topic re-created under the name is new,
+        read from its start like any topic the pattern picks up
+        (docs/design/stream-source-topic-lifecycle.md)."""
+        assert self.opts.read.selection is not None
+        listed = {p.base.short for p in partitions}
+        gone = [] if self.opts.read.selection.pattern is None else [t for t in start if t not in listed and
+                                                                     not self._exists(t)]
+        if gone:
+            log.warning("topics %s were deleted: no longer read", sorted(gone))
+        end: Offsets = {t: dict(ps) for t, ps in start.items() if t not in gone}
         backlog: dict[str, int] = {}
         for p in partitions:
             s = _get(start, p)
@@ -194,6 +252,15 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 limit = min(limit, cap if cap is not None else s)
             backlog[str(p)] = max(0, limit - s)
         return end, backlog
+
+    def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists, asked again of its own metadata: a topic merely missing from one
+        listing keeps its offsets (dropped, it would be read again from its start)."""
+        try:
+            TopicsAdmin(self.root).get_partitions(topic)
+        except TopicNotFound:
+            return False
+        return True
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         partitions = self._partitions()  # listed once per batch: each listing reads the topics' metadata
@@ -222,11 +289,13 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for part, hi in parts.items():
                 p = TopicName.parse(topic).with_partition(int(part))
                 lo = start.get(topic, {}).get(part)
+                if lo == hi:
+                    continue  # nothing to read; the topic may even be gone since (a replayed batch)
                 plog = self._log(p)
                 index = plog.refresh()
                 if lo is None:
                     lo = index.start_offset
-                lo = self._resume_from(p, lo)
+                lo = self._resume_from(p, lo, planning=True)
                 if lo < index.start_offset:
                     if self.opts.fail_on_data_loss:
                         raise InvalidConfiguration(
@@ -302,6 +371,15 @@ class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offsets:
         raise self.error
+
+    def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists, asked again of its own metadata: a topic merely missing from one
+        listing keeps its offsets (dropped, it would be read again from its start)."""
+        try:
+            TopicsAdmin(self.root).get_partitions(topic)
+        except TopicNotFound:
+            return False
+        return True
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         raise self.error

@@ -51,8 +51,12 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
     if explicit is not None:
         full_key(None, explicit)  # validates the key (no '&')
     if not checkpoint and not explicit:
-        raise InvalidConfiguration(f"a pulsartx streaming sink needs option {CHECKPOINT_LOCATION} (exactly-once "
-                                   f"needs it) or an explicit {TRANSACTION_KEY}")
+        # Spark resolves spark.sql.streaming.checkpointLocation for the query but passes a Python
+        # data source only the options given to writeStream: the session setting never arrives here.
+        raise InvalidConfiguration(
+            f"a pulsartx streaming sink needs option {CHECKPOINT_LOCATION} on writeStream (exactly-once needs it), "
+            f"e.g. .option('{CHECKPOINT_LOCATION}', '/path/to/checkpoint'); the session setting "
+            "spark.sql.streaming.checkpointLocation is not passed to data sources")
     if not opts.transactional:
         raise InvalidConfiguration("option transactional=false is not supported by the streaming sink: every "
                                    "micro-batch is one transaction")

@@ -162,9 +162,10 @@ class TaskWriting:
             collections.deque(iterator, maxlen=0)  # saveMode=ignore on an existing topic: write nothing
             return TaskReport()
         ctx = TaskContext.get()
-        task_id, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
+        task_id, attempt, unique = ((ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId())
+                                    if ctx is not None else (0, 0, None))
         appender = TaskAppender(self.job, self.topic, self.counts, self.create_partitions, task_id, attempt,
-                                self.registered, self.compression)
+                                self.registered, self.compression, task_attempt_id=unique)
         for batch in iterator:
             if batch.num_rows:
                 appender.add(batch)
