@@ -372,15 +372,6 @@ class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> Offsets:
         raise self.error
 
-    def _exists(self, topic: str) -> bool:
-        """Whether ``topic`` exists, asked again of its own metadata: a topic merely missing from one
-        listing keeps its offsets (dropped, it would be read again from its start)."""
-        try:
-            TopicsAdmin(self.root).get_partitions(topic)
-        except TopicNotFound:
-            return False
-        return True
-
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         raise self.error
 
