@@ -109,7 +109,8 @@ class MicroBatchTransaction:
         tc = tcs.tc(tcs.pick())  # the driver's leased TC; the key's epoch stays on the TC it hashes to
         # The key's ids rise on each TC, whichever process begins the batch: the TC log's compaction
         # keeps the key's committed transaction with the highest id, which a replay looks for.
-        mine = [t.least_bits for t in keys.txn_ids(OWNER, key) if t.most_bits == tc.tc_id]
+        # As of the claim just made (a read of the key's row): no second read of the table.
+        mine = [t.least_bits for t in keys.txn_ids(OWNER, key, refresh=False) if t.most_bits == tc.tc_id]
         if mine:
             tc.issue_above(max(mine))
         props = keepalive.properties(timeout_ms) if keep_alive else None

@@ -167,9 +167,11 @@ class TransactionKeyStore:
         stale = [TxnID(t["most_bits"], t["least_bits"]) for t in (old or {}).get("txn_ids") or []]
         return new["epoch"], stale
 
-    def txn_ids(self, owner: str | None, key: str) -> list[TxnID]:
-        """The transactions begun under the key's current epoch (most recent last)."""
-        self._ensure()
+    def txn_ids(self, owner: str | None, key: str, refresh: bool = True) -> list[TxnID]:
+        """The transactions begun under the key's current epoch (most recent last); ``refresh``
+        False: as of this store's last read or write (e.g. the claim just made)."""
+        if refresh:
+            self._ensure()
         row = self.log.get(full_key(owner, key))
         return [] if row is None else [TxnID(t["most_bits"], t["least_bits"]) for t in row["txn_ids"] or []]
 
