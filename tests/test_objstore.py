@@ -81,3 +81,53 @@ def test_a_child_forked_after_the_parent_used_obstore_is_refused_at_once(endpoin
     os.waitpid(pid, 0)
     assert got == b"refused"
     assert root.has_file("z") is False  # the parent goes on
+
+
+class Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers each PUT with the next (status, body) of ``answers`` and records its path."""
+
+    answers: list[tuple[int, str]] = []
+    puts: list[str] = []
+
+    def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        Scripted.puts.append(self.path)
+        status, body = Scripted.answers.pop(0) if Scripted.answers else (200, "")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def scripted() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Scripted.answers, Scripted.puts = [], []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+PRECONDITION_FAILED = (412, "<Error><Code>PreconditionFailed</Code></Error>")
+CONFLICT = (409, "<Error><Code>ConditionalRequestConflict</Code></Error>")
+
+
+@pytest.mark.parametrize("key", ["409/_delta_log/00000000000000000001.json", "root/a 409 b/k"])
+def test_a_412_is_taken_for_an_existing_key_whatever_the_key_holds(scripted, key):
+    """A key holding " 409" (a root prefix of 409) made the 412's text look like a 409: each
+    conditional put was retried 20 times, then failed, so such a root could not commit at all."""
+    Scripted.answers = [PRECONDITION_FAILED]
+    assert Bucket("bkt", options(scripted)).create(key, b"x") is False
+    assert len(Scripted.puts) == 1
+
+
+def test_a_409_is_asked_again_and_the_412_that_follows_answers(scripted):
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve("s3://bkt/409", options(scripted))
+    Scripted.answers = [CONFLICT, CONFLICT, PRECONDITION_FAILED]
+    assert root._put_if_absent(b"x", root.fs_path("_delta_log", "00000000000000000001.json")) is False
+    assert len(Scripted.puts) == 3
