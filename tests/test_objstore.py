@@ -131,3 +131,22 @@ def test_a_409_is_asked_again_and_the_412_that_follows_answers(scripted):
     Scripted.answers = [CONFLICT, CONFLICT, PRECONDITION_FAILED]
     assert root._put_if_absent(b"x", root.fs_path("_delta_log", "00000000000000000001.json")) is False
     assert len(Scripted.puts) == 3
+
+
+@pytest.mark.parametrize("url", ["s3://bkt/a%41b", "s3://bkt/50%25", "s3://bkt/root?v=2", "s3://bkt/root#x"])
+def test_a_root_url_that_libraries_read_differently_is_refused(url):
+    """delta-rs decodes %41 in a root's path (its commits went to aAb/...) where obstore keeps it
+    (pulsartx's own reads and commits went to a%41b/...): two tables under one name, each writer
+    blind to the other's commits. A query or fragment was dropped silently, so s3://bkt/root?v=2
+    and s3://bkt/root#x were one root."""
+    from pulsartx.exceptions import InvalidConfiguration
+    from pulsartx.storage.root import StorageRoot
+
+    with pytest.raises(InvalidConfiguration, match="service_url"):
+        StorageRoot.resolve(url)
+
+
+def test_a_root_path_with_spaces_and_unicode_is_kept_as_given():
+    from pulsartx.storage.root import StorageRoot
+
+    assert StorageRoot.resolve("s3://bkt/my data/ü+x=1:2/").url == "s3://bkt/my data/ü+x=1:2"

@@ -116,6 +116,13 @@ class StorageRoot:
         if parsed.scheme in ("s3", "s3a", "gs", "az", "abfs", "abfss", "memory"):
             if not parsed.netloc:
                 raise InvalidConfiguration(f"service_url {url!r} has no bucket: use {parsed.scheme}://bucket/prefix")
+            if "%" in parsed.path or parsed.query or parsed.fragment or url.rstrip().endswith(("?", "#")):
+                # delta-rs decodes %XX in a root's path where pulsartx's own requests (obstore) keep
+                # it: its commits and ours would land under two different prefixes.
+                raise InvalidConfiguration(
+                    f"service_url {url!r} holds '%', '?' or '#', which the storage libraries read differently "
+                    f"(a percent-escape decoded by one and not by another, a query or fragment dropped): "
+                    f"write the prefix's characters as they are, without those three")
             scheme = "s3" if parsed.scheme == "s3a" else parsed.scheme
             if scheme == "s3":
                 options = s3_options_from_env(options)
