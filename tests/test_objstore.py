@@ -150,3 +150,30 @@ def test_a_root_path_with_spaces_and_unicode_is_kept_as_given():
     from pulsartx.storage.root import StorageRoot
 
     assert StorageRoot.resolve("s3://bkt/my data/ü+x=1:2/").url == "s3://bkt/my data/ü+x=1:2"
+
+
+def test_a_failed_delta_write_never_quotes_a_credential(tmp_path, monkeypatch):
+    """AWS answers SignatureDoesNotMatch with the canonical request it computed, the
+    x-amz-security-token header's value included, and delta-rs quotes the answer. delta.write
+    knows no root, so its errors were not scrubbed as every other storage error is."""
+    import pyarrow as pa
+
+    from pulsartx.exceptions import StorageError
+    from pulsartx.storage import delta
+    from pulsartx.storage.root import StorageRoot
+
+    token = "FwoGZXIvYXdzEXAMPLETOKEN"
+    StorageRoot.resolve("s3://bkt/root", {"AWS_SESSION_TOKEN": token, "AWS_ACCESS_KEY_ID": "AKIDOPTION"})
+    local = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(local, pa.schema([("x", pa.int64())]), "t")
+    table = delta.open_table(local, "t")
+    echo = f"SignatureDoesNotMatch: <CanonicalRequest>PUT ... x-amz-security-token:{token}</CanonicalRequest>"
+    for error in (PermissionError(echo), ConnectionResetError(echo)):
+        def refused(*args: object, error: OSError = error, **kwargs: object) -> None:
+            raise error
+
+        monkeypatch.setattr(delta._deltalake(), "write_deltalake", refused)
+        monkeypatch.setenv("PULSARTX_STORAGE_RETRY_SECONDS", "0")
+        with pytest.raises(StorageError) as e:
+            delta.write(table, pa.table({"x": [1]}))
+        assert token not in str(e.value) and "***" in str(e.value)

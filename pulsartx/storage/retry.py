@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pulsartx.exceptions import StorageError, causes
-from pulsartx.storage.secrets import secret_values
+from pulsartx.storage.secrets import process_secrets, secret_values
 
 log = logging.getLogger("pulsartx.storage.delta")
 
@@ -96,13 +96,15 @@ def is_transient(e: BaseException) -> bool:
 
 def describe(e: BaseException, secrets: Iterable[str] = ()) -> str:
     """An exception's text fit for an error message: one line per cause level, no ANSI colours,
-    and no credential values (``secrets``) even if a library echoed them."""
+    and no credential values (``secrets``, and those of every root of this process) even if a
+    library echoed them: AWS quotes the canonical request, session token included, in a
+    SignatureDoesNotMatch answer, and some callers (a write through a table handle) know no root."""
     if str(e).strip() in ("", "None") and e.__cause__ is not None:
         e = e.__cause__  # s3fs re-raises botocore errors without their text (e.g. PermissionError(None))
     # obstore appends a multi-line "Debug source:" dump of the same error to its message.
     text = _ANSI.sub("", str(e)).split("\n\nDebug source:", 1)[0].replace("\u21b3", "").strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    for secret in secrets:
+    for secret in sorted({*secrets, *process_secrets()}, key=len, reverse=True):
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text or type(e).__name__
