@@ -84,19 +84,41 @@ def test_a_child_forked_after_the_parent_used_obstore_is_refused_at_once(endpoin
 
 
 class Scripted(http.server.BaseHTTPRequestHandler):
-    """Answers each PUT with the next (status, body) of ``answers`` and records its path."""
+    """A tiny S3 for one bucket: PUT (honouring ``If-None-Match: *``) and GET. Each PUT takes the
+    next ``(status, body, apply)`` of ``answers`` first, if any: answered with that status, the
+    write done first when ``apply`` (an answer lost after the write)."""
 
-    answers: list[tuple[int, str]] = []
+    answers: list[tuple[int, str, bool]] = []
     puts: list[str] = []
+    objects: dict[str, bytes] = {}
 
     def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         Scripted.puts.append(self.path)
-        status, body = Scripted.answers.pop(0) if Scripted.answers else (200, "")
+        if Scripted.answers:
+            status, body, apply = Scripted.answers.pop(0)
+        elif self.headers.get("If-None-Match") == "*" and self.path in Scripted.objects:
+            status, body, apply = (*PRECONDITION_FAILED, False)
+        else:
+            status, body, apply = 200, "", True
+        if apply:
+            Scripted.objects[self.path] = data
+        self.answer(status, body.encode(), {"ETag": '"e"'})
+
+    def do_GET(self) -> None:  # noqa: N802
+        data = Scripted.objects.get(self.path)
+        if data is None:
+            self.answer(404, b"<Error><Code>NoSuchKey</Code></Error>")
+        else:
+            self.answer(200, data, {"ETag": '"e"', "Last-Modified": "Fri, 27 Nov 2026 04:00:00 GMT"})
+
+    def answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body.encode())))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body.encode())
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -106,7 +128,7 @@ class Scripted(http.server.BaseHTTPRequestHandler):
 def scripted() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    Scripted.answers, Scripted.puts = [], []
+    Scripted.answers, Scripted.puts, Scripted.objects = [], [], {}
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
@@ -119,7 +141,7 @@ CONFLICT = (409, "<Error><Code>ConditionalRequestConflict</Code></Error>")
 def test_a_412_is_taken_for_an_existing_key_whatever_the_key_holds(scripted, key):
     """A key holding " 409" (a root prefix of 409) made the 412's text look like a 409: each
     conditional put was retried 20 times, then failed, so such a root could not commit at all."""
-    Scripted.answers = [PRECONDITION_FAILED]
+    Scripted.answers = [(*PRECONDITION_FAILED, False)]
     assert Bucket("bkt", options(scripted)).create(key, b"x") is False
     assert len(Scripted.puts) == 1
 
@@ -128,7 +150,7 @@ def test_a_409_is_asked_again_and_the_412_that_follows_answers(scripted):
     from pulsartx.storage.root import StorageRoot
 
     root = StorageRoot.resolve("s3://bkt/409", options(scripted))
-    Scripted.answers = [CONFLICT, CONFLICT, PRECONDITION_FAILED]
+    Scripted.answers = [(*CONFLICT, False), (*CONFLICT, False), (*PRECONDITION_FAILED, False)]
     assert root._put_if_absent(b"x", root.fs_path("_delta_log", "00000000000000000001.json")) is False
     assert len(Scripted.puts) == 3
 
@@ -177,3 +199,15 @@ def test_a_failed_delta_write_never_quotes_a_credential(tmp_path, monkeypatch):
         with pytest.raises(StorageError) as e:
             delta.write(table, pa.table({"x": [1]}))
         assert token not in str(e.value) and "***" in str(e.value)
+
+
+def test_the_put_if_absent_probe_survives_a_lost_answer_to_its_first_put(scripted):
+    """The first put of the probe written, its answer a 500 (ceph/ceph#71588), then retried: the
+    retry's 412 made a store that honours conditional writes look like one that refuses new keys,
+    and the root unusable."""
+    from pulsartx.storage.root import StorageRoot
+
+    root = StorageRoot.resolve("s3://bkt/root", options(scripted))
+    Scripted.answers = [(500, "<Error><Code>InternalError</Code></Error>", True)]
+    assert root.put_if_absent(b"{}", "topics", "_topic.json") is True
+    assert len(Scripted.puts) >= 4  # the probe's two puts, one answered twice, then ours

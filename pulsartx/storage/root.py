@@ -380,6 +380,11 @@ class StorageRoot:
         path = self.fs_path("_pulsartx", f"put-if-absent-probe-{uuid.uuid4().hex}")
         try:
             first = self._put_if_absent(b"1", path)
+            if not first:
+                # A retried put whose first answer was lost meets its own object: read back, not
+                # guessed (the key is this probe's own, so "1" there is ours).
+                with contextlib.suppress(FileNotFoundError):
+                    first = self._guarded("read", path, lambda: self.cat(path)) == b"1"
             second = self._put_if_absent(b"2", path)
         finally:
             with contextlib.suppress(Exception):
