@@ -211,3 +211,20 @@ def test_the_put_if_absent_probe_survives_a_lost_answer_to_its_first_put(scripte
     Scripted.answers = [(500, "<Error><Code>InternalError</Code></Error>", True)]
     assert root.put_if_absent(b"{}", "topics", "_topic.json") is True
     assert len(Scripted.puts) >= 4  # the probe's two puts, one answered twice, then ours
+
+
+def test_delta_rs_takes_a_plain_http_endpoint_as_obstore_and_pyarrow_do(monkeypatch):
+    """Without AWS_ALLOW_HTTP, pulsartx's own requests (obstore) and parquet reads (pyarrow)
+    followed an http:// endpoint while delta-rs refused it ("URL scheme is not allowed", seen on
+    Ceph RGW): the root half worked."""
+    from pulsartx.storage import delta
+    from pulsartx.storage.root import StorageRoot
+
+    for name in ("AWS_ALLOW_HTTP", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    plain = StorageRoot.resolve("s3://bkt/root", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
+    assert delta._delta_options(plain)["AWS_ALLOW_HTTP"] == "true"
+    refused = StorageRoot.resolve("s3://bkt/root", {"AWS_ENDPOINT_URL": "http://h:1", "aws_allow_http": "false"})
+    assert "AWS_ALLOW_HTTP" not in delta._delta_options(refused)  # given: as given
+    tls = StorageRoot.resolve("s3://bkt/root", {"AWS_ENDPOINT_URL": "https://s3.example.com"})
+    assert "AWS_ALLOW_HTTP" not in delta._delta_options(tls)

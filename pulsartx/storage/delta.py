@@ -62,6 +62,11 @@ def _delta_options(root: StorageRoot) -> dict[str, str] | None:
     if root.is_local:
         return options or None
     keys = {k.lower() for k in options}
+    upper = {k.upper(): v for k, v in options.items()}
+    endpoint = upper.get("AWS_ENDPOINT_URL") or upper.get("AWS_ENDPOINT") or ""
+    if root.scheme == "s3" and endpoint.startswith("http://") and "aws_allow_http" not in keys:
+        # As obstore (objstore.s3_store) and pyarrow take it: a plain-http endpoint given is meant.
+        options["AWS_ALLOW_HTTP"] = "true"
     if "retry_timeout" not in keys:
         options["retry_timeout"] = "10s"
     if "max_retries" not in keys:
