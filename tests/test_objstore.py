@@ -155,12 +155,14 @@ def test_a_409_is_asked_again_and_the_412_that_follows_answers(scripted):
     assert len(Scripted.puts) == 3
 
 
-@pytest.mark.parametrize("url", ["s3://bkt/a%41b", "s3://bkt/50%25", "s3://bkt/root?v=2", "s3://bkt/root#x"])
+@pytest.mark.parametrize("url", ["s3://bkt/a%41b", "s3://bkt/50%25", "s3://bkt/root?v=2", "s3://bkt/root#x",
+                                 "s3://bkt//p", "s3://bkt/p//q", "s3://bkt/p/./q", "s3://bkt/p/../q"])
 def test_a_root_url_that_libraries_read_differently_is_refused(url):
     """delta-rs decodes %41 in a root's path (its commits went to aAb/...) where obstore keeps it
     (pulsartx's own reads and commits went to a%41b/...): two tables under one name, each writer
     blind to the other's commits. A query or fragment was dropped silently, so s3://bkt/root?v=2
-    and s3://bkt/root#x were one root."""
+    and s3://bkt/root#x were one root. An empty, '.' or '..' segment is a key object_store refuses:
+    every table read as corrupt ("s3://bkt//p/t is unreadable")."""
     from pulsartx.exceptions import InvalidConfiguration
     from pulsartx.storage.root import StorageRoot
 

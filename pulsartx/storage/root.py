@@ -123,6 +123,11 @@ class StorageRoot:
                     f"service_url {url!r} holds '%', '?' or '#', which the storage libraries read differently "
                     f"(a percent-escape decoded by one and not by another, a query or fragment dropped): "
                     f"write the prefix's characters as they are, without those three")
+            if any(part in ("", ".", "..") for part in parsed.path.rstrip("/").split("/")[1:]):
+                # object_store (delta-rs, obstore) refuses such keys: every table would read as corrupt.
+                raise InvalidConfiguration(
+                    f"service_url {url!r} has an empty, '.' or '..' segment in its prefix, which object "
+                    f"stores' keys cannot hold: use {parsed.scheme}://{parsed.netloc}/a/b")
             scheme = "s3" if parsed.scheme == "s3a" else parsed.scheme
             if scheme == "s3":
                 options = s3_options_from_env(options)
