@@ -230,3 +230,22 @@ def test_delta_rs_takes_a_plain_http_endpoint_as_obstore_and_pyarrow_do(monkeypa
     assert "AWS_ALLOW_HTTP" not in delta._delta_options(refused)  # given: as given
     tls = StorageRoot.resolve("s3://bkt/root", {"AWS_ENDPOINT_URL": "https://s3.example.com"})
     assert "AWS_ALLOW_HTTP" not in delta._delta_options(tls)
+
+
+def test_a_local_filesystem_without_hard_links_is_named_as_the_reason(tmp_path, monkeypatch):
+    """A local root publishes each commit with link(2); on a filesystem that refuses it (FAT, some
+    FUSE and network mounts) the first use failed with a bare "Operation not permitted"."""
+    import errno
+    import os
+
+    from pulsartx.exceptions import StorageError
+    from pulsartx.storage.root import StorageRoot
+
+    def refused(src: str, dst: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted", src, None, dst)
+
+    monkeypatch.setattr(os, "link", refused)
+    root = StorageRoot.resolve(str(tmp_path / "root"))
+    with pytest.raises(StorageError, match="refuses hard links"):
+        root.put_if_absent(b"{}", "topics", "_topic.json")
+    assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]  # no temporary left behind

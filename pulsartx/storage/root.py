@@ -7,6 +7,7 @@ had its own options, a credential or endpoint fixed in one place would silently 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -55,6 +56,8 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+# What link(2) answers on a filesystem without hard links (FAT, some FUSE and network mounts).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 _PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
 
 
@@ -428,6 +431,13 @@ class StorageRoot:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                raise StorageError(
+                    f"create {path}: this filesystem refuses hard links ({e.strerror}), which a local root needs "
+                    "for its commits (create only if absent): put the root on a local filesystem (ext4, xfs, "
+                    "btrfs, tmpfs...) or on S3") from e
             finally:
                 os.unlink(tmp)
             if durable:
