@@ -84,8 +84,9 @@ class RetryPolicy:
 
 def is_transient(e: BaseException) -> bool:
     """True for faults worth retrying (network, timeouts, 5xx, throttling); never for a lost CAS,
-    a missing table, a permission error or a missing bucket."""
-    if isinstance(e, ConcurrentCommit) or isinstance(e, FileNotFoundError | PermissionError):
+    an unknown outcome (its read-back was retried already; another try would guess), a missing
+    table, a permission error or a missing bucket."""
+    if isinstance(e, ConcurrentCommit | OutcomeUnknown) or isinstance(e, FileNotFoundError | PermissionError):
         return False
     for c in causes(e):
         if isinstance(c, ConnectionError | TimeoutError):
