@@ -249,3 +249,27 @@ def test_a_local_filesystem_without_hard_links_is_named_as_the_reason(tmp_path, 
     with pytest.raises(StorageError, match="refuses hard links"):
         root.put_if_absent(b"{}", "topics", "_topic.json")
     assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]  # no temporary left behind
+
+
+def test_the_put_if_absent_check_is_per_store_not_per_url(scripted):
+    """The check was remembered per root URL: a second store (another endpoint) holding a bucket
+    and prefix of the same name skipped it, and one that ignores If-None-Match lost commits
+    without an error."""
+    from pulsartx.exceptions import StorageError
+    from pulsartx.storage.root import StorageRoot
+
+    class Blind(Scripted):
+        def do_PUT(self) -> None:  # noqa: N802 (http.server's naming): every put "succeeds"
+            Scripted.answers.insert(0, (200, "", True))
+            super().do_PUT()
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Blind)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = "s3://bkt/same-name"
+        assert StorageRoot.resolve(url, options(scripted)).put_if_absent(b"{}", "a") is True
+        ignoring = StorageRoot.resolve(url, options(f"http://127.0.0.1:{other.server_address[1]}"))
+        with pytest.raises(StorageError, match="does not honour conditional writes"):
+            ignoring.put_if_absent(b"{}", "a")
+    finally:
+        other.shutdown()

@@ -58,7 +58,9 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 # What link(2) answers on a filesystem without hard links (FAT, some FUSE and network mounts).
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
-_PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
+# (root URL, endpoint) of the roots whose store was seen to honour put-if-absent: per store, as
+# two stores (endpoints) may hold a bucket and prefix of the same name.
+_PUT_IF_ABSENT_CHECKED: set[tuple[str, str]] = set()
 
 
 
@@ -377,13 +379,14 @@ class StorageRoot:
         set of pulsartx (each Delta commit) relies on it, and a store that silently overwrites
         (some S3-compatible servers ignore ``If-None-Match``) would lose commits without an error.
         The second conditional put of a scratch key must fail."""
-        if not self.has_put_if_absent or self.url in _PUT_IF_ABSENT_CHECKED:
+        store = self._store_key
+        if not self.has_put_if_absent or store in _PUT_IF_ABSENT_CHECKED:
             return
         if os.environ.get(UNSAFE_SKIP_CHECK_ENV, "").strip().lower() in ("1", "true", "yes"):
             logging.getLogger(__name__).warning(
                 "%s=%s: NOT checking that %s honours put-if-absent; if it does not, concurrent commits are lost "
                 "silently", UNSAFE_SKIP_CHECK_ENV, os.environ[UNSAFE_SKIP_CHECK_ENV], self.url)
-            _PUT_IF_ABSENT_CHECKED.add(self.url)
+            _PUT_IF_ABSENT_CHECKED.add(store)
             return
         path = self.fs_path("_pulsartx", f"put-if-absent-probe-{uuid.uuid4().hex}")
         try:
@@ -403,7 +406,13 @@ class StorageRoot:
                 f"{'succeeded' if second else 'was refused although the key was new'}), which every pulsartx commit "
                 "relies on: use a store that supports them (S3's If-None-Match: AWS S3, Ceph RGW, recent MinIO), "
                 f"or, knowing that concurrent writers will then lose data, set {UNSAFE_SKIP_CHECK_ENV}=1")
-        _PUT_IF_ABSENT_CHECKED.add(self.url)
+        _PUT_IF_ABSENT_CHECKED.add(store)
+
+    @cached_property
+    def _store_key(self) -> tuple[str, str]:
+        """The root's URL and endpoint: which store a put-if-absent check was made on."""
+        o = _upper(self.storage_options)
+        return self.url, o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT") or ""
 
     def _put_if_absent(self, body: bytes, path: str) -> bool:
         if self.is_local:
