@@ -89,3 +89,24 @@ def test_checkpoints_drop_expired_snapshot_tombstones_and_an_older_version_still
     # files stay on storage (nothing in pulsartx vacuums snapshot tables).
     assert delta.read_parquet(store.root, old_files, SNAPSHOT_SCHEMA).column("offset").to_pylist()[0] == 1
     assert delta.open_table(store.root, *store.segments, version=old_version).to_pyarrow_table().num_rows == 2
+
+
+def test_a_listing_that_misses_the_newest_snapshot_commit_still_loads_the_newest(tmp_path):
+    """The load lists _delta_log and reads the newest commit it saw; a listing that misses one
+    being created (readdir racing a creator, an object-store listing lagging its PUT) loaded an
+    older snapshot. Older than a retention's trim, its transactions whose markers were trimmed
+    stay open for good."""
+    from pulsartx.storage import faults
+    from pulsartx.storage.faults import Fault, Mode, Op
+
+    store = _store(tmp_path)
+    for end in (10, 20):
+        _snapshot(store, end)
+    newest = delta.commit_file(delta.open_table(store.root, *store.segments).version())
+    faults.install([Fault(Op.LIST, Mode.HIDE, match="_delta_log", hide=newest)])
+    try:
+        loaded = _store(tmp_path).load()
+        assert faults.plan()[0].fired == 1
+    finally:
+        faults.clear()
+    assert loaded.end_offset == 20

@@ -564,3 +564,19 @@ def test_a_failed_streamed_data_file_write_leaves_the_table_unchanged(table, str
     faults.clear()
     assert a.append(rows(2)) == 1
     assert dl.DeltaTable(a.uri).to_pyarrow_table().to_pylist() == rows(2).to_pylist()
+
+
+def test_a_delta_rs_write_whose_answer_was_lost_and_cannot_be_read_back_is_outcome_unknown(table, monkeypatch):
+    """delta.write (the path of tables the appender does not write itself) reads the log back
+    before sending a write again. When that read-back failed for its whole budget, the error was a
+    plain StorageUnavailable: a producer then got no resend hint, and a resend under new sequence
+    ids would write the landed messages twice."""
+    root, segments = table
+    monkeypatch.setenv("PULSARTX_STORAGE_RETRY_SECONDS", "0.3")
+    handle = delta.open_table(root, *segments)
+    faults.install([Fault(Op.DELTA, Mode.LOST, transient=True),
+                    Fault(Op.READ, transient=True, match="_delta_log", times=10_000)])
+    with pytest.raises(delta.OutcomeUnknown, match="unknown"):
+        delta.write(handle, rows(1), tail=delta.LogTail(root, segments))
+    faults.clear()
+    assert dl.DeltaTable(root.uri(*segments)).to_pyarrow_table().column("seq").to_pylist() == [1]  # it had landed

@@ -126,3 +126,29 @@ def test_a_straggler_folded_after_its_transaction_was_forgotten_stays_hidden(tmp
     rows = f.apply(PartitionLog(c.root, PART).read(0, f.read_limit))
     assert rows.column("value").to_pylist() == [b"old", b"n0", b"n1", b"n2", b"after"]
     c.close()
+
+
+def test_a_snapshot_older_than_the_logs_start_is_not_loaded(tmp_path, monkeypatch):
+    """Retention trims, then snapshots the trimmed state; when that snapshot write fails, the one
+    before stays, ending before the log's new start. Fails before the fix: a buffer loading it
+    folded on from the start, never saw the deleted commit marker of a transaction open in it,
+    and held maxReadPosition at that transaction for good: nothing after it was readable."""
+    c = pulsartx.Client(str(tmp_path / "root"))
+    c.admin.create_topic("r", partitions=1)
+    p = c.create_producer("r")
+    txn = c.new_transaction()
+    p.send(b"t", txn=txn)
+    p.flush()
+    assert TransactionBuffer(PartitionLog(c.root, PART)).take_snapshot()  # t open in it
+    txn.commit()
+    assert c.flush()
+    for v in (b"p1", b"p2"):
+        p.send(v)
+    files = PartitionLog(c.root, PART).refresh().files  # t, the commit marker, p1, p2
+    monkeypatch.setattr(SnapshotStore, "write", lambda self, table: False)  # the store refuses it
+    assert apply_retention(c.root, PART, max_bytes=files[-1].size, force=True).new_start_offset == 3
+    monkeypatch.undo()
+    state = TransactionBuffer(PartitionLog(c.root, PART)).state()
+    assert state.ongoing == {}
+    assert state.read_limit == state.end_offset == 4
+    c.close()

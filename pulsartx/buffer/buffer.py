@@ -57,7 +57,7 @@ class TransactionBuffer:
 
     def state(self, refresh: bool = True) -> BufferState:
         if self._state is None:
-            self._state = self.snapshots.load() or BufferState()
+            self._state = self._load_snapshot() or BufferState()
             refresh = True
         if refresh:
             end = self.log.end_offset()
@@ -69,6 +69,21 @@ class TransactionBuffer:
                     s.end_offset = upto
             self._maybe_snapshot()
         return self._state
+
+    def _load_snapshot(self) -> BufferState | None:
+        """The latest snapshot, unless the log was trimmed past its end: the markers in between
+        are gone, and its open transactions that they ended would stay open for good, holding
+        maxReadPosition (a retention whose own snapshot failed leaves such an older one). A fold
+        of what the log still holds is then the state, as with no snapshot at all."""
+        s = self.snapshots.load()
+        if s is None:
+            return None
+        start = self.log.refresh().start_offset
+        if s.end_offset < start:
+            log.warning("the transaction buffer snapshot of %s ends at offset %d, before the log's start %d: "
+                        "folding the log instead", self.log.topic, s.end_offset, start)
+            return None
+        return s
 
     def settle_stragglers(self, keys: set[int]) -> None:
         """Record the data of ``keys`` folded so far as stragglers (:meth:`BufferState.settle_stragglers`):

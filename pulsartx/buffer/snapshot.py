@@ -140,6 +140,12 @@ class SnapshotStore:
         if not versions:
             return [] if not names else None
         tail = delta.LogTail(self.root, self.segments)
+        # A listing may miss the commits being created as it runs (readdir racing their creator,
+        # an object store's listing lagging its PUT): the ones after its newest are probed, as
+        # commits are contiguous. Otherwise an older snapshot would load, perhaps older than the
+        # log's start after a retention, with transactions whose markers are gone left open.
+        while tail.has_commit(versions[-1] + 1):
+            versions.append(versions[-1] + 1)
         for v in reversed(versions[-LIVE_LOOKBACK:]):
             actions = tail.read_commit(v)
             if actions is None or any("remove" in a and not _overwrite(actions) for a in actions):

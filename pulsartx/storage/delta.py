@@ -62,6 +62,11 @@ def _delta_options(root: StorageRoot) -> dict[str, str] | None:
     if root.is_local:
         return options or None
     keys = {k.lower() for k in options}
+    upper = {k.upper(): v for k, v in options.items()}
+    endpoint = upper.get("AWS_ENDPOINT_URL") or upper.get("AWS_ENDPOINT") or ""
+    if root.scheme == "s3" and endpoint.startswith("http://") and "aws_allow_http" not in keys:
+        # As obstore (objstore.s3_store) and pyarrow take it: a plain-http endpoint given is meant.
+        options["AWS_ALLOW_HTTP"] = "true"
     if "retry_timeout" not in keys:
         options["retry_timeout"] = "10s"
     if "max_retries" not in keys:
@@ -452,8 +457,14 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     def attempt() -> int:
         nonlocal sent
         if sent and tail is not None:
-            landed = next((v for v, actions in tail.commits_after(base)
-                           if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions)), None)
+            try:
+                landed = next((v for v, actions in tail.commits_after(base)
+                               if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions)), None)
+            except Exception as e:  # already retried for its budget: sending again would be a guess
+                raise OutcomeUnknown(
+                    f"{table.table_uri}: a write failed and reading the log back to learn whether it landed failed "
+                    f"too ({describe(e)}): whether it was written is unknown; re-read the table before acting on "
+                    "it") from e
             if landed is not None:
                 log.info("%s: a write whose answer was lost had landed as version %d", table.table_uri, landed)
                 if table.version() != landed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,6 +28,9 @@ from pulsartx import forks
 RETRY = {"max_retries": 1, "retry_timeout": timedelta(seconds=10),
          "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1), "base": 2}}
 CONNECT_TIMEOUT = "5s"
+# How object_store words a 409 answer. Not a bare " 409": the text also holds the key (a root
+# prefix of 409) and the request's duration (409.2ms), which made a 412 look like a 409.
+_CONFLICT = re.compile(r"status code: 409\b|<Code>ConditionalRequestConflict<")
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -192,7 +196,7 @@ class Bucket:
                 obstore.put(self.store, key, body, mode="create", use_multipart=False)
         except FileExistsError as e:
             text = str(e)
-            if " 409" in text or "ConditionalRequestConflict" in text:
+            if _CONFLICT.search(text):
                 raise ConditionalConflict(text) from e
             return False
         return True

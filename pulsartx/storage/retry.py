@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pulsartx.exceptions import StorageError, causes
-from pulsartx.storage.secrets import secret_values
+from pulsartx.storage.secrets import process_secrets, secret_values
 
 log = logging.getLogger("pulsartx.storage.delta")
 
@@ -55,6 +55,10 @@ _TRANSIENT = re.compile(
 _PERMANENT = re.compile(r"accessdenied|access denied|forbidden|\b403\b|nosuchbucket|invalidaccesskeyid|"
                         r"signaturedoesnotmatch|precondition|\b412\b", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# What the patterns above must not read: paths and URLs (any run holding a slash: a topic named
+# request-timeouts or forbidden-words, a partition-500) and request durations (object_store's
+# "in 502.1ms"), which say nothing about the store's answer.
+_NOT_THE_ANSWER = re.compile(r"[^\s<>\"'()]*/[^\s<>\"'()]*|\b\d+(?:\.\d+)?(?:ns|µs|us|ms|s)\b")
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,9 @@ class RetryPolicy:
 
 def is_transient(e: BaseException) -> bool:
     """True for faults worth retrying (network, timeouts, 5xx, throttling); never for a lost CAS,
-    a missing table, a permission error or a missing bucket."""
-    if isinstance(e, ConcurrentCommit) or isinstance(e, FileNotFoundError | PermissionError):
+    an unknown outcome (its read-back was retried already; another try would guess), a missing
+    table, a permission error or a missing bucket."""
+    if isinstance(e, ConcurrentCommit | OutcomeUnknown) or isinstance(e, FileNotFoundError | PermissionError):
         return False
     for c in causes(e):
         if isinstance(c, ConnectionError | TimeoutError):
@@ -90,19 +95,21 @@ def is_transient(e: BaseException) -> bool:
         if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
                     "ServerDisconnectedError", "ClientConnectorError", "ClientOSError"):
             return True
-    text = " ".join(str(c) for c in causes(e))
+    text = _NOT_THE_ANSWER.sub(" ", " ".join(str(c) for c in causes(e)))
     return bool(_TRANSIENT.search(text)) and not _PERMANENT.search(text)
 
 
 def describe(e: BaseException, secrets: Iterable[str] = ()) -> str:
     """An exception's text fit for an error message: one line per cause level, no ANSI colours,
-    and no credential values (``secrets``) even if a library echoed them."""
+    and no credential values (``secrets``, and those of every root of this process) even if a
+    library echoed them: AWS quotes the canonical request, session token included, in a
+    SignatureDoesNotMatch answer, and some callers (a write through a table handle) know no root."""
     if str(e).strip() in ("", "None") and e.__cause__ is not None:
         e = e.__cause__  # s3fs re-raises botocore errors without their text (e.g. PermissionError(None))
     # obstore appends a multi-line "Debug source:" dump of the same error to its message.
     text = _ANSI.sub("", str(e)).split("\n\nDebug source:", 1)[0].replace("\u21b3", "").strip()
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    for secret in secrets:
+    for secret in sorted({*secrets, *process_secrets()}, key=len, reverse=True):
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text or type(e).__name__

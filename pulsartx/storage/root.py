@@ -7,6 +7,7 @@ had its own options, a credential or endpoint fixed in one place would silently 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -55,7 +56,11 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-_PUT_IF_ABSENT_CHECKED: set[str] = set()  # roots whose store was seen to honour put-if-absent
+# What link(2) answers on a filesystem without hard links (FAT, some FUSE and network mounts).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+# (root URL, endpoint) of the roots whose store was seen to honour put-if-absent: per store, as
+# two stores (endpoints) may hold a bucket and prefix of the same name.
+_PUT_IF_ABSENT_CHECKED: set[tuple[str, str]] = set()
 
 
 
@@ -116,6 +121,18 @@ class StorageRoot:
         if parsed.scheme in ("s3", "s3a", "gs", "az", "abfs", "abfss", "memory"):
             if not parsed.netloc:
                 raise InvalidConfiguration(f"service_url {url!r} has no bucket: use {parsed.scheme}://bucket/prefix")
+            if "%" in parsed.path or parsed.query or parsed.fragment or url.rstrip().endswith(("?", "#")):
+                # delta-rs decodes %XX in a root's path where pulsartx's own requests (obstore) keep
+                # it: its commits and ours would land under two different prefixes.
+                raise InvalidConfiguration(
+                    f"service_url {url!r} holds '%', '?' or '#', which the storage libraries read differently "
+                    f"(a percent-escape decoded by one and not by another, a query or fragment dropped): "
+                    f"write the prefix's characters as they are, without those three")
+            if any(part in ("", ".", "..") for part in parsed.path.rstrip("/").split("/")[1:]):
+                # object_store (delta-rs, obstore) refuses such keys: every table would read as corrupt.
+                raise InvalidConfiguration(
+                    f"service_url {url!r} has an empty, '.' or '..' segment in its prefix, which object "
+                    f"stores' keys cannot hold: use {parsed.scheme}://{parsed.netloc}/a/b")
             scheme = "s3" if parsed.scheme == "s3a" else parsed.scheme
             if scheme == "s3":
                 options = s3_options_from_env(options)
@@ -362,17 +379,23 @@ class StorageRoot:
         set of pulsartx (each Delta commit) relies on it, and a store that silently overwrites
         (some S3-compatible servers ignore ``If-None-Match``) would lose commits without an error.
         The second conditional put of a scratch key must fail."""
-        if not self.has_put_if_absent or self.url in _PUT_IF_ABSENT_CHECKED:
+        store = self._store_key
+        if not self.has_put_if_absent or store in _PUT_IF_ABSENT_CHECKED:
             return
         if os.environ.get(UNSAFE_SKIP_CHECK_ENV, "").strip().lower() in ("1", "true", "yes"):
             logging.getLogger(__name__).warning(
                 "%s=%s: NOT checking that %s honours put-if-absent; if it does not, concurrent commits are lost "
                 "silently", UNSAFE_SKIP_CHECK_ENV, os.environ[UNSAFE_SKIP_CHECK_ENV], self.url)
-            _PUT_IF_ABSENT_CHECKED.add(self.url)
+            _PUT_IF_ABSENT_CHECKED.add(store)
             return
         path = self.fs_path("_pulsartx", f"put-if-absent-probe-{uuid.uuid4().hex}")
         try:
             first = self._put_if_absent(b"1", path)
+            if not first:
+                # A retried put whose first answer was lost meets its own object: read back, not
+                # guessed (the key is this probe's own, so "1" there is ours).
+                with contextlib.suppress(FileNotFoundError):
+                    first = self._guarded("read", path, lambda: self.cat(path)) == b"1"
             second = self._put_if_absent(b"2", path)
         finally:
             with contextlib.suppress(Exception):
@@ -383,7 +406,13 @@ class StorageRoot:
                 f"{'succeeded' if second else 'was refused although the key was new'}), which every pulsartx commit "
                 "relies on: use a store that supports them (S3's If-None-Match: AWS S3, Ceph RGW, recent MinIO), "
                 f"or, knowing that concurrent writers will then lose data, set {UNSAFE_SKIP_CHECK_ENV}=1")
-        _PUT_IF_ABSENT_CHECKED.add(self.url)
+        _PUT_IF_ABSENT_CHECKED.add(store)
+
+    @cached_property
+    def _store_key(self) -> tuple[str, str]:
+        """The root's URL and endpoint: which store a put-if-absent check was made on."""
+        o = _upper(self.storage_options)
+        return self.url, o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT") or ""
 
     def _put_if_absent(self, body: bytes, path: str) -> bool:
         if self.is_local:
@@ -411,6 +440,13 @@ class StorageRoot:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                raise StorageError(
+                    f"create {path}: this filesystem refuses hard links ({e.strerror}), which a local root needs "
+                    "for its commits (create only if absent): put the root on a local filesystem (ext4, xfs, "
+                    "btrfs, tmpfs...) or on S3") from e
             finally:
                 os.unlink(tmp)
             if durable:

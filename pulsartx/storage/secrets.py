@@ -66,6 +66,13 @@ def scrub_logs_of(options: dict[str, str]) -> None:
             logging.setLogRecordFactory(factory)
 
 
+def process_secrets() -> list[str]:
+    """Every credential value of a storage root made in this process: an error raised where no
+    root is at hand (a delta-rs write through a table handle) is scrubbed of these."""
+    with _LOG_SECRETS_LOCK:
+        return list(_LOG_SECRETS)
+
+
 def secret_values(options: Mapping[str, str] | None) -> list[str]:
     """The credential values among ``options``, to scrub from error messages."""
     if not options:

@@ -358,6 +358,20 @@ REFUSED_ARROW = OSError("When reading information for key 't/x.parquet' in bucke
     (OSError("Generic S3 error: 412 Precondition Failed (timeout while waiting)"), False),
     (delta.ConcurrentCommit("Concurrent transaction failed"), False),
     (FileNotFoundError("no such file"), False),
+    # Words and numbers in a path or a duration are not the store's answer: a topic named
+    # request-timeouts or partition-500 made a permanent error look transient (retried for the
+    # whole budget, then "storage unreachable"), one named forbidden-words a 503 look permanent.
+    (OSError("Error performing PUT http://h/b/r/topics/public/default/request-timeouts/_delta_log/x.json in 3ms"
+             " - Server returned non-2xx status code: 400 Bad Request: InvalidArgument"), False),
+    (OSError("Could not open Parquet input source '/data/topics/public/default/slowdown-alerts/part-1.parquet': "
+             "Parquet magic bytes not found in footer. Either the file is corrupted or this is not a parquet file."),
+     False),
+    (OSError("Error performing GET http://h/b/r/topics/t/t/orders/partition-500/x in 2ms - Server returned "
+             "non-2xx status code: 400 Bad Request"), False),
+    (OSError("Error performing GET http://h/b/k in 502.113ms - Server returned non-2xx status code: 400 Bad Request"),
+     False),
+    (OSError("Error performing PUT http://h/b/r/topics/public/default/forbidden-words/x in 3ms - Server returned "
+             "non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>"), True),
     (ValueError("schema mismatch"), False),
 ])
 def test_transient_classification(error, transient):
