@@ -400,6 +400,36 @@ def test_seek(ten):
         r.read_next(timeout_millis=50)
 
 
+def test_reader_seeks_by_publish_time(cl):
+    """pulsar-client's Reader.seek takes a message id or a publish time (epoch ms), as Consumer.seek
+    does: the reader goes on from the first message published at or after it, on every partition
+    (markers and aborted messages passed), and from the end when there is none yet."""
+    cl.admin.create_topic("t", 2)
+    parts = [cl.create_producer(f"t-partition-{i}") for i in range(2)]
+    parts[0].send(b"a0")
+    parts[1].send(b"b0")
+    time.sleep(0.01)
+    aborted = cl.new_transaction()
+    parts[0].send(b"aborted", txn=aborted)
+    aborted.abort()
+    parts[0].send(b"a1")
+    parts[1].send(b"b1")
+    times = {m.data(): m.publish_timestamp() for m in cl.create_reader("t", MessageId.earliest,
+                                                                      isolation_level="READ_UNCOMMITTED")}
+    r = cl.create_reader("t", MessageId.earliest)
+    r.seek(times[b"aborted"])
+    assert sorted(m.data() for m in r) == [b"a1", b"b1"]
+    r.seek(times[b"a0"])
+    assert sorted(m.data() for m in r) == [b"a0", b"a1", b"b0", b"b1"]
+    r.seek(max(times.values()) + 60_000)
+    assert not r.has_message_available()
+    parts[1].send(b"later")
+    assert r.read_next(1000).data() == b"later"
+    for bad in ("1700000000000", True, 1.5):
+        with pytest.raises(InvalidConfiguration, match="MessageId"):
+            r.seek(bad)
+
+
 def test_seek_inclusive_reader(ten):
     r = ten.create_reader("t", MessageId(0, 3), start_message_id_inclusive=True)
     assert r.read_next(1000).data() == b"m3"

@@ -108,13 +108,21 @@ class Reader:
     def topic(self) -> str:
         return self._topic
 
-    def seek(self, message_id: MessageId) -> None:
+    def seek(self, message_id: MessageId | int) -> None:
         """Reposition: earliest, latest, or just after (``start_message_id_inclusive``: at) a message.
         With ``start_message_id_inclusive``, latest is each partition's last visible message, as in
-        Pulsar's clients."""
+        Pulsar's clients. Given an ``int`` (milliseconds since the epoch), as pulsar-client's
+        ``Reader.seek``: on every partition, the first message published at or after that time (the
+        partition's end when there is none)."""
         forks.check(self._made, self._describe)
+        by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
+        if not by_time and not isinstance(message_id, MessageId):
+            raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
+                                       "MessageId.latest or a message's id) or a publish time in epoch milliseconds")
         for f in self._fetchers:
-            if message_id.is_earliest:
+            if by_time:
+                f.seek(f.visible.log.offset_at_time(message_id))
+            elif message_id.is_earliest:
                 f.seek(0)
             elif message_id.is_latest and self._inclusive:
                 f.seek_last()
