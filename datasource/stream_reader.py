@@ -52,7 +52,7 @@ from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import resolved_filter
 from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import InvalidConfiguration, TopicNotFound
+from pulsartx.exceptions import InvalidConfiguration, StorageError, TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
@@ -134,6 +134,22 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if key not in self._buffers:
             self._buffers[key] = TransactionBuffer(self._log(p))
         return resolved_filter(Coordinators.shared(self.root), self._buffers[key])
+
+    def _decided_up_to(self, p: TopicName, hi: int, end: int):
+        """The partition's filter, which must decide every transaction below ``hi``, the end
+        ``latestOffset`` planned when their outcomes were known. A filter built now stops short
+        of it when an outcome known then is not now: a transaction decided through its TC alone
+        (no marker yet) whose TC log cannot be read at this moment, in this run or in a restarted
+        one replaying the batch. The filter then takes it for an open one, and applying it would
+        show that transaction's data whatever the outcome, aborted included: the batch fails
+        instead, to be retried, rather than return what may have been aborted."""
+        flt = self._filter(p)
+        if flt.read_limit < min(hi, end):
+            raise StorageError(
+                f"{p}: this micro-batch reads up to offset {hi - 1}, but a transaction from offset "
+                f"{flt.read_limit} on cannot be decided now (its transaction coordinator's log cannot be "
+                "read): retry the query; its data is neither shown nor skipped meanwhile")
+        return flt
 
     def _store(self, p: TopicName):
         assert self.opts.subscription is not None
@@ -306,7 +322,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if hi <= lo:
                     continue
                 if self.opts.read.isolation_level == "READ_COMMITTED":
-                    visibility = Visibility("READ_COMMITTED", self._filter(p))
+                    visibility = Visibility("READ_COMMITTED", self._decided_up_to(p, hi, index.end_offset))
                 else:
                     visibility = Visibility(self.opts.read.isolation_level)
                 planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition))

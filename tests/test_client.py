@@ -400,11 +400,83 @@ def test_seek(ten):
         r.read_next(timeout_millis=50)
 
 
+def test_reader_seeks_by_publish_time(cl):
+    """pulsar-client's Reader.seek takes a message id or a publish time (epoch ms), as Consumer.seek
+    does: the reader goes on from the first message published at or after it, on every partition
+    (markers and aborted messages passed), and from the end when there is none yet."""
+    cl.admin.create_topic("t", 2)
+    parts = [cl.create_producer(f"t-partition-{i}") for i in range(2)]
+    parts[0].send(b"a0")
+    parts[1].send(b"b0")
+    time.sleep(0.01)
+    aborted = cl.new_transaction()
+    parts[0].send(b"aborted", txn=aborted)
+    aborted.abort()
+    parts[0].send(b"a1")
+    parts[1].send(b"b1")
+    times = {m.data(): m.publish_timestamp() for m in cl.create_reader("t", MessageId.earliest,
+                                                                      isolation_level="READ_UNCOMMITTED")}
+    r = cl.create_reader("t", MessageId.earliest)
+    r.seek(times[b"aborted"])
+    assert sorted(m.data() for m in r) == [b"a1", b"b1"]
+    r.seek(times[b"a0"])
+    assert sorted(m.data() for m in r) == [b"a0", b"a1", b"b0", b"b1"]
+    r.seek(max(times.values()) + 60_000)
+    assert not r.has_message_available()
+    parts[1].send(b"later")
+    assert r.read_next(1000).data() == b"later"
+    for bad in ("1700000000000", True, 1.5):
+        with pytest.raises(InvalidConfiguration, match="MessageId"):
+            r.seek(bad)
+
+
 def test_seek_inclusive_reader(ten):
     r = ten.create_reader("t", MessageId(0, 3), start_message_id_inclusive=True)
     assert r.read_next(1000).data() == b"m3"
     r.seek(MessageId(0, 8))
     assert [m.data() for m in r] == [b"m8", b"m9"]
+
+
+def test_latest_inclusive_reader_starts_at_the_last_message(ten):
+    """Pulsar's way to read a topic's last message: MessageId.latest with start_message_id_inclusive
+    (Java and C++ seek to the last message id). The reader returns it, then what comes after, and
+    seek(latest) on such a reader lands there again."""
+    r = ten.create_reader("t", MessageId.latest, start_message_id_inclusive=True)
+    assert r.has_message_available()
+    assert r.read_next(1000).message_id() == MessageId(0, 9)
+    assert not r.has_message_available()
+    with ten.create_producer("t") as p:
+        p.send(b"later")
+    assert r.read_next(1000).data() == b"later"
+    r.seek(MessageId.latest)
+    assert [m.data() for m in r] == [b"later"]
+    ten.admin.create_topic("empty")
+    e = ten.create_reader("empty", MessageId.latest, start_message_id_inclusive=True)
+    assert not e.has_message_available()
+
+
+def test_latest_inclusive_reader_skips_what_read_committed_hides(cl):
+    """The last message of a READ_COMMITTED reader is the last visible one: not a marker, an aborted
+    transaction's message, nor one behind an open transaction; on a partitioned topic, each
+    partition's last."""
+    cl.admin.create_topic("p", 2)
+    parts = {i: cl.create_producer(f"p-partition-{i}") for i in range(2)}
+    parts[0].send(b"a")
+    parts[0].send(b"b")
+    t = cl.new_transaction()
+    parts[0].send(b"aborted", txn=t)
+    t.abort()
+    parts[1].send(b"c")
+    open_txn = cl.new_transaction()
+    parts[1].send(b"open", txn=open_txn)
+    parts[1].send(b"held back")
+    cl.flush()
+    r = cl.create_reader("p", MessageId.latest, start_message_id_inclusive=True)
+    assert sorted(m.data() for m in r) == [b"b", b"c"]
+    ru = cl.create_reader("p", MessageId.latest, start_message_id_inclusive=True, isolation_level="READ_UNCOMMITTED")
+    assert sorted(m.data() for m in ru) == [b"aborted", b"held back"]
+    open_txn.commit()
+    assert [m.data() for m in r] == [b"open", b"held back"]
 
 
 def test_latest_reader_sees_only_later_messages(ten):

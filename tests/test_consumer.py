@@ -422,6 +422,31 @@ def test_markers_and_aborted_data_are_skipped_and_the_cursor_passes_them(client)
     assert all(s["pendingAckCount"] == 0 and s["individuallyAckedRanges"] == 0 for s in stats)
 
 
+@pytest.mark.parametrize("ctype", [ConsumerType.Exclusive, ConsumerType.Failover])
+def test_a_small_receiver_queue_passes_a_long_aborted_run_within_one_receive(client, ctype):
+    """A fetch took as many offsets as the receiver queue holds, invisible ones included: with a
+    queue of one, a fetch passed one aborted offset, and 3,000 of them took seconds of fetches, so
+    receive() raised Timeout while a committed message was there to deliver. A fetch that finds
+    nothing visible in its window now widens it (up to FETCH_MAX) before giving up the call."""
+    client.admin.create_topic(TOPIC)
+    p = client.create_producer(TOPIC, batching_max_messages=1000)
+    txn = client.new_transaction()
+    for _ in range(3000):
+        p.send_async(b"aborted", None, txn=txn)
+    p.flush()
+    txn.abort()
+    p.send(b"m0")
+    p.send(b"m1")
+    c = client.subscribe(TOPIC, "s", consumer_type=ctype, initial_position=InitialPosition.Earliest,
+                         receiver_queue_size=1)
+    got = [c.receive(timeout_millis=2000) for _ in range(2)]
+    assert [m.data() for m in got] == [b"m0", b"m1"]
+    for m in got:
+        c.acknowledge(m)
+    c.close()
+    assert mark_delete(client, TOPIC, "s") == [got[1].message_id().offset()]  # the aborted run passed
+
+
 def partition_end(client: Client, partition: str) -> int:
     from pulsartx.log.partition import PartitionLog
     from pulsartx.naming import TopicName

@@ -222,7 +222,9 @@ class Client:
             topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
             start_message_id: ``MessageId.earliest``, ``MessageId.latest`` or a message's id.
             reader_name=None: a name for the reader.
-            start_message_id_inclusive=False: also return the message at ``start_message_id``.
+            start_message_id_inclusive=False: also return the message at ``start_message_id``; with
+                ``MessageId.latest``, start at each partition's last visible message (Pulsar's way to
+                read a topic's last message).
             isolation_level='READ_COMMITTED': or ``READ_UNCOMMITTED`` to see open and aborted messages too.
             idle_poll_max_interval_ms=None: no broker pushes messages here, so while ``read_next()`` waits,
                 the next commit of each partition is checked (one stat locally, one HEAD on S3),

@@ -30,6 +30,8 @@ FETCH_MAX = 1000
 # While other partitions have messages buffered, a caught-up partition (whose check costs a storage
 # refresh) is re-checked at most this often: reading n messages then costs O(n), not O(n x partitions).
 RECHECK_S = 0.05
+# What deciding visibility needs, to find a partition's last visible message without its payloads.
+LAST_COLUMNS = ("offset", "type", "txn_most_bits", "txn_least_bits")
 
 
 class PartitionFetcher:
@@ -47,6 +49,23 @@ class PartitionFetcher:
     def seek(self, offset: int) -> None:
         self.position = max(0, offset)
         self.buffer.clear()
+
+    def seek_last(self) -> None:
+        """At the last message visible now, or at the end when there is none: Pulsar's reader from
+        ``MessageId.latest`` with ``start_message_id_inclusive`` returns the topic's last message
+        (its clients seek to the last message id). Read backwards in growing windows, the
+        visibility columns only, as markers and hidden transactions may end the log."""
+        end = self.visible.end_position()
+        start = self.visible.log.index.start_offset
+        hi, step = end, FETCH_MAX
+        while hi > start:
+            lo = max(start, hi - step)
+            rows = self.visible.visible(self.visible.log.read(lo, hi, columns=LAST_COLUMNS))
+            if rows.num_rows:
+                self.seek(int(rows.column("offset")[-1].as_py()))
+                return
+            hi, step = lo, step * 2
+        self.seek(end)
 
     def fill(self) -> bool:
         """Fetch the next visible messages into the buffer; True when anything was added."""
@@ -89,12 +108,24 @@ class Reader:
     def topic(self) -> str:
         return self._topic
 
-    def seek(self, message_id: MessageId) -> None:
-        """Reposition: earliest, latest, or just after (``start_message_id_inclusive``: at) a message."""
+    def seek(self, message_id: MessageId | int) -> None:
+        """Reposition: earliest, latest, or just after (``start_message_id_inclusive``: at) a message.
+        With ``start_message_id_inclusive``, latest is each partition's last visible message, as in
+        Pulsar's clients. Given an ``int`` (milliseconds since the epoch), as pulsar-client's
+        ``Reader.seek``: on every partition, the first message published at or after that time (the
+        partition's end when there is none)."""
         forks.check(self._made, self._describe)
+        by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
+        if not by_time and not isinstance(message_id, MessageId):
+            raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
+                                       "MessageId.latest or a message's id) or a publish time in epoch milliseconds")
         for f in self._fetchers:
-            if message_id.is_earliest:
+            if by_time:
+                f.seek(f.visible.log.offset_at_time(message_id))
+            elif message_id.is_earliest:
                 f.seek(0)
+            elif message_id.is_latest and self._inclusive:
+                f.seek_last()
             elif message_id.is_latest:
                 f.seek(f.visible.end_position())
             elif message_id.partition() == f.topic.partition or len(self._fetchers) == 1:

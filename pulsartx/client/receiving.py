@@ -244,21 +244,34 @@ class Receiving(ConsumerCore):
                                                    min(self._queue_size, FETCH_MAX),
                                                    now_ms() + (self._unacked_timeout or self._lease_ms))
             return Fetched(cursor, skipped, msgs=msgs)
-        candidates = busy.gap_list(cursor.mark_delete + 1, limit, most)
-        if not candidates:
-            return None
-        if self._type is ConsumerType.Shared:
-            candidates = self._claim(part, candidates, cursor.mark_delete)
+        window = most
+        while True:
+            candidates = busy.gap_list(cursor.mark_delete + 1, limit, window)
             if not candidates:
                 return None
-        table = part.visible.log.read(candidates[0], candidates[-1] + 1)
-        records = Records(part.visible.visible(table), part.message_topic or str(part.topic.base), part.index)
-        offsets = records.offsets
-        if candidates[-1] - candidates[0] + 1 == len(candidates):  # no gap: every record read is wanted
-            rows = list(range(len(offsets)))
-        else:
-            wanted = set(candidates)
-            rows = [i for i, o in enumerate(offsets) if o in wanted]
+            if self._type is ConsumerType.Shared:
+                candidates = self._claim(part, candidates, cursor.mark_delete)
+                if not candidates:
+                    return None
+            table = part.visible.log.read(candidates[0], candidates[-1] + 1)
+            records = Records(part.visible.visible(table), part.message_topic or str(part.topic.base), part.index)
+            offsets = records.offsets
+            if candidates[-1] - candidates[0] + 1 == len(candidates):  # no gap: every record read is wanted
+                rows = list(range(len(offsets)))
+            else:
+                wanted = set(candidates)
+                rows = [i for i, o in enumerate(offsets) if o in wanted]
+            if rows or self._type is ConsumerType.Shared or len(candidates) < window or window >= FETCH_MAX:
+                break
+            # Nothing visible in a full window (an aborted run, markers): a wider one in this fetch,
+            # not one fetch per receiver queue's worth of invisible offsets (a queue of one passed
+            # one offset a fetch, and a receive timed out before a long aborted run ended). Shared
+            # consumers keep their window: what they fetch, they claim.
+            window = min(FETCH_MAX, window * 16)
+        if len(rows) > most:  # a widened window: deliver what was asked, pass only what lies before the rest
+            upto = offsets[rows[most]]
+            rows = rows[:most]
+            candidates = [o for o in candidates if o < upto]
         skipped = []
         if len(rows) < len(candidates):
             delivered = {offsets[i] for i in rows}
