@@ -79,7 +79,8 @@ class TaskAppender:
         self.counts = dict(partition_counts)  # topic -> partitions, known on the driver
         self.create_topics = create_topics  # partitions for topics created on the fly, or None
         self.task_id = task_id
-        self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}-t{task_id}-a{attempt}"
+        plain = f"plain-{job.run_id}" if job.run_id else "plain"
+        self.producer = f"{job.producer_prefix}-{job.txn_id or plain}-t{task_id}-a{attempt}"
         self.registered = set(registered)
         self.buffers: dict[str, _Buffer] = {}
         self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)
