@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import StringType, StructField, StructType
-from spark_jobs.checks import data_count  # tests/ is on sys.path (conftest)
-
 from pulsartx.datasource.options import parse_write_options
 from pulsartx.datasource.writer import prepare_write
+from pyspark.sql.types import StringType, StructField, StructType
+from spark_jobs.checks import data_count  # tests/ is on sys.path (conftest)
 
 SCHEMA = StructType([StructField("value", StringType())])
 
