@@ -2,12 +2,16 @@
 append, and what a later job under the same options appends, exactly."""
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from pulsartx.datasource.options import parse_write_options
 from pulsartx.datasource.writer import prepare_write
 from pyspark.sql.types import StringType, StructField, StructType
-from spark_jobs.checks import data_count  # tests/ is on sys.path (conftest)
+from spark_jobs.checks import data_count, txns  # tests/ is on sys.path (conftest)
+
+from pulsartx.exceptions import ExpiredTransactionError
 
 SCHEMA = StructType([StructField("value", StringType())])
 
@@ -25,3 +29,19 @@ def test_second_job_under_one_producer_name_writes_all_its_rows(root: str, trans
         w.commit([report])
         assert report.rows == 3, report
     assert data_count(root, "t") == 6
+
+
+def test_a_job_outliving_its_timeout_fails_naming_the_options(root: str) -> None:
+    """With transactionKeepAlive=false a job longer than transactionTimeoutMs failed at commit with
+    the TC's "transaction (a,b) is expired: ... begin a new transaction", naming no option."""
+    w = prepare_write(parse_write_options({"service.url": root, "topic": "t", "createTopic": "true",
+                                           "transactionKeepAlive": "false", "transactionTimeoutMs": "50"}),
+                      SCHEMA, False)
+    report = w.write(iter([pa.RecordBatch.from_pydict({"value": ["a"]})]))
+    time.sleep(0.2)
+    with pytest.raises(ExpiredTransactionError) as e:
+        w.commit([report])
+    msg = str(e.value)
+    assert "option transactionTimeoutMs=50 ms" in msg and "set option transactionKeepAlive=true" in msg, msg
+    w.abort([report])  # what Spark does next: the transaction is aborted, none of the job's rows visible
+    assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
