@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from pulsartx.datasource.options import parse_write_options
 from pulsartx.datasource.writer import prepare_write
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
 from spark_jobs.checks import data_count, txns  # tests/ is on sys.path (conftest)
 
-from pulsartx.exceptions import ExpiredTransactionError
+from pulsartx.exceptions import ExpiredTransactionError, InvalidConfiguration
 
 SCHEMA = StructType([StructField("value", StringType())])
 
@@ -44,4 +44,27 @@ def test_a_job_outliving_its_timeout_fails_naming_the_options(root: str) -> None
     msg = str(e.value)
     assert "option transactionTimeoutMs=50 ms" in msg and "set option transactionKeepAlive=true" in msg, msg
     w.abort([report])  # what Spark does next: the transaction is aborted, none of the job's rows visible
+    assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
+
+
+@pytest.mark.parametrize(("column", "fix"), [("value", "coalesce(value, '')"),
+                                             ("__messageProperties", "v IS NOT NULL")])
+def test_null_values_and_null_property_values_are_refused_naming_the_column(root: str, column: str,
+                                                                            fix: str) -> None:
+    """A null value was stored and consumed as b'', a null property value reached consumers as
+    {'a': None}: both are what a producer's send and send_table refuse."""
+    schema = StructType([StructField("value", BinaryType()),
+                         StructField("__messageProperties", MapType(StringType(), StringType()))])
+    w = prepare_write(parse_write_options({"service.url": root, "topic": "t", "createTopic": "true"}), schema, False)
+    good = [(b"x", [("a", "1")]), (b"y", None), (b"z", [])]
+    bad = (None, None) if column == "value" else (b"w", [("a", None)])
+    batch = pa.RecordBatch.from_pydict({"value": pa.array([r[0] for r in [*good, bad]], pa.binary()),
+                                        "__messageProperties": pa.array([r[1] for r in [*good, bad]],
+                                                                        pa.map_(pa.string(), pa.string()))})
+    w.write(iter([batch.slice(0, 3)]))  # a slice without the bad row is fine
+    with pytest.raises(InvalidConfiguration, match=f"column {column} has 1 null") as e:
+        w.write(iter([batch]))
+    assert fix in str(e.value)
+    w.abort([])
+    assert data_count(root, "t") == 3  # the first task's rows, of the aborted transaction only
     assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
