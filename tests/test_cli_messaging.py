@@ -153,3 +153,14 @@ def test_console_script_produce_and_consume(root: str) -> None:
     c = pulsartx_cli("consume", "orders", "-s", "sub", "-p", "Earliest", "-n", "2")
     assert (c.returncode, c.stdout) == (0, "----- got message -----\nkey:[null], content:hello\n" * 2), c.stderr
     assert c.stderr == "2 messages successfully consumed\n"
+
+
+def test_an_object_store_refusal_says_which_settings_to_check(tmp_path) -> None:
+    """Without credentials an s3:// root failed with only the object store's own words, "Error
+    performing PUT http://169.254.169.254/latest/api/token ... 403 Forbidden" (its credentials
+    lookup), naming neither the root nor an option to set."""
+    env = {k: "" for k in os.environ if k.startswith("AWS_")}
+    res = CliRunner().invoke(cli, ["--service-url", "s3://no-such-bucket/x", "topics", "list"], env=env)
+    assert res.exit_code == 2, res.output
+    assert "storage root s3://no-such-bucket/x: check the bucket name in --service-url" in res.output, res.output
+    assert "AWS_ACCESS_KEY_ID" in res.output, res.output
