@@ -164,3 +164,17 @@ def test_an_object_store_refusal_says_which_settings_to_check(tmp_path) -> None:
     assert res.exit_code == 2, res.output
     assert "storage root s3://no-such-bucket/x: check the bucket name in --service-url" in res.output, res.output
     assert "AWS_ACCESS_KEY_ID" in res.output, res.output
+
+
+def test_deleting_a_partition_name_is_refused_and_deletes_nothing(tmp_path) -> None:
+    """``topics delete t-partition-0`` answered "deleted t-partition-0" and deleted topic t, every
+    partition of it."""
+    root = str(tmp_path / "root")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--service-url", root, "topics", "create", "t", "-p", "2"]).exit_code == 0
+    res = runner.invoke(cli, ["--service-url", root, "topics", "delete", "t-partition-0"])
+    assert res.exit_code == 2, res.output
+    assert "names one partition, and a partition cannot be deleted alone: give the topic name without " \
+           "'-partition-0'" in res.output, res.output
+    listed = runner.invoke(cli, ["--service-url", root, "--json", "topics", "list"])
+    assert json.loads(listed.output) == [{"topic": "persistent://public/default/t", "partitions": 2}], listed.output
