@@ -178,3 +178,14 @@ def test_deleting_a_partition_name_is_refused_and_deletes_nothing(tmp_path) -> N
            "'-partition-0'" in res.output, res.output
     listed = runner.invoke(cli, ["--service-url", root, "--json", "topics", "list"])
     assert json.loads(listed.output) == [{"topic": "persistent://public/default/t", "partitions": 2}], listed.output
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_a_root_that_cannot_be_a_directory_is_an_error_not_a_traceback(tmp_path, where: str) -> None:
+    """``topics create`` on a root that is a file (or lies below one) ended in a NotADirectoryError
+    or FileNotFoundError traceback, exit code 1."""
+    (tmp_path / "a-file").write_text("x")
+    root = str(tmp_path / where)
+    res = CliRunner().invoke(cli, ["--service-url", root, "topics", "create", "x"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"the storage root {root} must be a directory this user can create and write" in res.output, res.output

@@ -44,6 +44,14 @@ class RootGroup(click.Group):
             raise PulsarTxError(f"{e}{object_store_hint(ctx, e)}") from e
         except PulsarException as e:
             raise PulsarTxError(str(e)) from e
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # a local root that is a file, or that cannot be created: not a traceback
+            obj = ctx.find_root().obj or {}
+            raise PulsarTxError(
+                f"{e.strerror or e}: {e.filename or obj.get('service_url')}: the storage root "
+                f"{obj.get('service_url') or '$PULSARTX_SERVICE_URL or ./pulsartx-data'} must be a directory this user can "
+                "create and write (or s3://bucket/prefix); check --service-url") from e
 
 
 def object_store_hint(ctx: click.Context, e: StorageError) -> str:
