@@ -55,6 +55,10 @@ class JobTransaction:
     txn_id: TxnID | None  # None: non-transactional mode
     producer_prefix: str
     timeout_ms: int
+    # Non-transactional jobs only: a token unique to the job, in its tasks' producer names. Those
+    # names otherwise repeat from job to job under one producerName option (no TxnID in them), and
+    # the idempotent-producer check then dropped a later job's rows as duplicates of an earlier one's.
+    run_id: str = ""
 
     @classmethod
     def begin(cls, root: StorageRoot, *, transactional: bool = True, timeout_ms: int = DEFAULT_JOB_TIMEOUT_MS,
@@ -64,7 +68,7 @@ class JobTransaction:
         (:mod:`keepalive`), rather than the job's whole budget."""
         prefix = producer_name or f"spark-{uuid.uuid4().hex[:12]}"
         if not transactional:
-            return cls(root, None, prefix, timeout_ms)
+            return cls(root, None, prefix, timeout_ms, run_id=uuid.uuid4().hex[:12])
         tcs = driver_coordinators(root, recover_on_open=True)
         tc = tcs.tc(tcs.pick())
         parts = sorted(set(partitions))

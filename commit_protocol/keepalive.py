@@ -47,6 +47,10 @@ TIMEOUT_PROPERTY = "pulsartx.keepAlive.timeoutMs"  # how far each extension move
 MIN_TICK_S = 0.05  # the shortest sleep between two looks (timeouts of a fraction of a second)
 LIVENESS_S = 0.5  # how often the keeper process looks for its driver
 IDLE_EXIT_S = 60.0  # a keeper with nothing to keep this long leaves (the next transaction starts one)
+# The longest sleep between two looks at the TC logs, whatever the timeouts seen so far: a third of
+# the default transactionTimeoutMs. Sleeping a third of a long timeout (20 min after a job with an
+# hour's) left a later transaction of a shorter timeout unextended until it expired.
+MAX_SCAN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -154,13 +158,15 @@ class _LocalKeeper:
             with self.cond:
                 while not self.txns:
                     self.cond.wait()
-                tick = min(self.txns.values()) / 3000.0
                 txns = list(self.txns)
             try:
                 self._look(txns)
             except Exception as e:  # the thread must survive anything: the next look may succeed
                 log.warning("keep-alive of %s failed (retrying): %s", [str(t) for t in txns], e)
-            time.sleep(max(MIN_TICK_S, tick))
+            with self.cond:
+                # Woken by add(): a new transaction may have a shorter timeout than any kept so far.
+                tick = min(self.txns.values(), default=MAX_SCAN_S * 1000) / 3000.0
+                self.cond.wait(min(MAX_SCAN_S, max(MIN_TICK_S, tick)))
 
     def _look(self, txns: list[TxnID]) -> None:
         if not self.driver.alive():
@@ -256,7 +262,7 @@ def keeper_loop(root: StorageRoot, driver: Driver, timeout_ms: int, lock_fd: int
             elif time.monotonic() - idle_since > IDLE_EXIT_S and _leave_idle(tcs, root, driver, lock_fd):
                 return
             shortest = min(timeout_ms, seen) if seen > 0 else timeout_ms
-            next_scan = time.monotonic() + max(MIN_TICK_S, shortest / 3000.0)
+            next_scan = time.monotonic() + min(MAX_SCAN_S, max(MIN_TICK_S, shortest / 3000.0))
         time.sleep(max(MIN_TICK_S, min(LIVENESS_S, next_scan - time.monotonic())))
 
 

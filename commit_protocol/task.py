@@ -69,6 +69,26 @@ def _row_topic(name: str) -> TopicName:
     return topic
 
 
+def check_nulls(batch: pa.RecordBatch) -> None:
+    """Refuse what a producer refuses (docs/semantics.md, send_table): a null ``value`` was stored and
+    read back by consumers as ``b""``, and a null property value reached them as ``{"k": None}``
+    where properties map str to str. A null key, event time or properties map is a message without one."""
+    names = batch.schema.names
+    value = batch.column(names.index("value"))
+    if value.null_count:
+        raise InvalidConfiguration(
+            f"column value has {value.null_count} null(s): every message has a payload; filter those rows out "
+            "(df.where('value IS NOT NULL')) or fill them (coalesce(value, ''))")
+    if "__messageProperties" in names:
+        props = batch.column(names.index("__messageProperties"))
+        lo, hi = props.offsets[0].as_py(), props.offsets[-1].as_py()
+        nulls = props.items.slice(lo, hi - lo).null_count
+        if nulls:
+            raise InvalidConfiguration(
+                f"column __messageProperties has {nulls} null property value(s): properties map string to "
+                "string; drop them (map_filter(__messageProperties, (k, v) -> v IS NOT NULL)) or fill them")
+
+
 class TaskAppender:
     def __init__(self, job: JobTransaction, default_topic: TopicName | None, partition_counts: dict[str, int],
                  create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset(),
@@ -84,7 +104,8 @@ class TaskAppender:
         # attempt's sequence ids would be taken for resends of the failed attempt's rows, which no
         # report lists: those rows would be lost. Spark's task attempt id is unique in its context.
         unique = "" if task_attempt_id is None else f"-i{task_attempt_id}"
-        self.producer = f"{job.producer_prefix}-{job.txn_id or 'plain'}{unique}-t{task_id}-a{attempt}"
+        plain = f"plain-{job.run_id}" if job.run_id else "plain"
+        self.producer = f"{job.producer_prefix}-{job.txn_id or plain}{unique}-t{task_id}-a{attempt}"
         self.registered = set(registered)
         self.buffers: dict[str, _Buffer] = {}
         self.report = TaskReport(attempt=self.producer, txn=job.txn_id.as_tuple() if job.txn_id else None)
@@ -185,6 +206,7 @@ class TaskAppender:
 
     # ---- appending --------------------------------------------------------------------------------
     def add(self, batch: pa.RecordBatch) -> None:
+        check_nulls(batch)
         for partition, rows in self._route(batch):
             buf = self.buffers.get(partition)
             if buf is None:

@@ -126,7 +126,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     # ---- writes -------------------------------------------------------------------------------
     OptionSpec("transactional", _WRITES, "boolean",
                "`true`: the job (or micro-batch) is one transaction. `false` (batch writes only): rows are "
-               "visible as tasks append them.", default=True),
+               "visible as tasks append them, and stay visible if the job fails; a retried task attempt may append its rows "
+               "again (at least once).", default=True),
     OptionSpec("transactionKey", frozenset({WRITE_STREAM}), "string without `&`",
                "The key that fences an older run of the same query; derived from `checkpointLocation` "
                "when absent. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "

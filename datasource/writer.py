@@ -35,7 +35,13 @@ from pyspark.sql.types import (
 )
 
 from pulsartx.admin.topics import TopicsAdmin
-from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
+from pulsartx.exceptions import (
+    ExpiredTransactionError,
+    InvalidConfiguration,
+    TopicAlreadyExists,
+    TopicNotFound,
+    TransactionFenced,
+)
 from pulsartx.storage.cli_command import cli_command
 
 if TYPE_CHECKING:
@@ -135,6 +141,7 @@ def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> Pu
     create = opts.partitions if opts.create_topic else None
     writer = PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
     writer.compression = opts.compression
+    writer.keep_alive = opts.keep_alive
     return writer
 
 
@@ -174,8 +181,23 @@ class TaskWriting:
 
 @spark_facing
 class PulsarTxBatchWriter(TaskWriting, DataSourceArrowWriter):
+    keep_alive: bool = True  # option transactionKeepAlive (set by prepare_write), for the expiry message
+
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.job.commit(messages)
+        from pulsartx.datasource.options import TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
+
+        try:
+            self.job.commit(messages)
+        except TransactionFenced:
+            raise
+        except ExpiredTransactionError as e:
+            # The TC's message says only "begin a new transaction": the user's fix is an option.
+            fix = (f"raise option {TRANSACTION_TIMEOUT_MS}" if self.keep_alive else
+                   f"set option {TRANSACTION_KEEP_ALIVE}=true (the default) so the driver extends the transaction "
+                   f"while the job runs, or raise option {TRANSACTION_TIMEOUT_MS}")
+            raise ExpiredTransactionError(
+                f"{e}: the write job outlived its transaction (option {TRANSACTION_TIMEOUT_MS}="
+                f"{self.job.timeout_ms} ms) and nothing of it is visible; {fix}, then run the job again") from e
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self.job.abort(messages)

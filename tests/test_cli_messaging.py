@@ -153,3 +153,39 @@ def test_console_script_produce_and_consume(root: str) -> None:
     c = pulsartx_cli("consume", "orders", "-s", "sub", "-p", "Earliest", "-n", "2")
     assert (c.returncode, c.stdout) == (0, "----- got message -----\nkey:[null], content:hello\n" * 2), c.stderr
     assert c.stderr == "2 messages successfully consumed\n"
+
+
+def test_an_object_store_refusal_says_which_settings_to_check(tmp_path) -> None:
+    """Without credentials an s3:// root failed with only the object store's own words, "Error
+    performing PUT http://169.254.169.254/latest/api/token ... 403 Forbidden" (its credentials
+    lookup), naming neither the root nor an option to set."""
+    env = {k: "" for k in os.environ if k.startswith("AWS_")}
+    res = CliRunner().invoke(cli, ["--service-url", "s3://no-such-bucket/x", "topics", "list"], env=env)
+    assert res.exit_code == 2, res.output
+    assert "storage root s3://no-such-bucket/x: check the bucket name in --service-url" in res.output, res.output
+    assert "AWS_ACCESS_KEY_ID" in res.output, res.output
+
+
+def test_deleting_a_partition_name_is_refused_and_deletes_nothing(tmp_path) -> None:
+    """``topics delete t-partition-0`` answered "deleted t-partition-0" and deleted topic t, every
+    partition of it."""
+    root = str(tmp_path / "root")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--service-url", root, "topics", "create", "t", "-p", "2"]).exit_code == 0
+    res = runner.invoke(cli, ["--service-url", root, "topics", "delete", "t-partition-0"])
+    assert res.exit_code == 2, res.output
+    assert "names one partition, and a partition cannot be deleted alone: give the topic name without " \
+           "'-partition-0'" in res.output, res.output
+    listed = runner.invoke(cli, ["--service-url", root, "--json", "topics", "list"])
+    assert json.loads(listed.output) == [{"topic": "persistent://public/default/t", "partitions": 2}], listed.output
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_a_root_that_cannot_be_a_directory_is_an_error_not_a_traceback(tmp_path, where: str) -> None:
+    """``topics create`` on a root that is a file (or lies below one) ended in a NotADirectoryError
+    or FileNotFoundError traceback, exit code 1."""
+    (tmp_path / "a-file").write_text("x")
+    root = str(tmp_path / where)
+    res = CliRunner().invoke(cli, ["--service-url", root, "topics", "create", "x"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"the storage root {root} must be a directory this user can create and write" in res.output, res.output

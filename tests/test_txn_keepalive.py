@@ -195,3 +195,50 @@ def test_an_idle_keeper_leaves_and_hands_its_lock_on(client, monkeypatch):
         os.close(fd)
     finally:
         proc.kill()
+
+
+
+HOUR = 3_600_000
+
+
+def test_a_long_timeout_does_not_starve_a_later_shorter_one_in_the_keeper_process(client, monkeypatch):
+    """The keeper process slept a third of the first timeout it saw before looking again: after a
+    job with transactionTimeoutMs of an hour (20 min asleep), a later transaction of the same driver
+    with a short timeout was never extended and expired."""
+    import threading
+
+    monkeypatch.setattr(keepalive, "MAX_SCAN_S", 0.3, raising=False)  # its cap on that sleep, shortened
+    proc, driver = _stand_in_driver()
+    try:
+        tc = client._coordinators().tc(0)
+        tc.new_transaction(HOUR, partitions=[P], properties=keepalive.properties(HOUR, driver))
+        stop = threading.Event()
+        t = threading.Thread(target=keepalive.keeper_loop, args=(client.root, driver, HOUR, None, stop.is_set))
+        t.start()
+        time.sleep(0.5)  # it has looked once and gone to sleep
+        a = tc.new_transaction(1_500, partitions=[P], properties=keepalive.properties(1_500, driver))
+        time.sleep(3.0)
+        assert _status_after(tc, a.txn_id) is TxnStatus.OPEN
+        stop.set()
+        t.join(5)
+    finally:
+        proc.kill()
+
+
+def test_a_long_timeout_does_not_starve_a_later_shorter_one_in_the_local_thread(client):
+    """The thread of the process that began the transactions slept a third of the shortest timeout
+    it had, and was not woken by a new one; a huge timeout also crashed it (``time.sleep``
+    overflow), ending the keep-alive of every later transaction of its process."""
+    proc, driver = _stand_in_driver()
+    try:
+        tc = client._coordinators().tc(0)
+        local = keepalive._LocalKeeper(client.root, driver)
+        local.add(tc.new_transaction(HOUR, properties=keepalive.properties(HOUR, driver)).txn_id, HOUR)
+        local.add(tc.new_transaction(10**20, properties=keepalive.properties(10**20, driver)).txn_id, 10**20)
+        time.sleep(0.5)
+        a = tc.new_transaction(1_500, partitions=[P], properties=keepalive.properties(1_500, driver))
+        local.add(a.txn_id, 1_500)
+        time.sleep(3.0)
+        assert _status_after(tc, a.txn_id) is TxnStatus.OPEN
+    finally:
+        proc.kill()

@@ -116,8 +116,15 @@ class TopicsAdmin:
         """Delete the topic's data and its subscriptions (as Pulsar does): a cursor outliving its
         topic would make a re-created topic's subscriber skip the new topic's first
         mark-delete + 1 messages. Subscriptions are tombstoned like ``delete_subscription``, not
-        removed, since open consumers elsewhere may still hold handles on their tables."""
-        t = TopicName.parse(topic).base
+        removed, since open consumers elsewhere may still hold handles on their tables.
+        A partition's name is refused: it deleted the whole topic, every partition of it."""
+        named = TopicName.parse(topic)
+        if named.partition is not None:
+            raise InvalidConfiguration(
+                f"delete_topic({topic!r}) names one partition, and a partition cannot be deleted alone: give the "
+                f"topic name without '-partition-{named.partition}' to delete the whole topic, all its partitions "
+                "and subscriptions")
+        t = named.base
         parts = self.partitions_of(t)  # TopicNotFound names the topic
         subs = tombstone_topic(self.root, parts)
         # No merge or checkpoint this process's writers scheduled may land in a table being removed.

@@ -15,9 +15,10 @@ import click
 from click.core import ParameterSource
 
 from pulsartx.client import Client
-from pulsartx.exceptions import PulsarException
+from pulsartx.exceptions import PulsarException, StorageError
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.presence import root_missing
+from pulsartx.storage.retry import StorageUnavailable
 from pulsartx.storage.root import StorageRoot
 
 ERROR_EXIT_CODE = 2
@@ -39,8 +40,33 @@ class RootGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except StorageError as e:
+            raise PulsarTxError(f"{e}{object_store_hint(ctx, e)}") from e
         except PulsarException as e:
             raise PulsarTxError(str(e)) from e
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # a local root that is a file, or that cannot be created: not a traceback
+            obj = ctx.find_root().obj or {}
+            raise PulsarTxError(
+                f"{e.strerror or e}: {e.filename or obj.get('service_url')}: the storage root "
+                f"{obj.get('service_url') or '$PULSARTX_SERVICE_URL or ./pulsartx-data'} must be a directory this user can "
+                "create and write (or s3://bucket/prefix); check --service-url") from e
+
+
+def object_store_hint(ctx: click.Context, e: StorageError) -> str:
+    """What to check when an object store refuses a command: its own message names an HTTP call
+    (a credentials lookup at 169.254.169.254 when none are configured), not the CLI's options."""
+    obj = ctx.find_root().obj or {}
+    try:
+        root = StorageRoot.resolve(obj.get("service_url"), obj.get("storage_options") or {})
+    except PulsarException:
+        return ""
+    if root.is_local or isinstance(e, StorageUnavailable):  # unreachable: the message names the retry budget
+        return ""
+    return (f" (storage root {root.url}: check the bucket name in --service-url, the endpoint "
+            "(--storage-option AWS_ENDPOINT_URL=...), the region (AWS_REGION=...) and credentials "
+            "(AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=..., as --storage-option or environment variables))")
 
 
 def parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:

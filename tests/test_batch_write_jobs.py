@@ -1,0 +1,70 @@
+"""The batch write path's driver and task halves without a SparkSession: what one job's tasks
+append, and what a later job under the same options appends, exactly."""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+from pulsartx.datasource.options import parse_write_options
+from pulsartx.datasource.writer import prepare_write
+from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
+from spark_jobs.checks import data_count, txns  # tests/ is on sys.path (conftest)
+
+from pulsartx.exceptions import ExpiredTransactionError, InvalidConfiguration
+
+SCHEMA = StructType([StructField("value", StringType())])
+
+
+@pytest.mark.parametrize("transactional", ["true", "false"])
+def test_second_job_under_one_producer_name_writes_all_its_rows(root: str, transactional: str) -> None:
+    """With transactional=false the tasks' producer names carried no TxnID, so a second job under
+    the same producerName reused the first job's names and sequence ids from 0: its rows were all
+    dropped as duplicates, silently (the job succeeded, the topic kept 3 rows of 6)."""
+    for job in range(2):
+        w = prepare_write(parse_write_options({"service.url": root, "topic": "t", "createTopic": "true",
+                                               "transactional": transactional, "producerName": "etl"}),
+                          SCHEMA, False)
+        report = w.write(iter([pa.RecordBatch.from_pydict({"value": [f"j{job}-{i}" for i in range(3)]})]))
+        w.commit([report])
+        assert report.rows == 3, report
+    assert data_count(root, "t") == 6
+
+
+def test_a_job_outliving_its_timeout_fails_naming_the_options(root: str) -> None:
+    """With transactionKeepAlive=false a job longer than transactionTimeoutMs failed at commit with
+    the TC's "transaction (a,b) is expired: ... begin a new transaction", naming no option."""
+    w = prepare_write(parse_write_options({"service.url": root, "topic": "t", "createTopic": "true",
+                                           "transactionKeepAlive": "false", "transactionTimeoutMs": "50"}),
+                      SCHEMA, False)
+    report = w.write(iter([pa.RecordBatch.from_pydict({"value": ["a"]})]))
+    time.sleep(0.2)
+    with pytest.raises(ExpiredTransactionError) as e:
+        w.commit([report])
+    msg = str(e.value)
+    assert "option transactionTimeoutMs=50 ms" in msg and "set option transactionKeepAlive=true" in msg, msg
+    w.abort([report])  # what Spark does next: the transaction is aborted, none of the job's rows visible
+    assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
+
+
+@pytest.mark.parametrize(("column", "fix"), [("value", "coalesce(value, '')"),
+                                             ("__messageProperties", "v IS NOT NULL")])
+def test_null_values_and_null_property_values_are_refused_naming_the_column(root: str, column: str,
+                                                                            fix: str) -> None:
+    """A null value was stored and consumed as b'', a null property value reached consumers as
+    {'a': None}: both are what a producer's send and send_table refuse."""
+    schema = StructType([StructField("value", BinaryType()),
+                         StructField("__messageProperties", MapType(StringType(), StringType()))])
+    w = prepare_write(parse_write_options({"service.url": root, "topic": "t", "createTopic": "true"}), schema, False)
+    good = [(b"x", [("a", "1")]), (b"y", None), (b"z", [])]
+    bad = (None, None) if column == "value" else (b"w", [("a", None)])
+    batch = pa.RecordBatch.from_pydict({"value": pa.array([r[0] for r in [*good, bad]], pa.binary()),
+                                        "__messageProperties": pa.array([r[1] for r in [*good, bad]],
+                                                                        pa.map_(pa.string(), pa.string()))})
+    w.write(iter([batch.slice(0, 3)]))  # a slice without the bad row is fine
+    with pytest.raises(InvalidConfiguration, match=f"column {column} has 1 null") as e:
+        w.write(iter([batch]))
+    assert fix in str(e.value)
+    w.abort([])
+    assert data_count(root, "t") == 3  # the first task's rows, of the aborted transaction only
+    assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
