@@ -9,6 +9,7 @@ refused job leaves no visible row and no open transaction.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -135,7 +136,8 @@ def test_transaction_timeout_and_producer_name_options(spark: Any, client: Any, 
     assert metas[second].properties[TIMEOUT_PROPERTY] == "30000" and metas[second].timeout_ms >= 30_000
     producers = raw(root, "opt").filter(pc.equal(raw(root, "opt").column("type"), "DATA")).column("producer_name")
     names = set(producers.to_pylist())
-    assert any(p.startswith(f"etl-{first}-t") for p in names)  # per (job, task, attempt) under the given name
+    # Per (job, Spark task attempt id, task, attempt) under the given name.
+    assert any(re.fullmatch(rf"etl-{re.escape(str(first))}-i\d+-t\d+-a\d+", p) for p in names), names
     assert read(spark, root, topic="opt").count() == 20
 
 
