@@ -19,6 +19,7 @@ import pyarrow as pa
 from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 from pulsartx.commit_protocol.task import TaskAppender
 from pulsartx.datasource.errors import spark_facing
+from pulsartx.datasource.options import TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BinaryType,
@@ -184,8 +185,6 @@ class PulsarTxBatchWriter(TaskWriting, DataSourceArrowWriter):
     keep_alive: bool = True  # option transactionKeepAlive (set by prepare_write), for the expiry message
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        from pulsartx.datasource.options import TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
-
         try:
             self.job.commit(messages)
         except TransactionFenced:
