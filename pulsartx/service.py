@@ -18,6 +18,7 @@ from typing import Any
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import settle
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import merge_small_files
@@ -64,7 +65,16 @@ class CoordinatorService:
             self.stats.failed += r.failed
         compact = self.compact_every_passes and self.stats.passes % self.compact_every_passes == 0
         for topic in self.client.admin.list_topics():
-            for p in self.client.admin.partitions_of(topic):
+            try:
+                parts = self.client.admin.partitions_of(topic)
+            except TopicNotFound:
+                continue  # deleted since it was listed: nothing of it is left to maintain
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # its metadata unreadable: the topics after it are still maintained
+                self._partition_failed(topic, e)
+                continue
+            for p in parts:
                 if self._stop.is_set():
                     return
                 try:
