@@ -47,7 +47,7 @@ class CoordinatorService:
         self.grace_ms = grace_ms
         self.stats = ServiceStats()
         self._stop = threading.Event()
-        self._reported: dict[str, str] = {}  # partition -> last error logged at WARNING
+        self._reported: dict[str, str] = {}  # "partition <name>" or "TC <id>" -> last error logged at WARNING
 
     def stop(self, *_: Any) -> None:
         if not self._stop.is_set():
@@ -55,11 +55,17 @@ class CoordinatorService:
         self._stop.set()
 
     def run_pass(self) -> None:
-
-        for tc in self.client._coordinators().all():
+        tcs = self.client._coordinators()
+        for tc_id in range(tcs.count):
             if self._stop.is_set():
                 return
-            r = tc.sweep(grace_ms=self.grace_ms)
+            try:
+                r = tcs.tc(tc_id).sweep(grace_ms=self.grace_ms)
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # one unreadable TC log must not leave the others' transactions unfinished
+                self._failed(f"TC {tc_id}", e)
+                continue
             self.stats.timed_out += r.timed_out
             self.stats.completed += r.completed
             self.stats.failed += r.failed
@@ -91,11 +97,15 @@ class CoordinatorService:
 
     def _partition_failed(self, partition: Any, e: Exception) -> None:
         """Log a partition's failure once at WARNING (then at DEBUG while it repeats) and move on."""
-        msg = f"partition {partition}: {e}"
+        self._failed(f"partition {partition}", e)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        """Log a failure of ``what`` (a partition, a TC) once at WARNING, at DEBUG while it repeats."""
+        msg = f"{what}: {e}"
         self.stats.errors.append(msg)
         del self.stats.errors[:-100]  # bounded: a partition broken for days is one line per pass
-        if self._reported.get(str(partition)) != str(e):
-            self._reported[str(partition)] = str(e)
+        if self._reported.get(what) != str(e):
+            self._reported[what] = str(e)
             log.warning("coordinator pass skipped %s (will retry next pass)", msg)
         else:
             log.debug("coordinator pass skipped %s again", msg)

@@ -30,3 +30,44 @@ def test_a_service_pass_goes_on_past_a_topic_deleted_while_it_lists_them(tmp_pat
     assert settled == ["persistent://public/default/a-kept-partition-0",
                        "persistent://public/default/z-kept-partition-0"], settled
     client.close()
+
+
+def test_a_service_pass_sweeps_every_other_tc_when_one_tc_log_is_unreadable(tmp_path):
+    """One TC log damaged on disk (restoring it is an operator's job) must not stop the sweeps of
+    the others: their decided transactions are still rolled forward and their expired ones
+    aborted, so readers are not held and markers get written."""
+    import glob
+    import os
+
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.coordinator.state import TxnAction, TxnStatus
+    from pulsartx.service import CoordinatorService
+
+    root = str(tmp_path / "root")
+    hold = CoordinatorConfig(recovery_grace_ms=10**9, lease_ms=0)
+    client = pulsartx.Client(root, num_coordinators=2, coordinator_config=hold)
+    client.admin.create_topic("t", 1)
+    tcs = client._coordinators()
+    decided = {}
+    for tc_id in (0, 1):
+        tc = tcs.tc(tc_id)
+        meta = tc.new_transaction(60_000, partitions=["persistent://public/default/t-partition-0"])
+
+        def stop(_meta):
+            raise RuntimeError("killed after the decision")
+
+        try:
+            tc.end_transaction(meta.txn_id, TxnAction.COMMIT, before_participants=stop)
+        except RuntimeError:
+            pass
+        decided[tc_id] = meta.txn_id
+    client.close()
+    commits = sorted(glob.glob(os.path.join(root, "coordinator", "tc-0", "log", "_delta_log", "*.json")))
+    with open(commits[-1], "r+b") as f:
+        f.truncate(os.path.getsize(commits[-1]) // 2)
+
+    svc = CoordinatorService(pulsartx.Client(root, coordinator_config=CoordinatorConfig(lease_ms=0)), grace_ms=0)
+    svc.run_pass()
+    assert any("TC 0" in e for e in svc.stats.errors), svc.stats.errors  # named, and the pass went on
+    fresh = pulsartx.Client(root, coordinator_config=hold)
+    assert fresh._coordinators().tc(1).get(decided[1], refresh=True).status is TxnStatus.COMMITTED
