@@ -7,6 +7,8 @@ What the zombie writes afterwards must change nothing anyone sees:
     for a reader of a new process and after the coordinator service snapshots the partition;
   * a background completion that resumes after a sweep completed its transaction writes no second
     marker and ends no acknowledgement twice.
+Also: three processes recovering one half-marked transaction at the same instant apply it once, and
+a SIGKILL inside a TC-log compaction (file written, commit not) loses and reissues nothing.
 This file is also the children's script (``_procs``'s protocol).
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from _procs import BIG_RETENTION_MS, Child, _wait_for, count_markers, emit, main, read_tc_log
+from _procs import BIG_RETENTION_MS, Child, _wait_for, count_markers, data_rows, emit, hang, main, read_tc_log
 from _reads import committed_values
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,7 +103,36 @@ def late_completion(root: str, go_file: str, action: str = "COMMIT") -> Any:
     return {"status": read_tc_log(root, txn.id.most_bits)[txn.id.least_bits].status.value}
 
 
-COMMANDS = {"late_send": late_send, "late_completion": late_completion}
+def compaction_kill(root: str, compact_every: int) -> Any:
+    """Commit one-message transactions until a TC-log compaction has written its file, then stop
+    before its commit (say ``compacting`` with every transaction committed so far) and wait."""
+    import pulsartx
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.coordinator.tclog import tc_segments
+    from pulsartx.storage.appender import DeltaAppender
+
+    done: list[list[int]] = []
+    original = DeltaAppender.commit_rewrite
+
+    def commit_rewrite(self, files, removes, *a, **kw):
+        if tuple(self.segments) == tc_segments(0):
+            emit("EVENT", "compacting", {"committed": done})
+            hang()
+        return original(self, files, removes, *a, **kw)
+
+    DeltaAppender.commit_rewrite = commit_rewrite
+    cfg = CoordinatorConfig(compact_every=compact_every, finished_retention_ms=0, lease_ms=0)
+    client = pulsartx.Client(root, num_coordinators=1, coordinator_config=cfg)
+    producer = client.create_producer(f"{TOPIC}-partition-0")
+    for i in range(10 * compact_every):
+        txn = client.new_transaction()
+        producer.send(f"c{i}".encode(), txn=txn)
+        txn.commit()
+        done.append(list(txn.id.as_tuple()))
+    raise AssertionError("no compaction came")
+
+
+COMMANDS = {"late_send": late_send, "late_completion": late_completion, "compaction_kill": compaction_kill}
 
 
 # ================================ parent side =====================================================
@@ -132,7 +163,7 @@ def test_a_send_of_a_paused_owner_landing_after_its_abort_stays_hidden(tmp_path)
     timeout_ms = 1500
     child = Proc("late_send", root=root, go_file=go, timeout_ms=timeout_ms)
     try:
-        child.wait_event("paused")
+        txn = tuple(child.wait_event("paused")["txn"])
         time.sleep(timeout_ms / 1000 + 0.3)
         reader = _client(root)
         assert committed_values(reader, TOPIC) == []  # the reader aborts the expired transaction
@@ -142,8 +173,8 @@ def test_a_send_of_a_paused_owner_landing_after_its_abort_stays_hidden(tmp_path)
     finally:
         child.kill()
     # the late message is in the partition, behind the abort marker
-    types = [t for (_, t, _) in count_markers(root, TOPIC, NPARTS)]
-    assert types == ["TXN_ABORT"]
+    assert count_markers(root, TOPIC, NPARTS) == Counter({(0, "TXN_ABORT", txn): 1})
+    assert data_rows(root, TOPIC, NPARTS)[(0, txn)] == 2
     fresh = _client(root)
     assert committed_values(fresh, TOPIC) == []
     svc = CoordinatorService(fresh, grace_ms=0)
@@ -232,6 +263,38 @@ def test_recovery_in_several_processes_at_once_applies_the_outcome_once(tmp_path
     fresh = _client(root)
     expected = sorted(f"m{i}".encode() for i in range(NPARTS)) if action == "COMMIT" else []
     assert sorted(committed_values(fresh, TOPIC)) == expected
+    fresh.close()
+
+
+def test_killed_during_a_tc_log_compaction_loses_and_repeats_nothing(tmp_path):
+    """SIGKILL after a TC-log compaction wrote its file and before its commit: every transaction
+    committed before stays committed and readable once, the log opens and compacts again, and new
+    transactions get new ids."""
+    import pulsartx
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+
+    root = _root(tmp_path)
+    child = Proc("compaction_kill", root=root, compact_every=5)
+    try:
+        committed = [tuple(t) for t in child.wait_event("compacting")["committed"]]
+    finally:
+        child.sigkill()
+    assert committed
+    cfg = CoordinatorConfig(compact_every=5, finished_retention_ms=0, lease_ms=0)
+    fresh = pulsartx.Client(root, coordinator_config=cfg)
+    values = committed_values(fresh, TOPIC)
+    assert values[:len(committed)] == [f"c{i}".encode() for i in range(len(committed))], values
+    assert len(values) - len(committed) <= 1  # the one being committed when the kill came, at most
+    producer = fresh.create_producer(f"{TOPIC}-partition-0")
+    ids = set()
+    for i in range(12):  # enough for compactions to run again
+        txn = fresh.new_transaction()
+        producer.send(f"n{i}".encode(), txn=txn)
+        txn.commit()
+        ids.add(txn.id.as_tuple())
+    assert not ids & set(committed)
+    assert committed_values(fresh, TOPIC)[-12:] == [f"n{i}".encode() for i in range(12)]
+    assert fresh.admin.transactions.sweep(grace_ms=0)["failed"] == 0
     fresh.close()
 
 
