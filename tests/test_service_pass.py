@@ -71,3 +71,38 @@ def test_a_service_pass_sweeps_every_other_tc_when_one_tc_log_is_unreadable(tmp_
     assert any("TC 0" in e for e in svc.stats.errors), svc.stats.errors  # named, and the pass went on
     fresh = pulsartx.Client(root, coordinator_config=hold)
     assert fresh._coordinators().tc(1).get(decided[1], refresh=True).status is TxnStatus.COMMITTED
+
+
+def test_an_admin_sweep_sweeps_the_other_tcs_then_raises_the_unreadable_ones_error(tmp_path):
+    import glob
+    import os
+
+    import pytest
+
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.coordinator.state import TxnAction, TxnStatus
+
+    root = str(tmp_path / "root")
+    hold = CoordinatorConfig(recovery_grace_ms=10**9, lease_ms=0)
+    client = pulsartx.Client(root, num_coordinators=2, coordinator_config=hold)
+    client.admin.create_topic("t", 1)
+    decided = {}
+    for tc_id in (0, 1):
+        tc = client._coordinators().tc(tc_id)
+        meta = tc.new_transaction(60_000, partitions=["persistent://public/default/t-partition-0"])
+
+        def stop(_meta):
+            raise RuntimeError("killed after the decision")
+
+        with pytest.raises(RuntimeError):
+            tc.end_transaction(meta.txn_id, TxnAction.COMMIT, before_participants=stop)
+        decided[tc_id] = meta.txn_id
+    client.close()
+    commits = sorted(glob.glob(os.path.join(root, "coordinator", "tc-0", "log", "_delta_log", "*.json")))
+    with open(commits[-1], "r+b") as f:
+        f.truncate(os.path.getsize(commits[-1]) // 2)
+    admin = pulsartx.Client(root, coordinator_config=CoordinatorConfig(lease_ms=0))
+    with pytest.raises(Exception, match="tc-0"):
+        admin.admin.transactions.sweep(grace_ms=0)
+    fresh = pulsartx.Client(root, coordinator_config=hold)
+    assert fresh._coordinators().tc(1).get(decided[1], refresh=True).status is TxnStatus.COMMITTED

@@ -152,11 +152,19 @@ class TransactionsAdmin:
     def sweep(self, grace_ms: int | None = None) -> dict[str, int]:
         """Run one expiration/recovery pass over every TC (what ``coordinator run`` does periodically)."""
         total = {"timed_out": 0, "completed": 0, "failed": 0}
-        for tc in self._tcs().all():
-            r = tc.sweep(grace_ms=grace_ms)
+        tcs = self._tcs()
+        error: Exception | None = None
+        for tc_id in range(tcs.count):
+            try:
+                r = tcs.tc(tc_id).sweep(grace_ms=grace_ms)
+            except Exception as e:  # the other TCs are swept all the same; the first failure is raised after
+                error = error or e
+                continue
             total["timed_out"] += r.timed_out
             total["completed"] += r.completed
             total["failed"] += r.failed
+        if error is not None:
+            raise error
         return total
 
     # ---- transaction buffer ------------------------------------------------------------------------
