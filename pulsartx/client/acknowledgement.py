@@ -116,7 +116,16 @@ class Acknowledgement(ConsumerCore):
 
         A transaction no TC log holds yet (acknowledgements only, so far) registers nothing here:
         its pending acks carry its deadline, and its decision lists the subscriptions."""
-        txn._check_usable()
+        txn._before_ack()
+        try:
+            self._txn_ack_in_flight(txn, by_part, apply, cumulative)
+        finally:
+            txn._append_ended()
+
+    def _txn_ack_in_flight(self, txn: Any, by_part: dict[PartitionState, list[int]],
+                           apply: Callable[[CursorState, int, PartitionState, list[int]], None],
+                           cumulative: Mapping[PartitionState, int] | None) -> None:
+        """``_txn_ack``'s work, which the transaction's decision waits for."""
         subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
         # A transaction no TC log holds yet registers these subscriptions with its decision: the
         # pending acks carry its deadline instead, for recovery (docs/semantics.md).
@@ -243,7 +252,9 @@ class Acknowledgement(ConsumerCore):
                     # the replay, a redelivery count the reset cleared).
                     return
                 if bumps:
-                    c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
+                    # Not one acknowledged in a transaction meanwhile (after a negative ack): its
+                    # abort counts the redelivery, its commit makes it none.
+                    c.bump_redelivery([o for o in bumps if not c.is_acked(o) and not c.is_pending(o)])
                 if acks:
                     c.ack(acks)
                 if cum is not None:

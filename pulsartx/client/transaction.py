@@ -139,12 +139,15 @@ class Transaction:
         # Whether commit() ever reached the TC: until it has, a TC that forgot the transaction can
         # only have seen it aborted (only its owner commits).
         self._commit_tried = False
+        # Whether abort was ever asked for: it dropped the queued sends (their senders were told),
+        # so a commit() after it, its own outcome unknown (a failed TC write), must never commit.
+        self._abort_asked = False
         # Whether the TC log holds the transaction (its NEW goes with the first registration):
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
         # Appends of this transaction's data between their last check (``_before_append``) and
-        # their end: the decision waits for them (``_end``), as Pulsar's commit waits for the
-        # transaction's sends in flight. Decided first, such an append could land behind the
+        # their end, and its pending-ack writes (``_before_ack``): the decision waits for them
+        # (``_end``), as Pulsar's commit waits for the transaction's sends and acks in flight. Decided first, such an append could land behind the
         # commit marker, a straggler never visible though its send reported success.
         self._appending = 0
         self._lock = threading.Lock()
@@ -411,8 +414,19 @@ class Transaction:
             self._appending += 1
         return self.id.as_tuple()
 
+    def _before_ack(self) -> None:
+        """Called by a consumer before it writes pending acks of this transaction: the decision
+        waits for that write (``_end``), as Pulsar's commit waits for the transaction's acks in
+        flight. Decided first, the pending acks landed after the TC's pass over the subscription
+        and stayed PENDING_ACK for good (or, not yet listed, came back though their acknowledge
+        returned and the transaction committed). ``_append_ended`` ends it."""
+        with self._lock:
+            self._check_usable()
+            self._appending += 1
+
     def _append_ended(self) -> None:
-        """An append ``_before_append`` let through has ended (landed or failed)."""
+        """An append ``_before_append`` (or an ack ``_before_ack``) let through has ended (landed
+        or failed)."""
         with self._lock:
             self._appending -= 1
             if not self._appending:
@@ -462,7 +476,7 @@ class Transaction:
                     for p in list(self._producers):
                         p.discard_transaction(self)
                 raise self._aborted_error()
-            if self._must_abort is not None:
+            if self._must_abort is not None or self._abort_asked:
                 self._abort_locked()
                 raise self._aborted_error()
             if self.state is TransactionState.OPEN:
@@ -508,6 +522,7 @@ class Transaction:
             return
         if self.state is TransactionState.COMMITTED:
             raise InvalidTxnStatusError(f"cannot abort transaction {self.id}: it is already COMMITTED")
+        self._abort_asked = True
         for p in list(self._producers):
             p.discard_transaction(self)
         self._end(TxnAction.ABORT)

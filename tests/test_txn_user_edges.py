@@ -1,0 +1,142 @@
+"""Transaction edge cases as a PIP-31 user meets them through the client: negative acknowledgements
+of messages acknowledged in a transaction, a commit after a failed abort, and other sequences where
+a message could be lost, duplicated, shown too early or counted twice."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pulsartx import Client, InitialPosition, MessageId, Timeout, TransactionState
+from pulsartx.coordinator.coordinator import TransactionCoordinator
+from pulsartx.exceptions import (
+    InvalidTxnStatusError,
+    StorageError,
+)
+from pulsartx.subscription.store import SubscriptionStore
+
+pytestmark = pytest.mark.timeout(120)
+IN = "persistent://public/default/in"
+OUT = "persistent://public/default/out"
+
+
+def seed(client: Client, topic: str, n: int) -> None:
+    client.admin.create_topic(topic, partitions=1)
+    p = client.create_producer(topic)
+    for i in range(n):
+        p.send(f"m{i}".encode())
+    p.close()
+
+
+def drain(consumer, idle_ms: int = 400) -> list:
+    out = []
+    while True:
+        try:
+            out.append(consumer.receive(timeout_millis=idle_ms))
+        except Timeout:
+            return out
+
+
+def read_all(client: Client, topic: str) -> list[bytes]:
+    r = client.create_reader(topic, MessageId.earliest)
+    out = []
+    while True:
+        try:
+            out.append(r.read_next(timeout_millis=300).data())
+        except Timeout:
+            break
+    r.close()
+    return out
+
+
+@pytest.mark.parametrize("order", ["ack_then_nack", "nack_then_ack"])
+def test_negative_ack_of_a_message_acknowledged_in_a_transaction_counts_no_redelivery(client, order):
+    """Pulsar's broker ignores a redelivery request for a message its consumer no longer holds, as
+    one acknowledged in a transaction: after the abort it comes back once, count 1, at once."""
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0,
+                         negative_ack_redelivery_delay_ms=0 if order == "nack_then_ack" else 60_000)
+    m0 = c.receive(5000)
+    txn = client.new_transaction()
+    if order == "ack_then_nack":
+        c.acknowledge(m0, txn=txn)
+        c.negative_acknowledge(m0)
+    else:
+        c.negative_acknowledge(m0)
+        c.acknowledge(m0, txn=txn)
+    rest = drain(c)
+    assert [m.data() for m in rest] == [b"m1", b"m2"]  # m0 stays in PENDING_ACK
+    txn.abort()
+    got = c.receive(5000)  # at once: the 60 s negative-ack delay does not hold it back
+    assert got.data() == b"m0" and got.redelivery_count() == 1
+    assert drain(c, 300) == []
+
+
+def test_commit_after_a_failed_abort_does_not_commit(client, monkeypatch):
+    """abort() dropped the queued sends (their senders were told) and then failed to log its
+    decision: a commit() after it must not commit the rest of the transaction without them."""
+    client.admin.create_topic(OUT, partitions=1)
+    p = client.create_producer(OUT, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    p.send(b"a", txn=txn)
+    results = []
+    p.send_async(b"b", lambda res, _mid: results.append(res), txn=txn)
+    real = TransactionCoordinator.end_transaction
+
+    def failing(self, *a, **kw):
+        raise StorageError("injected: the TC log cannot be written")
+
+    monkeypatch.setattr(TransactionCoordinator, "end_transaction", failing)
+    with pytest.raises(StorageError):
+        txn.abort()
+    monkeypatch.setattr(TransactionCoordinator, "end_transaction", real)
+    assert len(results) == 1 and results[0].name != "Ok"
+    with pytest.raises(InvalidTxnStatusError):
+        txn.commit()
+    assert txn.state is TransactionState.ABORTED
+    client.flush()
+    assert client.admin.transactions.get_transaction_metadata(txn.id)["status"] == "ABORTED"
+    assert read_all(client, OUT) == []
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["ack_only", "producing"])
+def test_commit_waits_for_an_acknowledgement_in_flight(client, monkeypatch, registered):
+    """acknowledge(txn=) in one thread, commit() in another while the pending-ack write is on its
+    way: as Pulsar's commit waits for the transaction's acks in flight, the decision comes after
+    the write, so the message is acknowledged by the commit, not left PENDING_ACK for good (nor,
+    for a transaction not yet in its TC log, returned though its ack succeeded)."""
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)
+    m0, m1, _m2 = (c.receive(5000) for _ in range(3))
+    txn = client.new_transaction()
+    if registered:
+        client.create_producer(OUT).send(b"x", txn=txn)
+    c.acknowledge(m0, txn=txn)
+    entered, release = threading.Event(), threading.Event()
+    acker: list[threading.Thread] = []
+    real = SubscriptionStore.update
+
+    def gated(self, fn):
+        if acker and threading.current_thread() is acker[0] and not release.is_set():
+            entered.set()
+            release.wait(10)
+        return real(self, fn)
+
+    monkeypatch.setattr(SubscriptionStore, "update", gated)
+    out: list[object] = []
+    acker.append(threading.Thread(target=lambda: out.append(c.acknowledge(m1, txn=txn))))
+    acker[0].start()
+    assert entered.wait(10)
+    committer = threading.Thread(target=lambda: out.append(txn.commit()))
+    committer.start()
+    committer.join(0.5)
+    assert committer.is_alive()  # the decision waits for the ack's write
+    release.set()
+    acker[0].join(10)
+    committer.join(10)
+    assert out == [None, None] and txn.state is TransactionState.COMMITTED
+    client.flush()
+    [st] = client.admin.transactions.get_pending_ack_stats(IN, "s")
+    assert st["markDeletePosition"] == 1 and st["pendingAckCount"] == 0
+    with pytest.raises(InvalidTxnStatusError):
+        c.acknowledge(_m2, txn=txn)  # once decided, no ack joins it
