@@ -4,15 +4,13 @@ a message could be lost, duplicated, shown too early or counted twice."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from pulsartx import Client, InitialPosition, MessageId, Timeout, TransactionState
 from pulsartx.coordinator.coordinator import TransactionCoordinator
-from pulsartx.exceptions import (
-    InvalidTxnStatusError,
-    StorageError,
-)
+from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, StorageError
 from pulsartx.subscription.store import SubscriptionStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,3 +138,22 @@ def test_commit_waits_for_an_acknowledgement_in_flight(client, monkeypatch, regi
     assert st["markDeletePosition"] == 1 and st["pendingAckCount"] == 0
     with pytest.raises(InvalidTxnStatusError):
         c.acknowledge(_m2, txn=txn)  # once decided, no ack joins it
+
+
+def test_commit_of_a_timed_out_transaction_with_queued_sends_says_time_out(client):
+    """docs/semantics.md: a transaction past its timeout raises ExpiredTransactionError on commit
+    and its state becomes TIME_OUT, with sends still queued too (their abort must not overwrite it)."""
+    client.admin.create_topic(OUT, partitions=1)
+    p = client.create_producer(OUT, batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction(timeout_ms=300)
+    results = []
+    p.send_async(b"late", lambda res, _mid: results.append(res), txn=txn)
+    time.sleep(0.6)
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()
+    assert txn.state is TransactionState.TIME_OUT
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()  # again: the same answer
+    client.flush()
+    assert len(results) == 1 and results[0].name != "Ok"
+    assert read_all(client, OUT) == []

@@ -492,6 +492,10 @@ class Transaction:
                     except Exception as abort_error:
                         log.warning("abort of %s after its failed flush failed (retried by abort() or the "
                                     "transaction's timeout): %s", self.id, abort_error)
+                    if self._expired is not None:
+                        # Timed out or fenced, as the flush learnt: the state says so, as it does
+                        # for a transaction with nothing queued (the abort above set ABORTED).
+                        self._note_expired(self._expired)
                     raise
                 if self._conflict is not None or self._must_abort is not None:
                     # An acknowledgement conflicted, or a send failed while flushing: abort.
