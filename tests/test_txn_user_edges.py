@@ -10,7 +10,12 @@ import pytest
 
 from pulsartx import Client, InitialPosition, MessageId, Timeout, TransactionState
 from pulsartx.coordinator.coordinator import TransactionCoordinator
-from pulsartx.exceptions import ExpiredTransactionError, InvalidTxnStatusError, StorageError
+from pulsartx.exceptions import (
+    ExpiredTransactionError,
+    InvalidConfiguration,
+    InvalidTxnStatusError,
+    StorageError,
+)
 from pulsartx.subscription.store import SubscriptionStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -157,3 +162,24 @@ def test_commit_of_a_timed_out_transaction_with_queued_sends_says_time_out(clien
     client.flush()
     assert len(results) == 1 and results[0].name != "Ok"
     assert read_all(client, OUT) == []
+
+
+@pytest.mark.parametrize("how", ["cumulative_txn", "individual_txn", "cumulative", "individual"])
+def test_an_ack_past_the_partitions_end_is_refused(client, how):
+    """A MessageId past the end names a message not written yet: acknowledged, the messages
+    written there later were never delivered (a cumulative ack dropped every one up to it). A
+    Pulsar broker refuses such a position too."""
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest, acknowledgment_group_time_ms=0)
+    assert len(drain(c)) == 3
+    future = MessageId.deserialize(bytes([1]) + (0).to_bytes(4, "big") + (50).to_bytes(8, "big"))
+    txn = client.new_transaction() if how.endswith("txn") else None
+    ack = c.acknowledge_cumulative if how.startswith("cumulative") else c.acknowledge
+    with pytest.raises(InvalidConfiguration, match="no message at offset 50 yet"):
+        ack(future, txn=txn)
+    if txn is not None:
+        txn.commit()  # the refused ack never joined it
+    p = client.create_producer(IN)
+    for i in range(60):
+        p.send(b"n%d" % i)
+    assert len(drain(c)) == 60  # none of them was acknowledged ahead of its delivery

@@ -69,7 +69,9 @@ class Acknowledgement(ConsumerCore):
                 continue
             if not isinstance(m, MessageId) or m.is_earliest or m.is_latest:
                 raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
-            out.setdefault(self._part(m.partition()), []).append(m.offset())
+            part = self._part(m.partition())
+            _check_written(part, m)
+            out.setdefault(part, []).append(m.offset())
         return out
 
     def _part_of(self, m: Message) -> PartitionState:
@@ -282,6 +284,19 @@ class Acknowledgement(ConsumerCore):
             finally:
                 with self._lock:
                     part.inflight, part.inflight_cumulative, part.inflight_redeliver = [], None, []
+
+
+def _check_written(part: PartitionState, m: MessageId) -> None:
+    """Refuse a MessageId past the partition's end: acknowledged, the messages written there later
+    would never be delivered (a cumulative ack, every one up to it). A Pulsar broker refuses such
+    a position too ("Invalid mark deleted position"). The partition is re-read only for an id past
+    the end this process last saw."""
+    log_ = part.visible.log
+    if m.offset() < log_.end_offset(refresh=False) or m.offset() < log_.end_offset():
+        return
+    raise InvalidConfiguration(f"cannot acknowledge {m!r}: {part.topic} has no message at offset {m.offset()} yet "
+                               f"(it ends before offset {log_.end_offset(refresh=False)}); acknowledging it would "
+                               "drop the messages written there later. Acknowledge received messages or their ids")
 
 
 def _noting_deadline(apply: Callable[[CursorState, int, PartitionState, list[int]], None], deadline: int
