@@ -183,3 +183,24 @@ def test_an_ack_past_the_partitions_end_is_refused(client, how):
     for i in range(60):
         p.send(b"n%d" % i)
     assert len(drain(c)) == 60  # none of them was acknowledged ahead of its delivery
+
+
+def test_an_ack_past_the_timeout_on_a_registered_subscription_raises(client):
+    """docs/semantics.md: a transaction past its timeout raises ExpiredTransactionError on ack, also
+    where it registered the subscription before (no registration to fail); the ack is taken back."""
+    seed(client, IN, 3)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)
+    m0, m1, m2 = (c.receive(5000) for _ in range(3))
+    txn = client.new_transaction(timeout_ms=500)
+    client.create_producer(OUT).send(b"o", txn=txn)  # in its TC log: registrations go the ordinary way
+    c.acknowledge(m0, txn=txn)
+    time.sleep(0.8)
+    with pytest.raises(ExpiredTransactionError):
+        c.acknowledge(m1, txn=txn)
+    assert txn.state is TransactionState.TIME_OUT
+    with pytest.raises(ExpiredTransactionError):
+        txn.commit()
+    c.redeliver_unacknowledged_messages()
+    again = drain(c)
+    assert sorted(m.data() for m in again) == [b"m0", b"m1", b"m2"]
+    assert {m.data(): m.redelivery_count() for m in again} == {b"m0": 1, b"m1": 1, b"m2": 1}

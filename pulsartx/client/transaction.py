@@ -355,10 +355,14 @@ class Transaction:
 
     def _register_subscriptions(self, subs: set[Subscription]) -> list[Future[None]]:
         """ADD_SUBSCRIPTION for those of ``subs`` this transaction has not registered yet, started
-        on a helper thread; returns what to wait for (nothing when all are registered). The caller
-        writes its pending acks meanwhile (``Consumer._txn_ack`` says why that is safe). Callers
-        acking on a subscription whose registration is under way wait for the same one, so they
-        all learn the same outcome."""
+        on a helper thread; returns what to wait for. The caller writes its pending acks meanwhile
+        (``Consumer._txn_ack`` says why that is safe). Callers acking on a subscription whose
+        registration is under way wait for the same one, so they all learn the same outcome.
+
+        When all are registered, the TC is still asked once, beside the write, whether the
+        transaction takes acks (as every append asks it, ``_register_partitions``): one timed
+        out, fenced or ended elsewhere then fails the ack, which is taken back, instead of
+        reporting success for an ack its commit can never apply."""
         with self._lock:
             waiting = {id(f): f for s in subs if (f := self._registering.get(s)) is not None}
             new = subs - self._subscriptions - self._registering.keys()
@@ -387,6 +391,11 @@ class Transaction:
                 helper_pool().submit(register)
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 register()
+        elif not waiting:
+            try:
+                return [helper_pool().submit(self._call, lambda: self._tc().check_usable(self.id))]
+            except RuntimeError:
+                self._call(lambda: self._tc().check_usable(self.id))
         return list(waiting.values())
 
     def _call(self, fn):
