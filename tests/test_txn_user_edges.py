@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pulsartx import Client, InitialPosition, MessageId, Timeout, TransactionState
+from pulsartx import Client, ConsumerType, InitialPosition, MessageId, Timeout, TransactionState
 from pulsartx.coordinator.coordinator import TransactionCoordinator
 from pulsartx.exceptions import (
     ExpiredTransactionError,
@@ -204,3 +204,21 @@ def test_an_ack_past_the_timeout_on_a_registered_subscription_raises(client):
     again = drain(c)
     assert sorted(m.data() for m in again) == [b"m0", b"m1", b"m2"]
     assert {m.data(): m.redelivery_count() for m in again} == {b"m0": 1, b"m1": 1, b"m2": 1}
+
+
+def test_shared_messages_an_abort_gives_back_go_to_any_consumer(client):
+    """Shared: the consumer that acknowledged in the aborted transaction keeps its claims while it
+    lives; the messages the abort gives back must not wait for it (Pulsar redelivers them to any
+    consumer), here one that never calls receive() again."""
+    seed(client, IN, 3)
+    c1 = client.subscribe(IN, "s", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest,
+                          receiver_queue_size=1)
+    m0 = c1.receive(5000)
+    c2 = client.subscribe(IN, "s", consumer_type=ConsumerType.Shared, receiver_queue_size=1)
+    txn = client.new_transaction()
+    c1.acknowledge(m0, txn=txn)
+    txn.abort()
+    client.flush()  # the abort's pass over the subscription
+    got = drain(c2, 1500)
+    assert sorted(m.data() for m in got) == [b"m0", b"m1", b"m2"]
+    assert [m.redelivery_count() for m in got if m.data() == b"m0"] == [1]
