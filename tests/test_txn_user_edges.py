@@ -15,6 +15,7 @@ from pulsartx.exceptions import (
     InvalidConfiguration,
     InvalidTxnStatusError,
     StorageError,
+    TransactionHasOperationFailed,
 )
 from pulsartx.subscription.store import SubscriptionStore
 
@@ -222,3 +223,34 @@ def test_shared_messages_an_abort_gives_back_go_to_any_consumer(client):
     got = drain(c2, 1500)
     assert sorted(m.data() for m in got) == [b"m0", b"m1", b"m2"]
     assert [m.redelivery_count() for m in got if m.data() == b"m0"] == [1]
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["lost", "landed_reply_lost"])
+def test_commit_after_a_failed_transactional_ack_aborts(client, monkeypatch, landed):
+    """A pending-ack write that failed (its outcome unknown: it may have landed or not) is a
+    failed operation of the transaction, as a failed send is: committing the rest would commit the
+    output of a consume-transform-produce step with its input acknowledged or not, unknown. As
+    Pulsar's client, commit() aborts and raises TransactionHasOperationFailed."""
+    seed(client, IN, 2)
+    c = client.subscribe(IN, "s", initial_position=InitialPosition.Earliest)
+    m0, _m1 = (c.receive(5000) for _ in range(2))
+    txn = client.new_transaction()
+    client.create_producer(OUT).send(b"out", txn=txn)
+    real = SubscriptionStore.update
+
+    def failing(self, fn):
+        if landed:
+            real(self, fn)
+        raise StorageError("injected: the subscription's log cannot be written")
+
+    monkeypatch.setattr(SubscriptionStore, "update", failing)
+    with pytest.raises(StorageError):
+        c.acknowledge(m0, txn=txn)
+    monkeypatch.setattr(SubscriptionStore, "update", real)
+    with pytest.raises(TransactionHasOperationFailed):
+        txn.commit()
+    assert txn.state is TransactionState.ABORTED
+    client.flush()
+    assert read_all(client, OUT) == []
+    c.redeliver_unacknowledged_messages()
+    assert sorted(m.data() for m in drain(c)) == [b"m0", b"m1"]

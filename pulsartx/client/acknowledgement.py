@@ -166,6 +166,13 @@ class Acknowledgement(ConsumerCore):
                 except TransactionConflict as e:
                     txn._mark_conflict(e)
                     raise
+                except NotAllowedError:
+                    raise  # refused before anything was written (a deleted subscription)
+                except PulsarException as e:
+                    # Landed or not, unknown: committed, the transaction's output would go with its
+                    # input acknowledged or not. It aborts at commit, as after a failed send.
+                    txn._operation_failed(e)
+                    raise
                 with self._lock:
                     pos = cumulative.get(part)
                     gone = [o for o in part.held if o <= pos] if pos is not None else offs

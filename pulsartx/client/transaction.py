@@ -454,11 +454,11 @@ class Transaction:
         self._conflict = exc
 
     def _operation_failed(self, exc: BaseException) -> None:
-        """A send of this transaction failed (its sender was told): committing would commit the
-        transaction without it, so commit() aborts instead (Pulsar's
-        TransactionHasOperationFailedException). The first failure is the one reported. A send
-        refused because the transaction was already being decided is not one of its operations:
-        it never joined it, and its sender was told."""
+        """A send of this transaction failed (its sender was told), or a pending-ack write whose
+        outcome is unknown: committing would commit the transaction without it, or with it
+        unknown, so commit() aborts instead (Pulsar's TransactionHasOperationFailedException). The
+        first failure is the one reported. A send refused because the transaction was already
+        being decided is not one of its operations: it never joined it, and its sender was told."""
         with self._lock:
             if isinstance(exc, InvalidTxnStatusError) and self.state is not TransactionState.OPEN:
                 return
@@ -550,9 +550,9 @@ class Transaction:
         if self._expired is not None:
             return ExpiredTransactionError(str(self._expired))
         if self._must_abort is not None:
-            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send in it failed "
-                                                f"({self._must_abort}); it was aborted, so none of it is visible. "
-                                                "Send its messages again in a new transaction")
+            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send or acknowledgement in "
+                                                f"it failed ({self._must_abort}); it was aborted, so none of it is "
+                                                "visible or applied. Do its work again in a new transaction")
             err.__cause__ = self._must_abort
             return err
         if self.state is TransactionState.TIME_OUT:
