@@ -69,7 +69,9 @@ class Acknowledgement(ConsumerCore):
                 continue
             if not isinstance(m, MessageId) or m.is_earliest or m.is_latest:
                 raise InvalidConfiguration(f"cannot acknowledge {m!r}: give a received Message or its MessageId")
-            out.setdefault(self._part(m.partition()), []).append(m.offset())
+            part = self._part(m.partition())
+            _check_written(part, m)
+            out.setdefault(part, []).append(m.offset())
         return out
 
     def _part_of(self, m: Message) -> PartitionState:
@@ -116,7 +118,16 @@ class Acknowledgement(ConsumerCore):
 
         A transaction no TC log holds yet (acknowledgements only, so far) registers nothing here:
         its pending acks carry its deadline, and its decision lists the subscriptions."""
-        txn._check_usable()
+        txn._before_ack()
+        try:
+            self._txn_ack_in_flight(txn, by_part, apply, cumulative)
+        finally:
+            txn._append_ended()
+
+    def _txn_ack_in_flight(self, txn: Any, by_part: dict[PartitionState, list[int]],
+                           apply: Callable[[CursorState, int, PartitionState, list[int]], None],
+                           cumulative: Mapping[PartitionState, int] | None) -> None:
+        """``_txn_ack``'s work, which the transaction's decision waits for."""
         subs = {Subscription(str(part.topic), self._subscription) for part in by_part}
         # A transaction no TC log holds yet registers these subscriptions with its decision: the
         # pending acks carry its deadline instead, for recovery (docs/semantics.md).
@@ -154,6 +165,13 @@ class Acknowledgement(ConsumerCore):
                         part.store.update(lambda c, part=part, offs=offs: apply(c, k, part, offs))
                 except TransactionConflict as e:
                     txn._mark_conflict(e)
+                    raise
+                except NotAllowedError:
+                    raise  # refused before anything was written (a deleted subscription)
+                except PulsarException as e:
+                    # Landed or not, unknown: committed, the transaction's output would go with its
+                    # input acknowledged or not. It aborts at commit, as after a failed send.
+                    txn._operation_failed(e)
                     raise
                 with self._lock:
                     pos = cumulative.get(part)
@@ -243,7 +261,9 @@ class Acknowledgement(ConsumerCore):
                     # the replay, a redelivery count the reset cleared).
                     return
                 if bumps:
-                    c.bump_redelivery([o for o in bumps if not c.is_acked(o)])
+                    # Not one acknowledged in a transaction meanwhile (after a negative ack): its
+                    # abort counts the redelivery, its commit makes it none.
+                    c.bump_redelivery([o for o in bumps if not c.is_acked(o) and not c.is_pending(o)])
                 if acks:
                     c.ack(acks)
                 if cum is not None:
@@ -271,6 +291,19 @@ class Acknowledgement(ConsumerCore):
             finally:
                 with self._lock:
                     part.inflight, part.inflight_cumulative, part.inflight_redeliver = [], None, []
+
+
+def _check_written(part: PartitionState, m: MessageId) -> None:
+    """Refuse a MessageId past the partition's end: acknowledged, the messages written there later
+    would never be delivered (a cumulative ack, every one up to it). A Pulsar broker refuses such
+    a position too ("Invalid mark deleted position"). The partition is re-read only for an id past
+    the end this process last saw."""
+    log_ = part.visible.log
+    if m.offset() < log_.end_offset(refresh=False) or m.offset() < log_.end_offset():
+        return
+    raise InvalidConfiguration(f"cannot acknowledge {m!r}: {part.topic} has no message at offset {m.offset()} yet "
+                               f"(it ends before offset {log_.end_offset(refresh=False)}); acknowledging it would "
+                               "drop the messages written there later. Acknowledge received messages or their ids")
 
 
 def _noting_deadline(apply: Callable[[CursorState, int, PartitionState, list[int]], None], deadline: int

@@ -19,13 +19,19 @@ REDELIVER_ATTEMPTS = 5  # returning an aborted transaction's acks on redelivery,
 
 class Redelivery(ConsumerCore):
     def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Redeliver this message after ``negative_ack_redelivery_delay_ms`` (to any consumer)."""
+        """Redeliver this message after ``negative_ack_redelivery_delay_ms`` (to any consumer).
+
+        Only a message this consumer holds (delivered, not acknowledged) is given back, as a Pulsar
+        broker redelivers only what its consumer holds: one acknowledged since, in a transaction
+        above all, is left alone. Counted, its redelivery count would rise twice when that
+        transaction aborts, and the delay would hold it back after the abort returned it."""
         self._check_open()
         until = time.monotonic() + self._nack_delay
         with self._lock:
             for part, offs in self._group(message).items():
                 for o in offs:
-                    part.held.pop(o, None)
+                    if part.held.pop(o, None) is None:
+                        continue
                     part.nacked[o] = until
                     part.redeliver.append(o)
         self._local_change.set()  # a receive() waiting in another thread now has a timer to wait for

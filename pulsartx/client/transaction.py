@@ -139,12 +139,15 @@ class Transaction:
         # Whether commit() ever reached the TC: until it has, a TC that forgot the transaction can
         # only have seen it aborted (only its owner commits).
         self._commit_tried = False
+        # Whether abort was ever asked for: it dropped the queued sends (their senders were told),
+        # so a commit() after it, its own outcome unknown (a failed TC write), must never commit.
+        self._abort_asked = False
         # Whether the TC log holds the transaction (its NEW goes with the first registration):
         # until then a pending ack must wait for the registration, lest it outlive a crash unowned.
         self._written = written
         # Appends of this transaction's data between their last check (``_before_append``) and
-        # their end: the decision waits for them (``_end``), as Pulsar's commit waits for the
-        # transaction's sends in flight. Decided first, such an append could land behind the
+        # their end, and its pending-ack writes (``_before_ack``): the decision waits for them
+        # (``_end``), as Pulsar's commit waits for the transaction's sends and acks in flight. Decided first, such an append could land behind the
         # commit marker, a straggler never visible though its send reported success.
         self._appending = 0
         self._lock = threading.Lock()
@@ -352,10 +355,14 @@ class Transaction:
 
     def _register_subscriptions(self, subs: set[Subscription]) -> list[Future[None]]:
         """ADD_SUBSCRIPTION for those of ``subs`` this transaction has not registered yet, started
-        on a helper thread; returns what to wait for (nothing when all are registered). The caller
-        writes its pending acks meanwhile (``Consumer._txn_ack`` says why that is safe). Callers
-        acking on a subscription whose registration is under way wait for the same one, so they
-        all learn the same outcome."""
+        on a helper thread; returns what to wait for. The caller writes its pending acks meanwhile
+        (``Consumer._txn_ack`` says why that is safe). Callers acking on a subscription whose
+        registration is under way wait for the same one, so they all learn the same outcome.
+
+        When all are registered, the TC is still asked once, beside the write, whether the
+        transaction takes acks (as every append asks it, ``_register_partitions``): one timed
+        out, fenced or ended elsewhere then fails the ack, which is taken back, instead of
+        reporting success for an ack its commit can never apply."""
         with self._lock:
             waiting = {id(f): f for s in subs if (f := self._registering.get(s)) is not None}
             new = subs - self._subscriptions - self._registering.keys()
@@ -384,6 +391,11 @@ class Transaction:
                 helper_pool().submit(register)
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 register()
+        elif not waiting:
+            try:
+                return [helper_pool().submit(self._call, lambda: self._tc().check_usable(self.id))]
+            except RuntimeError:
+                self._call(lambda: self._tc().check_usable(self.id))
         return list(waiting.values())
 
     def _call(self, fn):
@@ -411,8 +423,19 @@ class Transaction:
             self._appending += 1
         return self.id.as_tuple()
 
+    def _before_ack(self) -> None:
+        """Called by a consumer before it writes pending acks of this transaction: the decision
+        waits for that write (``_end``), as Pulsar's commit waits for the transaction's acks in
+        flight. Decided first, the pending acks landed after the TC's pass over the subscription
+        and stayed PENDING_ACK for good (or, not yet listed, came back though their acknowledge
+        returned and the transaction committed). ``_append_ended`` ends it."""
+        with self._lock:
+            self._check_usable()
+            self._appending += 1
+
     def _append_ended(self) -> None:
-        """An append ``_before_append`` let through has ended (landed or failed)."""
+        """An append ``_before_append`` (or an ack ``_before_ack``) let through has ended (landed
+        or failed)."""
         with self._lock:
             self._appending -= 1
             if not self._appending:
@@ -431,11 +454,11 @@ class Transaction:
         self._conflict = exc
 
     def _operation_failed(self, exc: BaseException) -> None:
-        """A send of this transaction failed (its sender was told): committing would commit the
-        transaction without it, so commit() aborts instead (Pulsar's
-        TransactionHasOperationFailedException). The first failure is the one reported. A send
-        refused because the transaction was already being decided is not one of its operations:
-        it never joined it, and its sender was told."""
+        """A send of this transaction failed (its sender was told), or a pending-ack write whose
+        outcome is unknown: committing would commit the transaction without it, or with it
+        unknown, so commit() aborts instead (Pulsar's TransactionHasOperationFailedException). The
+        first failure is the one reported. A send refused because the transaction was already
+        being decided is not one of its operations: it never joined it, and its sender was told."""
         with self._lock:
             if isinstance(exc, InvalidTxnStatusError) and self.state is not TransactionState.OPEN:
                 return
@@ -462,7 +485,7 @@ class Transaction:
                     for p in list(self._producers):
                         p.discard_transaction(self)
                 raise self._aborted_error()
-            if self._must_abort is not None:
+            if self._must_abort is not None or self._abort_asked:
                 self._abort_locked()
                 raise self._aborted_error()
             if self.state is TransactionState.OPEN:
@@ -478,6 +501,10 @@ class Transaction:
                     except Exception as abort_error:
                         log.warning("abort of %s after its failed flush failed (retried by abort() or the "
                                     "transaction's timeout): %s", self.id, abort_error)
+                    if self._expired is not None:
+                        # Timed out or fenced, as the flush learnt: the state says so, as it does
+                        # for a transaction with nothing queued (the abort above set ABORTED).
+                        self._note_expired(self._expired)
                     raise
                 if self._conflict is not None or self._must_abort is not None:
                     # An acknowledgement conflicted, or a send failed while flushing: abort.
@@ -508,6 +535,7 @@ class Transaction:
             return
         if self.state is TransactionState.COMMITTED:
             raise InvalidTxnStatusError(f"cannot abort transaction {self.id}: it is already COMMITTED")
+        self._abort_asked = True
         for p in list(self._producers):
             p.discard_transaction(self)
         self._end(TxnAction.ABORT)
@@ -522,9 +550,9 @@ class Transaction:
         if self._expired is not None:
             return ExpiredTransactionError(str(self._expired))
         if self._must_abort is not None:
-            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send in it failed "
-                                                f"({self._must_abort}); it was aborted, so none of it is visible. "
-                                                "Send its messages again in a new transaction")
+            err = TransactionHasOperationFailed(f"transaction {self.id} cannot commit: a send or acknowledgement in "
+                                                f"it failed ({self._must_abort}); it was aborted, so none of it is "
+                                                "visible or applied. Do its work again in a new transaction")
             err.__cause__ = self._must_abort
             return err
         if self.state is TransactionState.TIME_OUT:

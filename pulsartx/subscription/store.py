@@ -27,7 +27,7 @@ from pulsartx import forks, metrics
 from pulsartx.buffer.state import key_txn, txn_key
 from pulsartx.coordinator.state import TxnAction
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import StorageError
+from pulsartx.exceptions import PulsarException, StorageError
 from pulsartx.naming import TopicName, check_subscription_name
 from pulsartx.storage.group_commit import Combiner
 from pulsartx.storage.keyed_log import KeyedLog
@@ -276,9 +276,43 @@ def end_transaction(root: StorageRoot, topic: str, subscription: str, txn_id: Tx
         return
     k = _key(txn_id.most_bits, txn_id.least_bits)
 
+    back: list[int] = []
+
     def apply(c: CursorState) -> bool:
-        return c.commit(k) if action is TxnAction.COMMIT else bool(c.abort(k))
+        if action is TxnAction.COMMIT:
+            return c.commit(k)
+        back[:] = c.abort(k)  # the last attempt's (a lost compare-and-set runs this again)
+        return bool(back)
 
     t0 = time.monotonic()
     if store.update(apply):  # writes only if the transaction had something pending here
         metrics.record_pending_ack(action is TxnAction.COMMIT, 1000 * (time.monotonic() - t0))
+        if back:
+            _unclaim(store, back)
+
+
+def _unclaim(store: SubscriptionStore, offsets: list[int]) -> None:
+    """Drop the Shared claims on messages an aborted transaction gave back: the consumer that
+    acknowledged them no longer holds them, yet renews its claims while it lives, so they went to
+    it alone, however long it left them, where Pulsar redelivers them to any consumer. Key_Shared
+    claims (with hashes) stay: they keep their keys' order, and the key's consumer gets them anyway.
+    A failure leaves them with that consumer, as before (logged)."""
+    back = RangeSet.of(offsets)
+
+    def change(claims: list[Claim]) -> tuple[list[Claim], None]:
+        out: list[Claim] = []
+        for c in claims:
+            if c.hashes or not back.intersects(c.first, c.last):
+                out.append(c)
+                continue
+            kept = RangeSet([(c.first, c.last)])
+            for a, b in back.ranges():
+                kept.remove_range(a, b)
+            out += [c.narrowed(a, b) for a, b in kept.ranges()]
+        return out, None
+
+    try:
+        store.update_claims(change)
+    except PulsarException as e:
+        log.warning("releasing the claims on %d message(s) an aborted transaction gave back on %s failed (they "
+                    "stay with the consumer that acknowledged them): %s", len(offsets), store.partition, e)
