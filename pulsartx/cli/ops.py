@@ -6,6 +6,7 @@ import logging
 import click
 
 from pulsartx.cli.common import emit, get_client
+from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
 from pulsartx.metrics import start_metrics_server
@@ -24,8 +25,8 @@ def coordinator() -> None:
 @coordinator.command("run")
 @click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
 @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
-@click.option("--compact-every", default=0, type=int, help="Compact every N passes (0: never).")
-@click.option("--grace-ms", default=None, type=int, help="Finish COMMITTING/ABORTING left this long.")
+@click.option("--compact-every", default=0, show_default=True, type=int, help="Compact every N passes (0: never).")
+@click.option("--grace-ms", default=None, type=int, help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
 @click.pass_context
 def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: int | None, compact_every: int,
                     grace_ms: int | None) -> None:
