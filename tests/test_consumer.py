@@ -12,7 +12,7 @@ import pytest
 
 import pulsartx
 from pulsartx import Client, ConsumerType, InitialPosition, MessageId, NotAllowedError, Timeout
-from pulsartx.exceptions import AlreadyClosed, ConsumerBusy, InvalidConfiguration
+from pulsartx.exceptions import AlreadyClosed, ConsumerBusy, InvalidConfiguration, InvalidTopicName
 
 TOPIC = "persistent://public/default/in"
 pytestmark = pytest.mark.timeout(120)
@@ -517,3 +517,10 @@ def test_threads_receiving_on_one_consumer_never_get_the_same_message(client, co
     everything = [v for g in got for v in g]
     assert sorted(everything) == sorted(names("m", range(600)))
     consumer.close()
+
+
+@pytest.mark.parametrize("topics", [["a", "b"], ("a",), __import__("re").compile("a.*")])
+def test_subscribe_to_many_topics_says_it_is_unsupported(tmp_path, topics):
+    with Client(str(tmp_path / "root")) as client, \
+            pytest.raises(InvalidTopicName, match="list of topics or a topic pattern is not supported"):
+        client.subscribe(topics, "s")

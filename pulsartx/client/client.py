@@ -46,6 +46,7 @@ from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import (
     AlreadyClosed,
     InvalidConfiguration,
+    InvalidTopicName,
     NotAllowedError,
     TopicAlreadyExists,
     TopicNotFound,
@@ -271,6 +272,11 @@ class Client:
                 (default ``<topic>-<subscription>-DLQ``) and acknowledged here, in one
                 transaction; None: redeliver without limit.
         """
+        if not isinstance(topic, str):
+            # pulsar-client also takes a list of topics or a compiled pattern here; say which is missing.
+            raise InvalidTopicName(f"subscribe(topic={topic!r}): give one topic name as a string; a consumer "
+                                   "on a list of topics or a topic pattern is not supported (subscribe to each "
+                                   "topic, or to a partitioned topic)")
         self._auto_create(topic)
         return self._track(Consumer(self, topic, subscription_name, consumer_type=consumer_type,
                                     initial_position=initial_position, isolation_level=isolation_level,

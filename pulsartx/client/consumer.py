@@ -120,6 +120,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             self._drop_leases()
             raise
         self._rr = 0
+        self._release_at = None
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._background, name=f"pulsartx-{self._name}", daemon=True)
         self._thread.start()
@@ -260,13 +261,19 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         """Ack grouping, lease renewal and the unacked-message timeout."""
         renew_every = self._lease_ms / 3000.0
         claims_every = (self._unacked_timeout or self._lease_ms) / 3000.0
-        last_renew = last_claims = time.monotonic()
+        # Woken at least as often as the renewals are due: an acknowledgment_group_time_ms longer
+        # than a third of the lease (or of the unacked timeout) let the lease or the claims lapse,
+        # and another consumer received what this one still held.
+        tick = max(0.01, min(self._group_s or 0.05, renew_every, claims_every))
+        last_renew = last_claims = last_flush = time.monotonic()
         while not self._closed:
-            self._wake.wait(max(0.01, self._group_s or 0.05))
+            self._wake.wait(tick)
             if self._closed:
                 return
             try:
-                self._flush_acks()
+                if time.monotonic() - last_flush >= self._group_s:
+                    last_flush = time.monotonic()
+                    self._flush_acks()
                 if self._type in CLAIMING and not self._leases.ended and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     if not self._leases.join_shared(self._id, self._lease_ms, self._type.name):
@@ -274,6 +281,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                                     self._name, self._subscription)
                     elif self._key_shared is not None:
                         self._key_shared.refresh()
+                if self._release_at is not None and time.monotonic() >= self._release_at and \
+                        not any(p.redeliver for p in self._parts):
+                    self._release_claims()  # once a flush stored the redelivery counts
                 if self._type in CLAIMING and time.monotonic() - last_claims >= claims_every:
                     last_claims = time.monotonic()
                     self._renew_claims()

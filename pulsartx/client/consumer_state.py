@@ -134,6 +134,9 @@ class ConsumerCore:
     _rr: int
     _key_shared: KeySharedDispatch | None  # Key_Shared only
     _dead_letters: DeadLetters | None
+    # Shared, Key_Shared: when claims kept for a pending redelivery (its count not stored yet, its
+    # negative-ack delay not over) are due to be released; None when none are kept.
+    _release_at: float | None
 
     def _check_open(self) -> None:
         if self._made != forks.generation:

@@ -154,8 +154,9 @@ class KeySharedDispatch:
                     continue
                 got.append(o)
             own = [c for c in claims if c.consumer == self._id]  # ours whatever our clock says (receiving._claim)
+            held = RangeSet((c.first, c.last) for c in own)  # kept through a redelivery: not claimed twice
             new = [Claim(self._id, a, b, expires_ms, tuple(hash_of[o] for o in range(a, b + 1)))
-                   for a, b in RangeSet.of(got).ranges()]
+                   for a, b in RangeSet.of([o for o in got if o not in held]).ranges()]
             return others + own + new, got
 
         return part.store.update_claims(change)

@@ -315,10 +315,11 @@ class Receiving(ConsumerCore):
             live = [c for c in claims if c.expires_ms > t and c.consumer != self._id]
             taken = RangeSet((c.first, c.last) for c in live)
             mine = [o for o in candidates if o not in taken]
-            ranges = RangeSet.of(mine).ranges()
             # Our own claims stay whatever our clock says of them: we are alive and hold them (an
             # expired one another consumer took over is gone from the row: its claim dropped it).
             own = [c for c in claims if c.consumer == self._id]
+            held = RangeSet((c.first, c.last) for c in own)  # kept through a redelivery: not claimed twice
+            ranges = RangeSet.of([o for o in mine if o not in held]).ranges()
             return live + own + [Claim(self._id, a, b, expires) for a, b in ranges], mine
 
         return part.store.update_claims(change)

@@ -91,9 +91,24 @@ class Redelivery(ConsumerCore):
         on close)."""
         if self._type not in CLAIMING:
             return
+        now = time.monotonic()
+        due: float | None = None
         for part in self._parts:
             with self._lock:
-                keep = set() if all_held else set(part.held) | {m._offset for m in part.queue}
+                if all_held:
+                    keep = set()
+                else:
+                    keep = set(part.held) | {m._offset for m in part.queue}
+                    # A message given back stays claimed until its redelivery count is stored and
+                    # its negative-ack delay is over: released earlier, another consumer received
+                    # it at once, with its old count (a DLQ move one delivery late) and no delay.
+                    counting = {*part.redeliver, *part.inflight_redeliver}
+                    waiting = {o: t for o, t in part.nacked.items() if t > now}
+                    keep |= counting | set(waiting)
+                    if counting:
+                        due = now
+                    if waiting:
+                        due = min(due if due is not None else float("inf"), *waiting.values())
 
             def change(claims: list[Claim], keep=keep) -> tuple[list[Claim], None]:
                 out = [c for c in claims if c.consumer != self._id]
@@ -106,3 +121,4 @@ class Redelivery(ConsumerCore):
                 part.store.update_claims(change)
             except PulsarException as e:
                 log.debug("releasing claims failed (they expire): %s", e)
+        self._release_at = None if all_held else due

@@ -1,0 +1,83 @@
+"""Shared and Key_Shared redelivery with a second live consumer: a message given back (negative
+ack, unacked timeout) reaches another consumer only after its negative-ack delay, carrying its
+raised redelivery count, and a consumer whose ack grouping is slower than its renewals keeps what
+it holds. Real Delta tables, public API."""
+from __future__ import annotations
+
+import pytest
+
+from pulsartx import Client, ConsumerDeadLetterPolicy, ConsumerType, InitialPosition, MessageId, Timeout
+
+pytestmark = pytest.mark.timeout(60)
+E = InitialPosition.Earliest
+CLAIMING = [ConsumerType.Shared, ConsumerType.KeyShared]
+
+
+@pytest.fixture
+def client(tmp_path):
+    c = Client(str(tmp_path), num_coordinators=1)
+    yield c
+    c.close()
+
+
+def _seed(client, n: int) -> None:
+    client.admin.create_topic("src", partitions=1)
+    p = client.create_producer("src")
+    for i in range(n):
+        p.send(f"m{i}".encode(), partition_key=f"k{i}")
+    p.close()
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_negative_ack_delay_holds_for_other_consumers(client, ctype):
+    _seed(client, 1)
+    c1 = client.subscribe("src", "s", ctype, initial_position=E, negative_ack_redelivery_delay_ms=60_000)
+    c2 = client.subscribe("src", "s", ctype, initial_position=E)
+    c1.negative_acknowledge(c1.receive(1000))
+    with pytest.raises(Timeout):
+        c2.receive(700)
+    c1.close()  # a closing consumer gives back at once what waits on its delay
+    m = c2.receive(2000)
+    assert (m.data(), m.redelivery_count()) == (b"m0", 1)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_ack_timeout_redelivery_to_other_consumer_is_counted(client, ctype):
+    _seed(client, 1)
+    c1 = client.subscribe("src", "s", ctype, initial_position=E, unacked_messages_timeout_ms=200)
+    c2 = client.subscribe("src", "s", ctype, initial_position=E)
+    c1.receive(1000)
+    m = c2.receive(3000)
+    assert (m.data(), m.redelivery_count()) == (b"m0", 1)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_dead_letter_after_exactly_n_deliveries_across_consumers(client, ctype):
+    _seed(client, 1)
+    opts = dict(initial_position=E, negative_ack_redelivery_delay_ms=0,
+                dead_letter_policy=ConsumerDeadLetterPolicy(2))
+    cs = [client.subscribe("src", "sub", ctype, **opts) for _ in range(2)]
+    counts = []
+    for _ in range(10):
+        for c in cs:
+            try:
+                m = c.receive(300)
+            except Timeout:
+                continue
+            counts.append(m.redelivery_count())
+            c.negative_acknowledge(m)
+    assert counts == [0, 1, 2]
+    r = client.create_reader("src-sub-DLQ", MessageId.earliest)
+    assert r.read_next(2000).data() == b"m0"
+    with pytest.raises(Timeout):
+        r.read_next(300)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_slow_ack_grouping_keeps_lease_and_claims(client, ctype):
+    _seed(client, 1)
+    c1 = client.subscribe("src", "s", ctype, initial_position=E, lease_ms=300, acknowledgment_group_time_ms=2000)
+    c2 = client.subscribe("src", "s", ctype, initial_position=E, lease_ms=300)
+    c1.receive(1000)
+    with pytest.raises(Timeout):
+        c2.receive(1200)
