@@ -690,27 +690,14 @@ class DeltaAppender:
         return False
 
     def _read_back(self, version: int, error: StorageError) -> list[dict[str, Any]] | None:
-        policy: delta.RetryPolicy | None = None
-        start = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                return self._tail.read_commit(version)
-            except Exception as e:
-                policy = policy or delta.RetryPolicy.from_env()
-                waited = time.monotonic() - start
-                why = delta.describe(e, delta.secrets_of(self.root))
-                if waited >= policy.deadline_s:
-                    raise delta.OutcomeUnknown(
-                        f"{self.uri}: committing version {version} failed ({error}) and reading it back failed "
-                        f"too for {waited:.1f} s ({attempt + 1} attempts, retry budget {policy.deadline_s:g} s, "
-                        f"set {delta.RETRY_ENV} to change; last error: {why}): whether it was written is "
-                        "unknown; re-read the table before acting on it") from error
-                if attempt == 0:
-                    log.warning("%s: committing version %d failed (%s) and reading it back failed (%s); reading "
-                                "it again for up to %g s", self.uri, version, error, why, policy.deadline_s)
-                attempt += 1
-                time.sleep(min(policy.cap_s, policy.base_s * 2 ** min(attempt, 16), max(0.0, policy.deadline_s - waited)))
+        try:
+            return delta.retrying(f"read back commit {version} of", self.uri, lambda: self._tail.read_commit(version),
+                                  root=self.root, every_error=True)
+        except Exception as e:
+            raise delta.OutcomeUnknown(
+                f"{self.uri}: committing version {version} failed ({error}) and reading it back failed too "
+                f"({delta.describe(e, delta.secrets_of(self.root))}): whether it was written is unknown; "
+                "re-read the table before acting on it") from error
 
     def _write_data_file(self, data: pa.Table, now: int, codecs: Mapping[str, str] | None,
                          unique: str) -> dict[str, Any]:

@@ -122,29 +122,35 @@ def secrets_of(root: Any) -> list[str]:
 
 
 def retrying(what: str, uri: str, fn: Callable[[], T], *, root: Any = None,
-             policy: RetryPolicy | None = None) -> T:
+             policy: RetryPolicy | None = None, every_error: bool = False) -> T:
     """Run ``fn``, retrying transient faults with jittered exponential backoff until the policy's
     deadline, then raise :class:`StorageUnavailable` naming ``what`` and ``uri``. Other exceptions
-    (including :class:`ConcurrentCommit`) propagate unchanged on the first occurrence."""
+    (including :class:`ConcurrentCommit`) propagate unchanged on the first occurrence.
+
+    ``every_error``: retry whatever ``fn`` raises, for a read that must not be given up on while
+    the budget lasts (the read-back of a write whose answer was lost: giving up is an unknown
+    outcome)."""
     start = time.monotonic()
     attempt = 0
     while True:
         try:
             return fn()
         except Exception as e:
-            if not is_transient(e):
+            if not every_error and not is_transient(e):
                 raise
             policy = policy or RetryPolicy.from_env()  # read on the first fault: every append passes here
             elapsed = time.monotonic() - start
             if elapsed >= policy.deadline_s:
+                state = "still failing after" if every_error else "storage unreachable for"
                 raise StorageUnavailable(
-                    f"{what} {uri} failed: storage unreachable for {elapsed:.1f} s ({attempt + 1} attempts, "
+                    f"{what} {uri} failed: {state} {elapsed:.1f} s ({attempt + 1} attempts, "
                     f"retry budget {policy.deadline_s:g} s, set {RETRY_ENV} to change): "
                     f"{describe(e, secrets_of(root))}") from e
             pause = random.uniform(policy.base_s / 2, min(policy.cap_s, policy.base_s * 2 ** min(attempt, 16)))
             pause = min(pause, max(0.0, policy.deadline_s - elapsed))
             if attempt == 0:
-                log.warning("%s %s: transient storage error, retrying for up to %g s: %s", what, uri,
+                log.warning("%s %s: %s, retrying for up to %g s: %s", what, uri,
+                            "storage error" if every_error else "transient storage error",
                             policy.deadline_s, describe(e, secrets_of(root)))
             attempt += 1
             time.sleep(pause)
