@@ -50,6 +50,12 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _new_incarnation() -> dict[str, Any]:
+    """An ``incarnation`` row naming a new life of the subscription."""
+    return {"key": INCARNATION, "consumer": uuid.uuid4().hex, "consumer_type": None, "expires_ms": None,
+            "updated_ms": now_ms()}
+
+
 class SubscriptionEnded(Exception):
     """A lease write refused because the subscription was deleted after its consumer opened it."""
 
@@ -117,9 +123,8 @@ class LeaseStore:
     def _begin_incarnation(self) -> None:
         """The subscription's first consumer names its first life (a table written before
         incarnations existed gets one the same way)."""
-        self.log.cas(INCARNATION, lambda row: (None if row is not None else {
-            "key": INCARNATION, "consumer": uuid.uuid4().hex, "consumer_type": None, "expires_ms": None,
-            "updated_ms": now_ms()}, None), what=f"subscription {self.subscription!r} incarnation")
+        self.log.cas(INCARNATION, lambda row: (None if row is not None else _new_incarnation(), None),
+                     what=f"subscription {self.subscription!r} incarnation")
 
     def end(self, incarnation: str | None = None) -> bool:
         """The subscription was deleted: a new incarnation, so its consumers' takes and renewals are
@@ -130,8 +135,7 @@ class LeaseStore:
             def renew(row):
                 if incarnation is not None and (row["consumer"] if row is not None else "") != incarnation:
                     return None, False
-                return {"key": INCARNATION, "consumer": uuid.uuid4().hex, "consumer_type": None,
-                        "expires_ms": None, "updated_ms": now_ms()}, True
+                return _new_incarnation(), True
 
             if not self.log.cas(INCARNATION, renew, what=f"subscription {self.subscription!r} incarnation"):
                 return False
