@@ -147,8 +147,9 @@ class Transaction:
         self._written = written
         # Appends of this transaction's data between their last check (``_before_append``) and
         # their end, and its pending-ack writes (``_before_ack``): the decision waits for them
-        # (``_end``), as Pulsar's commit waits for the transaction's sends and acks in flight. Decided first, such an append could land behind the
-        # commit marker, a straggler never visible though its send reported success.
+        # (``_end``), as Pulsar's commit waits for the transaction's sends and acks in flight.
+        # Decided first, such an append could land behind the commit marker, a straggler never
+        # visible though its send reported success.
         self._appending = 0
         self._lock = threading.Lock()
         self._registrations_changed = threading.Condition(self._lock)
@@ -392,10 +393,13 @@ class Transaction:
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 register()
         elif not waiting:
-            try:
-                return [helper_pool().submit(self._call, lambda: self._tc().check_usable(self.id))]
-            except RuntimeError:
+            def check() -> None:
                 self._call(lambda: self._tc().check_usable(self.id))
+
+            try:
+                return [helper_pool().submit(check)]
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                check()
         return list(waiting.values())
 
     def _call(self, fn):
