@@ -37,6 +37,7 @@ from pulsartx import forks
 from pulsartx.exceptions import CorruptedLog, StorageError
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
+from pulsartx.storage.objstore import s3_endpoint
 from pulsartx.storage.retry import (  # noqa: F401  (re-exported: callers name them delta.X)
     DEFAULT_RETRY_SECONDS,
     RETRY_ENV,
@@ -62,9 +63,7 @@ def _delta_options(root: StorageRoot) -> dict[str, str] | None:
     if root.is_local:
         return options or None
     keys = {k.lower() for k in options}
-    upper = {k.upper(): v for k, v in options.items()}
-    endpoint = upper.get("AWS_ENDPOINT_URL") or upper.get("AWS_ENDPOINT") or ""
-    if root.scheme == "s3" and endpoint.startswith("http://") and "aws_allow_http" not in keys:
+    if root.scheme == "s3" and s3_endpoint(options).startswith("http://") and "aws_allow_http" not in keys:
         # As obstore (objstore.s3_store) and pyarrow take it: a plain-http endpoint given is meant.
         options["AWS_ALLOW_HTTP"] = "true"
     if "retry_timeout" not in keys:

@@ -34,6 +34,12 @@ _CONFLICT = re.compile(r"status code: 409\b|<Code>ConditionalRequestConflict<")
 TRUE = ("1", "true", "yes", "on")
 
 
+def s3_endpoint(options: dict[str, str]) -> str:
+    """The S3 endpoint a root's options give (either name, any case), "" for AWS's own."""
+    o = {k.upper(): v for k, v in options.items()}
+    return o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT") or ""
+
+
 def s3_store(bucket: str, options: dict[str, str]) -> Any:
     """An obstore ``S3Store`` for ``bucket`` with the settings of a root's ``storage_options``
     (already completed from the environment by ``StorageRoot.resolve``): the same keys delta-rs
@@ -46,13 +52,13 @@ def s3_store(bucket: str, options: dict[str, str]) -> Any:
                       ("AWS_SESSION_TOKEN", "session_token"), ("AWS_REGION", "region")):
         if o.get(key):
             config[name] = o[key]
-    endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+    endpoint = s3_endpoint(options)
     if endpoint:
         config["endpoint"] = endpoint
     if "AWS_VIRTUAL_HOSTED_STYLE_REQUEST" in o:
         config["virtual_hosted_style_request"] = o["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"].strip().lower() in TRUE
     client: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT}
-    if o.get("AWS_ALLOW_HTTP", "").strip().lower() in TRUE or (endpoint or "").startswith("http://"):
+    if o.get("AWS_ALLOW_HTTP", "").strip().lower() in TRUE or endpoint.startswith("http://"):
         # s3fs/botocore follow the endpoint's scheme; a plain-http endpoint given is meant.
         client["allow_http"] = True
     provider = None

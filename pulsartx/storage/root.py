@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, StorageError
 from pulsartx.storage import faults
 from pulsartx.storage.faults import Op
-from pulsartx.storage.objstore import Bucket, ConditionalConflict
+from pulsartx.storage.objstore import Bucket, ConditionalConflict, s3_endpoint
 from pulsartx.storage.retry import describe, retrying, secrets_of
 from pulsartx.storage.secrets import REDACTED, redact_options, scrub_logs_of  # noqa: F401  (re-exported)
 
@@ -208,7 +208,7 @@ class StorageRoot:
         if "AWS_SESSION_TOKEN" in o:
             kw["token"] = o["AWS_SESSION_TOKEN"]
         client: dict[str, Any] = {}
-        endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+        endpoint = s3_endpoint(o)
         if endpoint:
             client["endpoint_url"] = endpoint
         if "AWS_REGION" in o:
@@ -242,7 +242,7 @@ class StorageRoot:
             return pafs.LocalFileSystem()
         if self.scheme == "s3":
             o = _upper(self.storage_options)
-            endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+            endpoint = s3_endpoint(o)
             kwargs: dict[str, Any] = {
                 "access_key": o.get("AWS_ACCESS_KEY_ID"),
                 "secret_key": o.get("AWS_SECRET_ACCESS_KEY"),
@@ -411,8 +411,7 @@ class StorageRoot:
     @cached_property
     def _store_key(self) -> tuple[str, str]:
         """The root's URL and endpoint: which store a put-if-absent check was made on."""
-        o = _upper(self.storage_options)
-        return self.url, o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT") or ""
+        return self.url, s3_endpoint(self.storage_options)
 
     def _put_if_absent(self, body: bytes, path: str) -> bool:
         if self.is_local:
