@@ -1,8 +1,8 @@
 """A task attempt's side of the commit protocol: route rows to partitions, append them with the
 job's TxnID through the idempotent-producer path, and report exactly what was appended.
 
-The producer name is unique per (job, task attempt), and sequence ids count the
-attempt's rows, so a retried append inside an attempt is deduplicated while a new attempt of the same task
+The producer name is unique per (job, task attempt), and sequence ids count the attempt's rows,
+so a retried append inside an attempt is deduplicated while a new attempt of the same task
 writes afresh (its own report is the one the driver commits; the failed attempt's entries are
 never listed in a marker, so they stay invisible).
 """
