@@ -13,3 +13,19 @@ def committed_values(client: Any, topic: str, timeout_millis: int = 3000) -> lis
     while reader.has_message_available():
         out.append(reader.read_next(timeout_millis=timeout_millis).data())
     return out
+
+
+def drain(consumer: Any, idle_ms: int = 400, ack: bool = False) -> list:
+    """Every message ``consumer`` receives until none comes for ``idle_ms`` (``ack``: each one
+    acknowledged as it comes)."""
+    from pulsartx import Timeout
+
+    out = []
+    while True:
+        try:
+            m = consumer.receive(timeout_millis=idle_ms)
+        except Timeout:
+            return out
+        out.append(m)
+        if ack:
+            consumer.acknowledge(m)

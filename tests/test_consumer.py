@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from _reads import drain
 
 import pulsartx
 from pulsartx import Client, ConsumerType, InitialPosition, MessageId, NotAllowedError, Timeout
@@ -29,19 +30,6 @@ def seed(client: Client, topic: str, n: int, prefix: str = "m", partitions: int 
     ids = [p.send(f"{prefix}{i}".encode(), partition_key=f"k{i}" if keyed else None) for i in range(n)]
     p.close()
     return ids
-
-
-def drain(consumer, idle_ms: int = 400, ack: bool = False) -> list:
-    """Every message until none comes for ``idle_ms``."""
-    out = []
-    while True:
-        try:
-            m = consumer.receive(timeout_millis=idle_ms)
-        except Timeout:
-            return out
-        out.append(m)
-        if ack:
-            consumer.acknowledge(m)
 
 
 def redelivered(consumer, idle_ms: int = 1500) -> list[tuple[str, int]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from _reads import drain
 
 from pulsartx import (
     Client,
@@ -51,15 +52,6 @@ def receive_n(consumer, n: int, timeout_ms: int = 10_000) -> list:
         assert time.monotonic() < deadline, f"received {len(out)} of {n}"
         out += consumer.batch_receive(max_num_messages=n - len(out), timeout_millis=200)
     return out
-
-
-def drain(consumer, idle_ms: int = 400) -> list:
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_millis=idle_ms))
-        except Timeout:
-            return out
 
 
 def vals(msgs) -> list[str]:

@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
+from _reads import committed_values, drain
 
-from pulsartx import Client, ConsumerType, InitialPosition, MessageId, Timeout, TransactionState
+from pulsartx import Client, ConsumerType, InitialPosition, MessageId, TransactionState
 from pulsartx.coordinator.coordinator import TransactionCoordinator
 from pulsartx.exceptions import (
     ExpiredTransactionError,
@@ -30,27 +31,6 @@ def seed(client: Client, topic: str, n: int) -> None:
     for i in range(n):
         p.send(f"m{i}".encode())
     p.close()
-
-
-def drain(consumer, idle_ms: int = 400) -> list:
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_millis=idle_ms))
-        except Timeout:
-            return out
-
-
-def read_all(client: Client, topic: str) -> list[bytes]:
-    r = client.create_reader(topic, MessageId.earliest)
-    out = []
-    while True:
-        try:
-            out.append(r.read_next(timeout_millis=300).data())
-        except Timeout:
-            break
-    r.close()
-    return out
 
 
 @pytest.mark.parametrize("order", ["ack_then_nack", "nack_then_ack"])
@@ -100,7 +80,7 @@ def test_commit_after_a_failed_abort_does_not_commit(client, monkeypatch):
     assert txn.state is TransactionState.ABORTED
     client.flush()
     assert client.admin.transactions.get_transaction_metadata(txn.id)["status"] == "ABORTED"
-    assert read_all(client, OUT) == []
+    assert committed_values(client, OUT) == []
 
 
 @pytest.mark.parametrize("registered", [False, True], ids=["ack_only", "producing"])
@@ -162,7 +142,7 @@ def test_commit_of_a_timed_out_transaction_with_queued_sends_says_time_out(clien
         txn.commit()  # again: the same answer
     client.flush()
     assert len(results) == 1 and results[0].name != "Ok"
-    assert read_all(client, OUT) == []
+    assert committed_values(client, OUT) == []
 
 
 @pytest.mark.parametrize("how", ["cumulative_txn", "individual_txn", "cumulative", "individual"])
@@ -251,6 +231,6 @@ def test_commit_after_a_failed_transactional_ack_aborts(client, monkeypatch, lan
         txn.commit()
     assert txn.state is TransactionState.ABORTED
     client.flush()
-    assert read_all(client, OUT) == []
+    assert committed_values(client, OUT) == []
     c.redeliver_unacknowledged_messages()
     assert sorted(m.data() for m in drain(c)) == [b"m0", b"m1"]
