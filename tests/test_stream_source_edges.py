@@ -3,6 +3,8 @@ order): an explicit starting offset past a partition's end, a topic a pattern re
 topic deleted and re-created under a running query and under a restarted one."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,23 @@ def _batch(reader: PulsarTxStreamReader, start: Offsets) -> tuple[Offsets, list[
     values = [v for part in reader.partitions(start, end) for b in reader.read(part)
               for v in b.column(b.schema.names.index("value")).to_pylist()]
     return end, values
+
+
+@contextlib.contextmanager
+def _recreated_after_a_batch(tmp_path: Path, **options: str) -> Iterator[tuple[Any, str, PulsarTxStreamReader,
+                                                                                Offsets]]:
+    """Topic ``rc`` with 3 messages, all read by a first micro-batch of a source (``options``), then
+    deleted and re-created empty: (client, root, source, that batch's end offsets)."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 3)
+        reader = _reader(root, topic="rc", startingOffsets="earliest", **options)
+        end, values = _batch(reader, reader.initialOffset())
+        assert values == [b"m0", b"m1", b"m2"]
+        c.admin.delete_topic("rc")
+        c.admin.create_topic("rc", 1)
+        yield c, root, reader, end
 
 
 @pytest.mark.parametrize("fail", ["true", "false"])
@@ -91,15 +110,7 @@ def test_a_running_source_notices_its_topic_recreated_and_grown_past_its_offset(
     query had read before it looks. Fails before the fix: the source read the new topic on from the
     old one's offset, skipping its first messages silently, with failOnDataLoss=true too."""
     monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rc", 1)
-        _send(c, "rc", 3)
-        reader = _reader(root, topic="rc", startingOffsets="earliest", failOnDataLoss=fail)
-        end, values = _batch(reader, reader.initialOffset())
-        assert values == [b"m0", b"m1", b"m2"]
-        c.admin.delete_topic("rc")
-        c.admin.create_topic("rc", 1)
+    with _recreated_after_a_batch(tmp_path, failOnDataLoss=fail) as (c, _, reader, end):
         _send(c, "rc", 10, "new")
         if fail == "true":
             with pytest.raises(InvalidConfiguration, match="re-created.*up to offset 3.*failOnDataLoss=false"):
@@ -115,14 +126,7 @@ def test_a_running_source_notices_its_topic_recreated_and_grown_past_its_offset(
                    "partition's table (incarnation): a restarted query cannot tell a re-created topic that grew past "
                    "its checkpoint's offset from the old one, and reads it on from that offset")
 def test_a_restarted_source_notices_its_topic_recreated_and_grown_past_its_offset(tmp_path: Path) -> None:
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rc", 1)
-        _send(c, "rc", 3)
-        reader = _reader(root, topic="rc", startingOffsets="earliest")
-        end, _ = _batch(reader, reader.initialOffset())
-        c.admin.delete_topic("rc")
-        c.admin.create_topic("rc", 1)
+    with _recreated_after_a_batch(tmp_path) as (c, root, _, end):
         _send(c, "rc", 10, "new")
         restarted = _reader(root, topic="rc", startingOffsets="earliest")
         with pytest.raises(InvalidConfiguration, match="re-created"):
@@ -152,14 +156,7 @@ def test_a_recreated_topic_read_up_to_the_old_offset_is_not_read_again(tmp_path:
     again. That batch reads the new topic from its start, and the one after it on from its end.
     Fails before the fix: the new messages were skipped."""
     monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rc", 1)
-        _send(c, "rc", 3)
-        reader = _reader(root, topic="rc", startingOffsets="earliest", failOnDataLoss="false")
-        end, _ = _batch(reader, reader.initialOffset())
-        c.admin.delete_topic("rc")
-        c.admin.create_topic("rc", 1)
+    with _recreated_after_a_batch(tmp_path, failOnDataLoss="false") as (c, _, reader, end):
         _send(c, "rc", 3, "new")
         assert reader.latestOffset(end, ReadAllAvailable()) == end  # no batch
         _send(c, "rc", 2, "more")
@@ -176,14 +173,7 @@ def test_a_recreated_topics_batch_starting_at_the_old_offset_reads_on(tmp_path: 
     """Once a batch read the re-created topic from its start, a later batch that starts at the
     number the old topic's offset had reads on from there (nothing twice)."""
     monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rc", 1)
-        _send(c, "rc", 3)
-        reader = _reader(root, topic="rc", startingOffsets="earliest", failOnDataLoss="false")
-        end, _ = _batch(reader, reader.initialOffset())
-        c.admin.delete_topic("rc")
-        c.admin.create_topic("rc", 1)
+    with _recreated_after_a_batch(tmp_path, failOnDataLoss="false") as (c, _, reader, end):
         _send(c, "rc", 1, "a")
         end, values = _batch(reader, end)
         assert (end, values) == ({"public/default/rc": {"0": 1}}, [b"a0"])
