@@ -1,14 +1,26 @@
 """The coordinator service's pass (``pulsartx coordinator run``): what it must survive."""
 from __future__ import annotations
 
+import glob
+import os
+
+import pytest
+
 import pulsartx
+from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.coordinator.state import TxnAction, TxnStatus
+from pulsartx.coordinator.txnid import TxnID
+from pulsartx.service import CoordinatorService
+
+# Decided transactions are left for a sweep to roll forward (no recovery at open), on any TC.
+HOLD = CoordinatorConfig(recovery_grace_ms=10**9, lease_ms=0)
 
 
 def test_a_service_pass_goes_on_past_a_topic_deleted_while_it_lists_them(tmp_path, monkeypatch):
     """A topic listed, then deleted by another process before the pass reads its partitions, must
     not end the pass: the topics after it are settled all the same (every pass would otherwise
     skip them while topics come and go)."""
-    from pulsartx import service
+    from pulsartx import service  # its settle is patched
 
     root = str(tmp_path / "root")
     client = pulsartx.Client(root)
@@ -32,59 +44,10 @@ def test_a_service_pass_goes_on_past_a_topic_deleted_while_it_lists_them(tmp_pat
     client.close()
 
 
-def test_a_service_pass_sweeps_every_other_tc_when_one_tc_log_is_unreadable(tmp_path):
-    """One TC log damaged on disk (restoring it is an operator's job) must not stop the sweeps of
-    the others: their decided transactions are still rolled forward and their expired ones
-    aborted, so readers are not held and markers get written."""
-    import glob
-    import os
-
-    from pulsartx.coordinator.coordinator import CoordinatorConfig
-    from pulsartx.coordinator.state import TxnAction, TxnStatus
-    from pulsartx.service import CoordinatorService
-
-    root = str(tmp_path / "root")
-    hold = CoordinatorConfig(recovery_grace_ms=10**9, lease_ms=0)
-    client = pulsartx.Client(root, num_coordinators=2, coordinator_config=hold)
-    client.admin.create_topic("t", 1)
-    tcs = client._coordinators()
-    decided = {}
-    for tc_id in (0, 1):
-        tc = tcs.tc(tc_id)
-        meta = tc.new_transaction(60_000, partitions=["persistent://public/default/t-partition-0"])
-
-        def stop(_meta):
-            raise RuntimeError("killed after the decision")
-
-        try:
-            tc.end_transaction(meta.txn_id, TxnAction.COMMIT, before_participants=stop)
-        except RuntimeError:
-            pass
-        decided[tc_id] = meta.txn_id
-    client.close()
-    commits = sorted(glob.glob(os.path.join(root, "coordinator", "tc-0", "log", "_delta_log", "*.json")))
-    with open(commits[-1], "r+b") as f:
-        f.truncate(os.path.getsize(commits[-1]) // 2)
-
-    svc = CoordinatorService(pulsartx.Client(root, coordinator_config=CoordinatorConfig(lease_ms=0)), grace_ms=0)
-    svc.run_pass()
-    assert any("TC 0" in e for e in svc.stats.errors), svc.stats.errors  # named, and the pass went on
-    fresh = pulsartx.Client(root, coordinator_config=hold)
-    assert fresh._coordinators().tc(1).get(decided[1], refresh=True).status is TxnStatus.COMMITTED
-
-
-def test_an_admin_sweep_sweeps_the_other_tcs_then_raises_the_unreadable_ones_error(tmp_path):
-    import glob
-    import os
-
-    import pytest
-
-    from pulsartx.coordinator.coordinator import CoordinatorConfig
-    from pulsartx.coordinator.state import TxnAction, TxnStatus
-
-    root = str(tmp_path / "root")
-    hold = CoordinatorConfig(recovery_grace_ms=10**9, lease_ms=0)
-    client = pulsartx.Client(root, num_coordinators=2, coordinator_config=hold)
+def _tc0_damaged_after_two_decisions(root: str) -> dict[int, TxnID]:
+    """On each of two TCs, a transaction decided COMMITTING whose owner stopped before its markers;
+    then TC 0's last commit file cut in half (a damaged log). Returns the TxnID per TC."""
+    client = pulsartx.Client(root, num_coordinators=2, coordinator_config=HOLD)
     client.admin.create_topic("t", 1)
     decided = {}
     for tc_id in (0, 1):
@@ -101,8 +64,30 @@ def test_an_admin_sweep_sweeps_the_other_tcs_then_raises_the_unreadable_ones_err
     commits = sorted(glob.glob(os.path.join(root, "coordinator", "tc-0", "log", "_delta_log", "*.json")))
     with open(commits[-1], "r+b") as f:
         f.truncate(os.path.getsize(commits[-1]) // 2)
+    return decided
+
+
+def _committed_on_tc1(root: str, txn_id: TxnID) -> bool:
+    fresh = pulsartx.Client(root, coordinator_config=HOLD)
+    return fresh._coordinators().tc(1).get(txn_id, refresh=True).status is TxnStatus.COMMITTED
+
+
+def test_a_service_pass_sweeps_every_other_tc_when_one_tc_log_is_unreadable(tmp_path):
+    """One TC log damaged on disk (restoring it is an operator's job) must not stop the sweeps of
+    the others: their decided transactions are still rolled forward and their expired ones
+    aborted, so readers are not held and markers get written."""
+    root = str(tmp_path / "root")
+    decided = _tc0_damaged_after_two_decisions(root)
+    svc = CoordinatorService(pulsartx.Client(root, coordinator_config=CoordinatorConfig(lease_ms=0)), grace_ms=0)
+    svc.run_pass()
+    assert any("TC 0" in e for e in svc.stats.errors), svc.stats.errors  # named, and the pass went on
+    assert _committed_on_tc1(root, decided[1])
+
+
+def test_an_admin_sweep_sweeps_the_other_tcs_then_raises_the_unreadable_ones_error(tmp_path):
+    root = str(tmp_path / "root")
+    decided = _tc0_damaged_after_two_decisions(root)
     admin = pulsartx.Client(root, coordinator_config=CoordinatorConfig(lease_ms=0))
     with pytest.raises(Exception, match="tc-0"):
         admin.admin.transactions.sweep(grace_ms=0)
-    fresh = pulsartx.Client(root, coordinator_config=hold)
-    assert fresh._coordinators().tc(1).get(decided[1], refresh=True).status is TxnStatus.COMMITTED
+    assert _committed_on_tc1(root, decided[1])
