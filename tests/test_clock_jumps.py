@@ -78,7 +78,16 @@ class Monotonic:
         return self.at
 
 
-def test_a_keep_alive_after_the_owners_clock_steps_back_moves_the_deadline(client, monkeypatch):
+@pytest.fixture
+def tc_clocks(monkeypatch) -> tuple[Clock, Monotonic]:
+    """The TC's wall clock and monotonic clock, both set by the test."""
+    clock, mono = Clock(at=now_ms()), Monotonic()
+    monkeypatch.setattr(coordinator, "now_ms", clock)
+    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    return clock, mono
+
+
+def test_a_keep_alive_after_the_owners_clock_steps_back_moves_the_deadline(client, tc_clocks):
     """The owner begins with a 30 s timeout; 20 s later its host's clock steps back an hour and its
     keep-alive extends the transaction by 30 s, which returns normally. A sweeper whose clock is
     right, 15 s after that extension, must find the transaction open: it was extended while its
@@ -86,9 +95,7 @@ def test_a_keep_alive_after_the_owners_clock_steps_back_moves_the_deadline(clien
     30 s) - start, below the current one, wrote nothing and said nothing, so the live owner's
     transaction was aborted at its original deadline. It now counts from the begin (or the last
     extension) by the monotonic clock."""
-    clock, mono = Clock(at=now_ms()), Monotonic()
-    monkeypatch.setattr(coordinator, "now_ms", clock)
-    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    clock, mono = tc_clocks
     tc = client._coordinators().tc(0)
     t0 = clock()
     m = tc.new_transaction(30_000, partitions=[P])
@@ -101,16 +108,14 @@ def test_a_keep_alive_after_the_owners_clock_steps_back_moves_the_deadline(clien
     assert tc.end_transaction(m.txn_id, TxnAction.COMMIT).status is TxnStatus.COMMITTED
 
 
-def test_the_keeper_finds_a_transaction_due_after_its_clock_steps_back(client, monkeypatch):
+def test_the_keeper_finds_a_transaction_due_after_its_clock_steps_back(client, tc_clocks):
     """The keep-alive of a driver's transaction (30 s timeout) looks 11 s after the begin, when its
     host's clock has stepped back an hour: less than two thirds of the timeout is left, so it must
     extend. Failed before the fix: ``keepalive.due`` judged by the wall clock, which found the
     deadline an hour away, so nothing was extended and the live owner's transaction timed out."""
     from pulsartx.commit_protocol import keepalive
 
-    clock, mono = Clock(at=now_ms()), Monotonic()
-    monkeypatch.setattr(coordinator, "now_ms", clock)
-    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    clock, mono = tc_clocks
     driver = keepalive.Driver("host", 1, "?")
     tcs = client._coordinators()
     t0 = clock()
@@ -121,12 +126,10 @@ def test_the_keeper_finds_a_transaction_due_after_its_clock_steps_back(client, m
     assert extended.start_ms + extended.timeout_ms == t0 + 41_000
 
 
-def test_an_extension_after_a_backward_step_does_not_resurrect_an_expired_transaction(client, monkeypatch):
+def test_an_extension_after_a_backward_step_does_not_resurrect_an_expired_transaction(client, tc_clocks):
     """35 s after a 30 s transaction began, its owner's clock (stepped back an hour) says it has 55
     minutes left: the extension must still refuse it, as past its deadline, not move it."""
-    clock, mono = Clock(at=now_ms()), Monotonic()
-    monkeypatch.setattr(coordinator, "now_ms", clock)
-    monkeypatch.setattr(coordinator, "monotonic_ms", mono)
+    clock, mono = tc_clocks
     tc = client._coordinators().tc(0)
     t0 = clock()
     m = tc.new_transaction(30_000, partitions=[P])
