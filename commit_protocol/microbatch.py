@@ -1,8 +1,9 @@
 """One streaming micro-batch = one pulsartx transaction, exactly once across restarts.
 
-* Transaction key: one per query, derived from ``checkpointLocation`` (or the ``transactionKey``
-  option). A query run is a *connection* of the fencing proposal, identified by the driver JVM
-  (host, pid, start time) and the checkpoint; a new run bumps the key's epoch,
+* Transaction key: one per query, from Spark's query id in ``<checkpoint>/metadata``, whatever
+  the checkpoint's spelling (or the ``transactionKey`` option; a query begun under the older
+  checkpoint-path key keeps it). A query run is a *connection* of the fencing proposal, identified
+  by the driver JVM (host, pid, start time) and the checkpoint; a new run bumps the key's epoch,
   which aborts the previous run's open transaction and refuses that run forever after (zombie
   fencing: its later commits fail).
 * Replays: the batch id is recorded in the transaction's deciding TC entry. Before committing
@@ -55,16 +56,43 @@ COMMIT_REQUESTED_PROPERTY = "pulsartx.streaming.commitRequestedMs"  # sink's com
 OWNER = "spark-streaming"
 
 
-def query_transaction_key(checkpoint: str | None, explicit: str | None) -> str:
+def query_transaction_key(checkpoint: str | None, explicit: str | None, root: StorageRoot | None = None) -> str:
+    """The query's transaction key: the ``transactionKey`` option, else ``query-<Spark's query id>``.
+
+    The query id (``<checkpoint>/metadata``, written by Spark before the sink's first call) is the
+    same however the checkpoint is spelled (a symlink, ``s3a://`` or ``s3://``, a relative path), so
+    a batch replayed after a restart under another spelling is found committed under the key it
+    committed under. A query whose checkpoint-path key (the key before query ids were used) already
+    has a key row keeps that key while its query-id key has none: its committed batches and its
+    running zombies are under that key (docs/design/transaction-key-from-the-query-id.md). Without
+    ``root`` no key row is read: the key of a query with no path-key history."""
     if explicit:
         return explicit
     if not checkpoint:
         raise ValueError("a streaming write needs checkpointLocation (or the transactionKey option)")
+    qid = query_id(checkpoint)
+    if not qid:
+        return checkpoint_path_key(checkpoint)
+    key = f"query-{qid}"
+    if root is None or _has_key_row(root, key):
+        return key
+    legacy = checkpoint_path_key(checkpoint)
+    return legacy if _has_key_row(root, legacy) else key
+
+
+def checkpoint_path_key(checkpoint: str) -> str:
+    """The key derived from the checkpoint path as written, the only key before query ids were
+    used; still the key of a checkpoint without ``metadata`` and of queries that began under it."""
     norm = checkpoint.rstrip("/")
     for prefix in ("file://", "file:"):
         if norm.startswith(prefix):
             norm = norm[len(prefix):]
     return "query-" + hashlib.sha1(norm.encode()).hexdigest()[:20]
+
+
+def _has_key_row(root: StorageRoot, key: str) -> bool:
+    """Whether a run ever claimed ``key`` (and no admin deleted it): a row is never dropped."""
+    return driver_coordinators(root).key_store_of(full_key(OWNER, key)).current_epoch(OWNER, key) is not None
 
 
 def query_id(checkpoint: str | None) -> str:

@@ -60,7 +60,7 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
     if not opts.transactional:
         raise InvalidConfiguration("option transactional=false is not supported by the streaming sink: every "
                                    "micro-batch is one transaction")
-    key = query_transaction_key(checkpoint, explicit)
+    key = query_transaction_key(checkpoint, explicit, opts.root)
     timeout = opts.transaction_timeout_ms
     # No partition is registered up front (a batch write registers its topic's): each task
     # registers the partitions it has rows for before appending to them (Pulsar's ADD_PARTITION

@@ -1,5 +1,6 @@
-"""The streaming sink's task side, driven without Spark: a task run again by a new attempt of its
-stage, which Spark numbers as attempt 0 again."""
+"""The streaming sink driven without Spark: a task run again by a new attempt of its stage, which
+Spark numbers as attempt 0 again; the options it refuses; and the transaction key a restarted
+query finds its committed batches under, whatever spelling of its checkpoint it is given."""
 from __future__ import annotations
 
 import json
@@ -120,3 +121,98 @@ def test_a_new_query_under_an_explicit_key_without_a_checkpoint_is_not_taken_for
         while reader.has_message_available():
             got.append(reader.read_next(1000).data())
     assert got == [b"first-query", b"second-query"]
+
+
+def _sink_batch(root: str, checkpoint: str, batch_id: int, values: list[str], **options: str) -> None:
+    """One micro-batch through the sink as pyspark drives it: begin, one task's write, commit."""
+    import pyspark
+
+    schema = StructType([StructField("value", BinaryType())])
+    writer = prepare_stream_write({"service.url": root, "topic": "out", "checkpointLocation": checkpoint,
+                                   "transactionKeepAlive": "false", **options}, schema, False)
+    task = _Context(batch_id, 0)
+    original = pyspark.TaskContext.get
+    pyspark.TaskContext.get = staticmethod(lambda: task)
+    try:
+        report = writer.write(iter([_rows(values)]))
+    finally:
+        pyspark.TaskContext.get = original
+    writer.commit([report], batch_id)
+
+
+def _output(root: str) -> list[bytes]:
+    with pulsartx.Client(root) as c:
+        reader = c.create_reader("out", pulsartx.MessageId.earliest)
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(1000).data())
+    return got
+
+
+def _checkpoint(tmp_path: Path, query_id: str) -> Path:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return ck
+
+
+def test_a_batch_replayed_under_each_spelling_of_its_checkpoint_is_written_once(tmp_path: Path,
+                                                                               monkeypatch: Any) -> None:
+    """Batch 0 commits, then every restart replays it under another spelling of the same
+    checkpoint. Fails before the fix: the key hashed the path as written, so each spelling was a
+    query of its own that had never committed batch 0, and the batch was written once per spelling."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("out", 1)
+    ck = _checkpoint(tmp_path, "6f1c2a9e-0000-4000-8000-000000000001")
+    (tmp_path / "link").symlink_to(ck, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    spellings = [str(ck), "ck", f"{tmp_path}/./ck/", f"file://{ck}", str(tmp_path / "link")]
+    for spelling in spellings:
+        _sink_batch(root, spelling, 0, ["b0"])
+    _sink_batch(root, "link", 1, ["b1"])
+    assert _output(root) == [b"b0", b"b1"]
+
+
+def test_a_query_begun_under_its_checkpoint_path_key_keeps_it(tmp_path: Path) -> None:
+    """A query whose batches were committed under the key of its checkpoint's path (the only key
+    before query ids were used) still finds them after the upgrade: a replay of its last batch is
+    written once, and the run that held the key is fenced. Once the query-id key has a row (a
+    restart under another spelling), it is the key, under every spelling; the transactionKey
+    option still wins over both."""
+    from pulsartx.commit_protocol.microbatch import (
+        MicroBatchTransaction,
+        checkpoint_path_key,
+        query_transaction_key,
+    )
+    from pulsartx.commit_protocol.task import TaskAppender
+
+    from pulsartx.exceptions import NotAllowedError
+    from pulsartx.naming import TopicName
+    from pulsartx.storage.root import StorageRoot
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("out", 1)
+    r, topic = StorageRoot.resolve(root), TopicName.parse("out")
+    ck = _checkpoint(tmp_path, "6f1c2a9e-0000-4000-8000-000000000002")
+    old_key = checkpoint_path_key(str(ck))
+    old_run = MicroBatchTransaction.begin(r, old_key, str(ck), timeout_ms=600_000, connection="old-run")
+    appender = TaskAppender(old_run.job, topic, {str(topic): 1}, None, 0, 0)
+    appender.add(_rows(["b3"]))
+    old_run.commit([appender.finish()], 3)
+
+    assert query_transaction_key(str(ck), None, r) == old_key
+    _sink_batch(root, str(ck), 3, ["b3"])  # the upgraded query's restart replays batch 3
+    assert _output(root) == [b"b3"]
+    with pytest.raises(NotAllowedError):  # the pre-upgrade run is a zombie now
+        MicroBatchTransaction.begin(r, old_key, str(ck), timeout_ms=600_000, connection="old-run")
+
+    (tmp_path / "link").symlink_to(ck, target_is_directory=True)
+    _sink_batch(root, str(tmp_path / "link"), 4, ["b4"])
+    new_key = "query-6f1c2a9e-0000-4000-8000-000000000002"
+    assert query_transaction_key(str(tmp_path / "link"), None, r) == new_key
+    assert query_transaction_key(str(ck), None, r) == new_key
+    assert query_transaction_key(str(ck), "mine", r) == "mine"
+    _sink_batch(root, str(ck), 4, ["b4"])
+    assert _output(root) == [b"b3", b"b4"]

@@ -524,6 +524,38 @@ def test_zombie_query_is_fenced_by_a_newer_one(spark: Any, client: Any, root: st
                for m in a_txns)
 
 
+def test_a_batch_replayed_under_another_spelling_of_its_checkpoint_is_written_once(spark: Any, client: Any,
+                                                                                  root: str, tmp_path: Path) -> None:
+    """A query commits its batch, dies before Spark writes ``commits/N``, and is restarted through a
+    symlink to the same checkpoint directory: Spark replays batch N, whose output must not appear
+    twice. Fails before the fix: the transaction key was a hash of the checkpoint path as written,
+    so the restart looked for the batch's commit under another key, found none, and committed the
+    batch again."""
+    client.admin.create_topic("sin", 1)
+    client.admin.create_topic("sout", 1)
+    send(client, "sin", [f"m{i}" for i in range(12)])
+    real = tmp_path / "ck"
+    real.mkdir()
+    link = tmp_path / "ck-link"
+    link.symlink_to(real, target_is_directory=True)
+
+    def query(checkpoint: Path) -> Callable[[int], Any]:
+        def go(attempt: int) -> Any:
+            return (stream(spark, root, topic="sin", startingOffsets="earliest").select(as_string("value"))
+                    .writeStream.format("pulsartx").option("service.url", root).option("topic", "sout")
+                    .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        return go
+
+    first = run_to_end(query(real))
+    last = max(p["batchId"] for p in first.recentProgress if p["numInputRows"])
+    assert len(committed_messages(root, "sout")) == 12
+    for name in (str(last), f".{last}.crc"):  # as if the driver died right after the sink's commit
+        (real / "commits" / name).unlink(missing_ok=True)
+    second = run_to_end(query(link))
+    assert second.id == first.id and any(p["batchId"] == last for p in second.recentProgress)
+    assert Counter(m[3] for m in committed_messages(root, "sout")) == Counter(f"m{i}" for i in range(12))
+
+
 _OPEN_AND_WAIT = """
 import sys, time
 import pulsartx

@@ -55,9 +55,9 @@ def test_stop_mid_batch_aborts_its_transaction_at_once(spark: Any, client: Any, 
     client.admin.create_topic("sout", 1)
     send(client, "sin", [f"m{i}" for i in range(10)], [f"k{i % 3}" for i in range(10)])
     gate, waiting = str(tmp_path / "gate"), str(tmp_path / "waiting")
-    key = _key(tmp_path)
     with started(lambda a: _query(spark, root, tmp_path, gate, waiting, a),
                  ready=lambda q: os.path.exists(waiting)) as q:
+        key = _key(tmp_path)  # once Spark has written the checkpoint's metadata (the query id)
         open_txns = [m for m in sink_txns(client, key) if m.status.value == "OPEN"]
         assert len(open_txns) == 1
         t0 = time.monotonic()
