@@ -129,10 +129,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "visible as tasks append them, and stay visible if the job fails; a retried task attempt may append its rows "
                "again (at least once).", default=True),
     OptionSpec("transactionKey", frozenset({WRITE_STREAM}), "string without `&`",
-               "The key that fences an older run of the same query; derived from `checkpointLocation` "
-               "when absent. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "
+               "The key that fences an older run of the same query. When absent: `query-<id>`, Spark's query id "
+               "(`StreamingQuery.id`, kept in the checkpoint), the same for every spelling of the checkpoint's path; "
+               "a query that already ran under the older key, derived from its checkpoint's path as written, "
+               "keeps that one while its query-id key is unused. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "
                "so another query's first batch under the key can be taken for a replay and discarded.",
-               default_text="from `checkpointLocation`"),
+               default_text="Spark's query id"),
     OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
                "Spark's query checkpoint; the sink needs it for exactly-once. Give it on `writeStream`: "
                "pyspark does not pass the session's `spark.sql.streaming.checkpointLocation` to data sources.",
