@@ -11,6 +11,8 @@ import pyarrow as pa
 import pytest
 
 import pulsartx
+from pulsartx.buffer.snapshot import SnapshotStore
+from pulsartx.buffer.state import BufferState
 from pulsartx.exceptions import StorageError
 from pulsartx.log.partition import PartitionLog, build_records
 from pulsartx.maintenance.compaction import compact_partition
@@ -250,3 +252,42 @@ def test_a_refresh_that_failed_after_moving_the_handle_leaves_the_writer_exact(t
     assert a.txn_version("app.b") == 2 and a.txn_version("app.a") == 1
     assert _seqs(root, segments) == [0, 1, 2, 3, 4]
 
+
+def test_a_buffer_snapshot_whose_answer_was_lost_is_known_written(tmp_path):
+    """Fails before the fix: the snapshot's overwrite had no read-back, so a permanent-looking
+    error after it landed reported it as skipped, and the buffer kept counting toward the next."""
+    store = SnapshotStore(StorageRoot.resolve(str(tmp_path)), TopicName.parse("snap-partition-0"), "incarnation-1")
+    assert store.save(BufferState(end_offset=5))
+    lost = Fault(Op.DELTA, Mode.LOST, match=store.root.uri(*store.segments))
+    faults.install([lost])
+    state = BufferState(end_offset=10, markers_since_snapshot=3)
+    assert store.save(state)
+    faults.clear()
+    assert lost.fired == 1
+    assert (state.snapshot_offset, state.markers_since_snapshot) == (10, 0)
+    overwrites = [v for v, actions in _commits(store.root, store.segments) if any("add" in a for a in actions)]
+    assert len(overwrites) == 2 and store.load().end_offset == 10
+
+
+def test_a_topic_whose_marker_answer_was_lost_is_created(tmp_path):
+    """Fails before the fix: the marker landed, its answer failed, and create_topic raised; a
+    retry was then told the topic already exists."""
+    c = pulsartx.Client(str(tmp_path / "root"))
+    lost = Fault(Op.CREATE, Mode.LOST, match="_topic.json")
+    faults.install([lost])
+    c.admin.create_topic("t", partitions=2)
+    faults.clear()
+    assert lost.fired == 1
+    assert c.admin.get_partitions("t") == 2
+    c.close()
+
+
+def test_a_topic_whose_marker_was_not_written_reports_the_error(tmp_path):
+    c = pulsartx.Client(str(tmp_path / "root"))
+    faults.install([Fault(Op.CREATE, match="_topic.json")])
+    with pytest.raises((StorageError, OSError), match="injected"):
+        c.admin.create_topic("t", partitions=2)
+    faults.clear()
+    c.admin.create_topic("t", partitions=2)  # the creator that failed repairs it
+    assert c.admin.get_partitions("t") == 2
+    c.close()
