@@ -16,7 +16,7 @@ from typing import Any
 from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import InvalidConfiguration, TopicAlreadyExists, TopicNotFound
+from pulsartx.exceptions import InvalidConfiguration, StorageError, TopicAlreadyExists, TopicNotFound
 from pulsartx.log.partition import forget_shared, partition_segments, partition_table_properties
 from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.maintenance.merging import wait_for_background_writes
@@ -77,8 +77,14 @@ class TopicsAdmin:
         if not self.root.has_put_if_absent:
             self.root.write_text(text, *_topic_dir(t), TOPIC_META)
             return
-        if self.root.put_if_absent(text.encode("utf-8"), *_topic_dir(t), TOPIC_META):
-            return
+        try:
+            if self.root.put_if_absent(text.encode("utf-8"), *_topic_dir(t), TOPIC_META):
+                return
+        except (StorageError, OSError):
+            # Landed or not: unknown, so the marker is read back, never guessed. Reported as a
+            # failure when it had landed, the caller's retry would be told the topic exists.
+            if self.root.read_text(*_topic_dir(t), TOPIC_META) is None:
+                raise
         if self.root.read_text(*_topic_dir(t), TOPIC_META) != text:  # equal: ours, its first response lost
             raise TopicAlreadyExists(f"topic {t} already exists: delete it first or use it as it is")
 

@@ -173,7 +173,9 @@ class SnapshotStore:
             t = delta.open_table(self.root, *self.segments)
         self._upgrade(t)
         try:
-            delta.write(t, table, mode="overwrite")
+            # With the log to read back: a snapshot whose answer was lost is known written, not
+            # reported as skipped (or written a second time).
+            delta.write(t, table, mode="overwrite", tail=delta.LogTail(self.root, self.segments))
         except Exception as e:
             log.debug("snapshot of %s skipped: %s", self.segments, e)
             return False

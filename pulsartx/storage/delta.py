@@ -10,10 +10,10 @@ The compare-and-set: a commit carrying ``Transaction(app_id, v)`` fails if any c
 writer's snapshot set the same app_id. delta-rs does not check ``v`` itself, so callers compare the
 snapshot's ``transaction_version`` before committing (see docs/design/delta-app-id-compare-and-set.md).
 
-Every operation retries transient storage faults through :mod:`pulsartx.storage.retry`.
-Retrying a commit whose response was lost is safe: the repeated put of the same version fails its
-``If-None-Match``, delta-rs reports a conflict with our own app ids, and every caller's CAS loop then
-finds its write already applied (producer dedup, keyed-log seq, marker idempotence).
+Every operation retries transient storage faults through :mod:`pulsartx.storage.retry`. A commit
+whose answer was lost is read back, never guessed: each commit made through delta-rs carries a
+unique :data:`COMMIT_ID` in its ``commitInfo``, and the log after the handle's version is read for
+it before the commit is sent again or its failure reported (:func:`_commit_once`).
 """
 from __future__ import annotations
 
@@ -435,11 +435,11 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     snapshot; the handle is then unchanged and the caller refreshes and retries. A lost attempt
     may leave an unreferenced data file, which vacuum removes.
 
-    A transient error leaves the outcome unknown: the commit may have landed and only its answer
+    Any error once sent leaves the outcome unknown: the commit may have landed and only its answer
     failed. With ``tail`` (the table's :class:`LogTail`) the commits after the handle's first
-    version are read back for this write's unique :data:`COMMIT_ID`
-    before it is sent again, so a landed write is found, never written twice (delta-rs checks app
-    ids against its snapshot only; it would append the same rows again).
+    version are read back for this write's unique :data:`COMMIT_ID` before it is sent again or an
+    error is reported (:func:`_commit_once`), so a landed write is found, never written twice
+    (delta-rs checks app ids against its snapshot only; it would append the same rows again).
     """
     dl = _deltalake()
     commit_id = str(uuid.uuid4())
@@ -450,49 +450,111 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
                           for k, v in (app_transactions or {}).items()] or None,
         max_commit_retries=32,
     )
+
+    def send() -> int:
+        dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(), commit_properties=props)
+        return int(table.version())
+
+    version = _commit_once("write to Delta table", table, send, commit_id, tail, advance=True)
+    assert version is not None  # send() answers one, and so does a read-back that found the commit
+    return version
+
+
+def _own_commit(tail: LogTail, base: int, commit_id: str, error: BaseException) -> int | None:
+    """The version after ``base`` whose ``commitInfo`` carries ``commit_id``, or None: the read-back
+    of a write whose answer was lost (``error``). Tried again whatever its error for the storage
+    retry budget, as the appender reads a commit slot back: giving up at the first failure would
+    hand the caller a guess. Unreadable for the whole budget: :class:`OutcomeUnknown`."""
+    uri = tail.root.uri(*tail.segments)
+
+    def find() -> int | None:
+        return next((v for v, actions in tail.commits_after(base)
+                     if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions)), None)
+
+    try:
+        return retrying("read back a commit of", uri, find, root=tail.root, every_error=True)
+    except Exception as e:
+        secrets = secrets_of(tail.root)
+        raise OutcomeUnknown(
+            f"{uri}: a write failed ({describe(error, secrets)}) and reading the log back to learn whether it "
+            f"landed failed too ({describe(e, secrets)}): whether it was written is unknown; re-read the table "
+            "before acting on it") from e
+
+
+def _commit_once(what: str, table: Any, send: Callable[[], int | None], commit_id: str, tail: LogTail | None,
+                *, root: StorageRoot | None = None, uri: str | None = None, advance: bool = False) -> int | None:
+    """Run ``send``, one delta-rs commit whose ``commitInfo`` carries ``commit_id``, with transient
+    faults retried, and return its version (``send``'s answer, or the one read back).
+
+    Once it was sent, any failure leaves the outcome unknown: the commit may have landed and only
+    its answer failed, and delta-rs's own retry of such a put meets the commit as another writer's
+    (a conflict on our own app ids or removed files: :class:`ConcurrentCommit`, or, for a blind
+    append, the rows written again). So with ``tail`` (the table's :class:`LogTail`) the commits
+    after the handle's version are read back for ``commit_id`` (:func:`_own_commit`) before the
+    commit is sent again and before any failure is reported: found, it is this call's success, and
+    with ``advance`` the handle is moved to it; not found, the failure stands. Without ``tail``
+    nothing is read back, and the caller's own check must settle a resend."""
+    dl = _deltalake()
+    uri = uri or str(table.table_uri)
     base = table.version()
     sent = False
 
-    def attempt() -> int:
-        nonlocal sent
-        if sent and tail is not None:
-            try:
-                landed = next((v for v, actions in tail.commits_after(base)
-                               if any(a.get("commitInfo", {}).get(COMMIT_ID) == commit_id for a in actions)), None)
-            except Exception as e:  # already retried for its budget: sending again would be a guess
-                raise OutcomeUnknown(
-                    f"{table.table_uri}: a write failed and reading the log back to learn whether it landed failed "
-                    f"too ({describe(e)}): whether it was written is unknown; re-read the table before acting on "
-                    "it") from e
-            if landed is not None:
-                log.info("%s: a write whose answer was lost had landed as version %d", table.table_uri, landed)
-                if table.version() != landed:
-                    table.load_as_version(landed)
-                return landed
-        faults.before(Op.DELTA, table.table_uri)
+    def landed(error: BaseException) -> int | None:
+        if not sent or tail is None:
+            return None
+        version = _own_commit(tail, base, commit_id, error)
+        if version is not None:
+            log.info("%s: a commit whose answer was lost (%s) had landed as version %d", uri, describe(error), version)
+            if advance and table.version() != version:
+                retrying("load the landed commit of", uri, lambda: table.load_as_version(version), root=root)
+        return version
+
+    failed: BaseException | None = None
+
+    def attempt() -> int | None:
+        nonlocal sent, failed
+        if failed is not None and (version := landed(failed)) is not None:
+            return version
+        faults.before(Op.DELTA, uri)
         sent = True
         try:
-            dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(),
-                               commit_properties=props)
-        except dl.exceptions.CommitFailedError as e:
-            raise ConcurrentCommit(str(e)) from e
-        faults.after(Op.DELTA, table.table_uri)
-        return int(table.version())
+            try:
+                version = send()
+            except dl.exceptions.CommitFailedError as e:
+                raise ConcurrentCommit(str(e)) from e
+            faults.after(Op.DELTA, uri)
+        except Exception as e:
+            failed = e
+            raise
+        return version
 
     try:
-        return retrying("write to Delta table", table.table_uri, attempt)
-    except StorageError:
+        return retrying(what, uri, attempt, root=root)
+    except OutcomeUnknown:
         raise
-    except (OSError, dl.exceptions.DeltaError) as e:
-        # Permanent store answers (access denied, no such bucket) arrive as DeltaError too.
-        raise StorageError(f"cannot write to Delta table {table.table_uri}: {describe(e)}") from e
+    except Exception as e:
+        version = landed(e)
+        if version is not None:
+            return version
+        if isinstance(e, StorageError):
+            raise
+        if isinstance(e, OSError | dl.exceptions.DeltaError):
+            # Permanent store answers (access denied, no such bucket) arrive as DeltaError too.
+            raise StorageError(f"cannot {what} {uri}: {describe(e, secrets_of(root))}") from e
+        raise
 
 
 def update(table: Any, root: StorageRoot, segments: tuple[str, ...]) -> None:
     """``update_incremental`` with transient faults retried (see :func:`retrying`) and listing gaps
     re-probed (:func:`through_listing_gaps`)."""
-    retrying("refresh Delta table", table.table_uri,
-             lambda: through_listing_gaps(root, segments, table.update_incremental), root=root)
+    uri = root.uri(*segments)
+
+    def refresh() -> None:
+        faults.before(Op.DELTA, uri)
+        through_listing_gaps(root, segments, table.update_incremental)
+        faults.after(Op.DELTA, uri)
+
+    retrying("refresh Delta table", uri, refresh, root=root)
 
 
 def txn_version(table: Any, app_id: str) -> int | None:
@@ -820,7 +882,13 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
     """Atomically swap ``removes`` ((path, size) pairs) for one new file holding ``data`` (or for
     nothing): compaction and retention. Removed files stay on disk until vacuum, so readers that
     planned them keep working. Blind appends committed meanwhile are unaffected; a conflict raises
-    :class:`ConcurrentCommit` and the caller simply tries again later."""
+    :class:`ConcurrentCommit` and the caller simply tries again later.
+
+    A swap whose answer was lost is read back for its :data:`COMMIT_ID` (:func:`_commit_once`):
+    sent again, or retried inside delta-rs, it would meet its own removes as another writer's and
+    report a conflict, and the caller would plan the landed swap again (a compaction redone, a
+    retention run that deleted the files but reported none and trimmed nothing). Found, it is this
+    call's success; unreadable for the storage retry budget, :class:`OutcomeUnknown`."""
     import uuid
 
     dl = _deltalake()
@@ -846,16 +914,11 @@ def replace_files(root: StorageRoot, table: Any, segments: tuple[str, ...], remo
                 root.rm(*segments, stale)
         actions.append(add)
 
-    def commit() -> None:
-        try:
-            table.create_write_transaction(actions, mode="append", schema=data.schema if data is not None else
-                                           table.schema())
-        except dl.exceptions.CommitFailedError as e:
-            raise ConcurrentCommit(str(e)) from e
+    commit_id = str(uuid.uuid4())
+    props = dl.CommitProperties(custom_metadata={COMMIT_ID: commit_id})
+    schema = data.schema if data is not None else table.schema()
 
-    try:
-        retrying("commit to Delta table", uri, commit, root=root)
-    except StorageError:
-        raise
-    except (OSError, dl.exceptions.DeltaError) as e:
-        raise StorageError(f"cannot commit to Delta table {uri}: {describe(e, secrets_of(root))}") from e
+    def send() -> None:
+        table.create_write_transaction(actions, mode="append", schema=schema, commit_properties=props)
+
+    _commit_once("commit to Delta table", table, send, commit_id, LogTail(root, segments), root=root, uri=uri)

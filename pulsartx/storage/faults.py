@@ -40,7 +40,7 @@ class Op(StrEnum):
     WRITE = "write"    # writing a whole file (data files, documents): last writer wins
     CREATE = "create"  # put-if-absent: the Delta commit primitive
     DELETE = "delete"
-    DELTA = "delta"    # a call into delta-rs (table open, create, write, checkpoint)
+    DELTA = "delta"    # a call into delta-rs (table open, create, refresh, write, file swap, checkpoint)
 
 
 class Mode(StrEnum):
