@@ -23,7 +23,7 @@ from pulsartx.datasource.options import PulsarTxOptions
 from pulsartx.datasource.pushdown import Pushed, push
 from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
 from pulsartx.datasource.topics import partitions_to_read
-from pulsartx.datasource.visibility import Visibility, plan_visibility, visible_records
+from pulsartx.datasource.visibility import READ_COMMITTED, Visibility, plan_visibility, visible_records
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, StorageError
@@ -148,12 +148,17 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     # filter leaves: a JSON naming a partition that a WHERE clause then excludes is still valid.
     opts.starting_offsets.check_against(partitions)
     opts.ending_offsets.check_against(partitions)
+    # A pushed filter on topic or partition narrows what is read, not the READ_COMMITTED cut: a
+    # transaction hidden because of its data in a partition the filter leaves out stays hidden, or
+    # the filtered read would return rows the same query without pushdown does not
+    # (docs/design/pushed-filters-keep-the-cut.md).
+    plogs = {str(p): PartitionLog(root, p) for p in partitions}
     if pushed is not None:
         partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     planned: list[OffsetRangePartition] = []
-    plogs = {str(p): PartitionLog(root, p) for p in partitions}
-    indexes = {name: plog.refresh() for name, plog in plogs.items()}
-    visibilities = plan_visibility(root, plogs, opts.isolation_level)
+    indexes = {str(p): plogs[str(p)].refresh() for p in partitions}
+    cut = plogs if opts.isolation_level == READ_COMMITTED else {str(p): plogs[str(p)] for p in partitions}
+    visibilities = plan_visibility(root, cut, opts.isolation_level)
     for p in partitions:
         assert p.partition is not None
         index, visibility = indexes[str(p)], visibilities[str(p)]
