@@ -166,3 +166,36 @@ def test_a_transaction_decided_between_planning_and_reading_keeps_the_planned_an
     assert values(r2, parts2) == [b"a0", b"a1", b"b0", b"b1", b"t0", b"t1"]
     for p in ps:
         p.close()
+
+
+def test_a_topic_a_pattern_matched_then_deleted_while_planning_is_left_out(client: Client, root: str) -> None:
+    """A ``topicsPattern`` read lists the topics, then reads each one's metadata. A topic deleted in
+    between failed the whole read with TopicNotFound, though a pattern that matches no topic is an
+    empty read: the deleted topic is now left out, as if the listing had come after the delete."""
+    import threading
+
+    for name in ("pa", "pb"):
+        client.admin.create_topic(name, 1)
+        with client.create_producer(name) as p:
+            p.send(name.encode())
+    assert client.flush()
+    # The planner's read of pb's metadata waits; pb is deleted meanwhile.
+    faults.install([Fault(Op.READ, Mode.DELAY, delay_s=1.0, match="/pb/_topic.json")])
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            r = PulsarTxBatchReader(parse_options({"service.url": root, "topicsPattern": "p[ab]"}))
+            out["values"] = values(r, r.partitions())
+        except Exception as e:  # reported below
+            out["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    import time
+
+    time.sleep(0.3)
+    client.admin.delete_topic("pb")
+    th.join()
+    assert faults.plan()[0].fired == 1
+    assert out == {"values": [b"pa"]}
