@@ -199,3 +199,43 @@ def test_a_topic_a_pattern_matched_then_deleted_while_planning_is_left_out(clien
     th.join()
     assert faults.plan()[0].fired == 1
     assert out == {"values": [b"pa"]}
+
+
+@pytest.mark.parametrize("mode, expected", [
+    (Mode.ERROR, [b"a0", b"a1"]),  # the abort never lands: the transaction still blocks
+    (Mode.LOST, [b"a0", b"a1", b"b0", b"b1"]),  # it landed, its answer was lost: T0 reads it back
+])
+def test_a_failed_reader_side_abort_while_planning_never_shows_the_expired_transaction(root: str, mode: Mode,
+                                                                                        expected: list[bytes]) -> None:
+    """Planning aborts a transaction past its timeout (its writer, another process, is gone). When
+    that TC write fails, the transaction blocks the read at maxReadPosition; when only its answer is
+    lost, the cut reads the abort back from the TC log. Its messages are returned in neither case."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, pulsartx
+        c = pulsartx.Client({root!r})
+        c.admin.create_topic("t", 2)
+        ps = [c.create_producer(f"t-partition-{{i}}") for i in range(2)]
+        for i, p in enumerate(ps):
+            p.send(f"a{{i}}".encode())
+        txn = c.new_transaction(timeout_ms=500)
+        for p in ps:
+            p.send(b"expired", txn=txn)
+            p.flush()
+        for i, p in enumerate(ps):
+            p.send(f"b{{i}}".encode())
+            p.flush()
+        os._exit(0)  # no abort, no keep-alive: the transaction expires
+    """)], check=True, timeout=120)
+    time.sleep(0.6)
+    faults.install([Fault(Op.CREATE, mode, match="coordinator/tc-", times=10**6 if mode is Mode.ERROR else 1)])
+    r, parts = plan(root)
+    assert faults.plan()[0].fired >= 1
+    assert values(r, parts) == expected
+    faults.clear()
+    r2, parts2 = plan(root)
+    assert values(r2, parts2) == [b"a0", b"a1", b"b0", b"b1"]
