@@ -23,13 +23,14 @@ from pulsartx.datasource.options import PulsarTxOptions
 from pulsartx.datasource.pushdown import Pushed, push
 from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
 from pulsartx.datasource.topics import partitions_to_read
-from pulsartx.datasource.visibility import Visibility, plan_visibility, visible_records
+from pulsartx.datasource.visibility import READ_COMMITTED, Visibility, plan_visibility, visible_records
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from pulsartx.exceptions import InvalidConfiguration
+from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, StorageError
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.partition import PartitionLog, partition_segments, read_files
 from pulsartx.naming import TopicName
+from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
 
 # One executor read call covers at most this much of the range, so memory stays bounded by it
@@ -49,6 +50,8 @@ class OffsetRangePartition(InputPartition):
     end: int
     files: tuple[DataFile, ...]
     visibility: Visibility
+    # The partition table (its Delta id) the files were planned from; None: not known.
+    table_id: str | None = None
 
 
 @dataclass
@@ -145,12 +148,17 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     # filter leaves: a JSON naming a partition that a WHERE clause then excludes is still valid.
     opts.starting_offsets.check_against(partitions)
     opts.ending_offsets.check_against(partitions)
+    # A pushed filter on topic or partition narrows what is read, not the READ_COMMITTED cut: a
+    # transaction hidden because of its data in a partition the filter leaves out stays hidden, or
+    # the filtered read would return rows the same query without pushdown does not
+    # (docs/design/pushed-filters-keep-the-cut.md).
+    plogs = {str(p): PartitionLog(root, p) for p in partitions}
     if pushed is not None:
         partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     planned: list[OffsetRangePartition] = []
-    plogs = {str(p): PartitionLog(root, p) for p in partitions}
-    indexes = {name: plog.refresh() for name, plog in plogs.items()}
-    visibilities = plan_visibility(root, plogs, opts.isolation_level)
+    indexes = {str(p): plogs[str(p)].refresh() for p in partitions}
+    cut = plogs if opts.isolation_level == READ_COMMITTED else {str(p): plogs[str(p)] for p in partitions}
+    visibilities = plan_visibility(root, cut, opts.isolation_level)
     for p in partitions:
         assert p.partition is not None
         index, visibility = indexes[str(p)], visibilities[str(p)]
@@ -159,7 +167,8 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
                                    plogs[str(p)].offset_at_time)
         if pushed is not None:
             start, end = pushed.clamp(start, end)
-        ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition)
+        ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition,
+                                  plogs[str(p)].table_id)
         if pushed is not None and (pushed.publish_lo_us is not None or pushed.publish_hi_us is not None):
             ranges = [dataclasses.replace(r, files=tuple(f for f in r.files if pushed.keeps_file(f))) for r in ranges]
         planned.extend(ranges)
@@ -167,12 +176,14 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
 
 
 def range_partitions(p: TopicName, index: FileIndex, visibility: Visibility, start: int, end: int,
-                     max_entries: int) -> list[OffsetRangePartition]:
-    """Input partitions covering ``[start, end)`` of one topic partition (batch and streaming)."""
+                     max_entries: int, table_id: str | None = None) -> list[OffsetRangePartition]:
+    """Input partitions covering ``[start, end)`` of one topic partition (batch and streaming);
+    ``table_id``: the partition table ``index`` lists, for :func:`read_partition`'s errors."""
     assert p.partition is not None
     files = index.files_for(start, end)
     return [OffsetRangePartition(str(p.base), p.partition, partition_segments(p), lo, hi,
-                                 tuple(f for f in files if f.min_offset < hi and f.max_offset >= lo), visibility)
+                                 tuple(f for f in files if f.min_offset < hi and f.max_offset >= lo), visibility,
+                                 table_id)
             for lo, hi in split_range(start, end, max_entries, [f.min_offset for f in files])]
 
 
@@ -204,12 +215,39 @@ def read_steps(part: OffsetRangePartition, projection: Projection = FULL
             yield list(files), whole if shown else filtered, not shown
 
 
+def gone_since_planning(root: StorageRoot, part: OffsetRangePartition) -> StorageError | None:
+    """The error for a task whose planned files are missing because their topic was deleted (and
+    maybe re-created) after the read was planned, or None when it was not: then the table has lost
+    a file its log lists, which is corruption. Asked only once a file is missing, so a task costs
+    nothing more; version 0 holds the table's id (a re-created topic is a new table)."""
+    if part.table_id is None:
+        return None
+    try:
+        current = delta.LogTail(root, part.segments).table_id()
+        if current == part.table_id or (current is None and root.has_file(*part.segments, "_delta_log",
+                                                                           "_last_checkpoint")):
+            return None  # the planned table, or one whose version 0 was cleaned up: cannot tell
+    except StorageError:
+        return None
+    what = "deleted" if current is None else "deleted and re-created"
+    name = TopicName.parse(part.topic).with_partition(part.partition)
+    return StorageError(f"topic partition {name} was {what} after this read was planned, and the files the plan "
+                        "read went with it: retry the read, which reads the topic as it is then")
+
+
 def read_partition(root: StorageRoot, part: OffsetRangePartition, projection: Projection = FULL
                    ) -> Iterator[pa.RecordBatch]:
     """Executor side: raw records of the planned files → visible records → Spark rows (only the
     stored columns ``projection`` needs are read)."""
     for files, columns, filtering in read_steps(part, projection):
-        rows = read_files(root, part.segments, files, part.start, part.end, columns)
+        try:
+            rows = read_files(root, part.segments, files, part.start, part.end, columns)
+        except CorruptedLog as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                gone = gone_since_planning(root, part)
+                if gone is not None:
+                    raise gone from e
+            raise
         if filtering:
             rows = visible_records(rows, part.visibility)
         yield from spark_batches(to_spark_table(rows, part.topic, part.partition, projection))

@@ -325,7 +325,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     visibility = Visibility("READ_COMMITTED", self._decided_up_to(p, hi, index.end_offset))
                 else:
                     visibility = Visibility(self.opts.read.isolation_level)
-                planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition))
+                planned.extend(range_partitions(p, index, visibility, lo, hi, self.opts.read.max_entries_per_partition,
+                                                plog.table_id))
         if self.opts.subscription is not None and planned:
             handoff.record(self.root, self.opts.subscription, start, end)
         return pack_ranges(planned, self.opts.min_entries_per_task, self.opts.read.max_entries_per_partition)

@@ -53,11 +53,19 @@ def selected_topics(root: StorageRoot, selection: TopicSelection) -> list[TopicN
 
 
 def partitions_to_read(root: StorageRoot, selection: TopicSelection) -> list[TopicName]:
-    """Every partition to read, each once, even if two names overlap (``t`` and ``t-partition-0``)."""
+    """Every partition to read, each once, even if two names overlap (``t`` and ``t-partition-0``).
+    A topic a pattern matched and that was deleted before its partitions were read is left out,
+    as if the listing had come after the delete: a pattern names no topic in particular."""
     admin = TopicsAdmin(root)
     out: dict[TopicName, None] = {}
     for t in selected_topics(root, selection):
-        for p in admin.partitions_of(t):
+        try:
+            parts = admin.partitions_of(t)
+        except TopicNotFound:
+            if selection.pattern is None:
+                raise
+            continue
+        for p in parts:
             out[p] = None
     return list(out)
 

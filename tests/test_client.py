@@ -514,6 +514,44 @@ def test_reader_rejects_bad_start(ten):
         ten.create_reader("t", MessageId.earliest, isolation_level="DIRTY")
 
 
+def _two_partitions(cl) -> dict[bytes, MessageId]:
+    cl.admin.create_topic("mp", 2)
+    ids = {}
+    for i in range(2):
+        with cl.create_producer(f"mp-partition-{i}") as p:
+            for j in range(3):
+                ids[f"p{i}m{j}".encode()] = p.send(f"p{i}m{j}".encode())
+    return ids
+
+
+def test_multi_partition_reader_refuses_one_partitions_message_id_as_start(cl):
+    """A message id locates a message in its own partition only: as Java's client ("The partitioned
+    topic startMessageId is illegal"), a reader of several partitions starts from earliest, latest
+    or a publish time, never from one partition's id, which said nothing about where to start the
+    others (they were read from their beginning: messages before the id came back)."""
+    ids = _two_partitions(cl)
+    for inclusive in (False, True):
+        with pytest.raises(InvalidConfiguration, match="mp-partition-1"):
+            cl.create_reader("mp", ids[b"p1m1"], start_message_id_inclusive=inclusive)
+    r = cl.create_reader("persistent://public/default/mp-partition-1", ids[b"p1m1"])
+    assert [m.data() for m in r] == [b"p1m2"]
+
+
+def test_multi_partition_reader_seek_to_a_message_id_moves_its_partition_only(cl):
+    """Seeking a reader of several partitions to a message's id repositions that message's partition
+    and leaves the others where they were, as Pulsar's multi-topic seek to a TopicMessageId does."""
+    ids = _two_partitions(cl)
+    r = cl.create_reader("mp", MessageId.earliest)
+    assert sorted(m.data() for m in r) == sorted(ids)
+    r.seek(ids[b"p0m1"])
+    assert [m.data() for m in r] == [b"p0m2"]
+    r.seek(MessageId.earliest)
+    r.seek(ids[b"p1m2"])
+    assert sorted(m.data() for m in r) == [b"p0m0", b"p0m1", b"p0m2"]
+    with pytest.raises(InvalidConfiguration, match="partition 5"):
+        r.seek(MessageId(5, 0))
+
+
 # ---- routing ------------------------------------------------------------------------------------
 
 

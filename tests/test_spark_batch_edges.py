@@ -44,6 +44,40 @@ def test_pushed_partition_filter_with_offsets_for_a_filtered_out_partition(spark
     assert got == [(0, 1, b"p0-1"), (0, 2, b"p0-2")]
 
 
+def test_pushed_partition_filter_returns_what_the_unfiltered_read_filtered_returns(spark: Any, client: Any,
+                                                                                   root: str) -> None:
+    """A committed transaction on partitions 0 and 1 lies, in partition 1, behind an open one: the
+    read hides it whole (no fractured read). With filter pushdown on, ``__partition = 0`` planned
+    the cut over partition 0 alone, which showed the transaction there: a pushed filter returned a
+    row the same query without pushdown does not."""
+    client.admin.create_topic("pt", 2)
+    ps = [client.create_producer(f"pt-partition-{i}") for i in range(2)]
+    open_txn = client.new_transaction()
+    ps[1].send(b"open1", txn=open_txn)
+    ps[1].flush()
+    txn = client.new_transaction()
+    for i, p in enumerate(ps):
+        p.send(f"t{i}".encode(), txn=txn)
+        p.flush()
+    txn.commit()
+    ps[0].send(b"a0")
+    for p in ps:
+        p.close()
+
+    def rows(pushdown: bool, where: str) -> list[bytes]:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", str(pushdown).lower())
+        try:
+            return sorted(bytes(r[0]) for r in read(spark, root, topic="pt").where(where).select("value").collect())
+        finally:
+            spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+
+    for where in ("__partition = 0", "__topic = 'persistent://public/default/pt' AND __partition IN (0)"):
+        assert rows(False, where) == [b"a0"]
+        assert rows(True, where) == [b"a0"], where
+    open_txn.abort()
+    assert rows(True, "__partition = 0") == [b"a0", b"t0"]
+
+
 def test_topic_column_naming_a_partition_is_refused_and_writes_nothing(spark: Any, client: Any, root: str) -> None:
     """A ``__topic`` of ``wp-partition-1`` was taken as topic ``wp``: its rows were routed by key
     over every partition (``-partition-1`` silently dropped), while the ``topic`` option refuses a

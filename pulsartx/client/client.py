@@ -221,7 +221,9 @@ class Client:
 
         Keywords:
             topic: the topic, as ``name``, ``tenant/ns/name`` or ``persistent://tenant/ns/name``.
-            start_message_id: ``MessageId.earliest``, ``MessageId.latest`` or a message's id.
+            start_message_id: ``MessageId.earliest``, ``MessageId.latest`` or a message's id (on a
+                topic of several partitions, earliest or latest only: an id places a message in its
+                own partition; ``seek`` to it repositions that partition only).
             reader_name=None: a name for the reader.
             start_message_id_inclusive=False: also return the message at ``start_message_id``; with
                 ``MessageId.latest``, start at each partition's last visible message (Pulsar's way to

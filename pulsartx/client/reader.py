@@ -103,7 +103,23 @@ class Reader:
         self._fetchers = [PartitionFetcher(client, p, self._isolation, message_topic(p, partitioned)) for p in parts]
         self._closed = False
         self._inclusive = start_message_id_inclusive
+        if len(self._fetchers) > 1 and not (start_message_id.is_earliest or start_message_id.is_latest):
+            raise InvalidConfiguration(self._one_partitions_start(start_message_id))
         self.seek(start_message_id)
+
+    def _one_partitions_start(self, message_id: MessageId) -> str:
+        """Why a reader of several partitions does not start at one message's id, and what to do.
+
+        An id places a message in its own partition only; reading the others from their beginning
+        returned what came before it, and any other position is a guess. Java's client refuses it
+        too ("The partitioned topic startMessageId is illegal")."""
+        base = TopicName.parse(self._topic)
+        one = (str(base.with_partition(message_id.partition()))
+               if 0 <= message_id.partition() < len(self._fetchers) else f"{base}-partition-<i>")
+        return (f"start_message_id={message_id!r}: a reader of the {len(self._fetchers)} partitions of {self._topic} "
+                "starts at MessageId.earliest, MessageId.latest or, with seek(), a publish time; a message's id "
+                f"places it in its own partition only: read that partition alone (create_reader({one!r}, ...)), "
+                "or start at earliest and seek() to the id, which repositions its partition only")
 
     def topic(self) -> str:
         return self._topic
@@ -113,12 +129,23 @@ class Reader:
         With ``start_message_id_inclusive``, latest is each partition's last visible message, as in
         Pulsar's clients. Given an ``int`` (milliseconds since the epoch), as pulsar-client's
         ``Reader.seek``: on every partition, the first message published at or after that time (the
-        partition's end when there is none)."""
+        partition's end when there is none).
+
+        On a reader of several partitions, a message's id repositions that message's partition only
+        and leaves the others where they are, as Pulsar's multi-topic seek to a ``TopicMessageId``
+        does: an id says nothing about where the other partitions should be."""
         forks.check(self._made, self._describe)
         by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
         if not by_time and not isinstance(message_id, MessageId):
             raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
                                        "MessageId.latest or a message's id) or a publish time in epoch milliseconds")
+        if not by_time and not (message_id.is_earliest or message_id.is_latest) and len(self._fetchers) > 1:
+            owner = [f for f in self._fetchers if f.topic.partition == message_id.partition()]
+            if not owner:
+                raise InvalidConfiguration(f"seek({message_id!r}): {self._topic} has no partition "
+                                           f"{message_id.partition()} (partitions 0 to {len(self._fetchers) - 1})")
+            owner[0].seek(message_id.offset() + (0 if self._inclusive else 1))
+            return
         for f in self._fetchers:
             if by_time:
                 f.seek(f.visible.log.offset_at_time(message_id))
@@ -128,10 +155,8 @@ class Reader:
                 f.seek_last()
             elif message_id.is_latest:
                 f.seek(f.visible.end_position())
-            elif message_id.partition() == f.topic.partition or len(self._fetchers) == 1:
+            else:  # the only partition
                 f.seek(message_id.offset() + (0 if self._inclusive else 1))
-            else:
-                f.seek(0)
 
     def has_message_available(self) -> bool:
         self._check_open()
