@@ -282,12 +282,6 @@ def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOp
     create_topic = table_bool(opts, CREATE_TOPIC, use)
     partitions = table_int(opts, PARTITIONS, use)
     partitions_given = PARTITIONS.lower() in opts
-    if partitions_given and not create_topic and save_mode == "append":
-        # saveMode ignore and errorifexists create a missing topic on their own; append only with createTopic.
-        raise InvalidConfiguration(
-            f"option {PARTITIONS}={partitions} sets the partition count of a topic the write creates, and without "
-            f"option {CREATE_TOPIC}=true this write creates none: add option {CREATE_TOPIC}=true to create the topic "
-            f"when it does not exist, or remove option {PARTITIONS} to write to the topic as it is")
     return WriteOptions(
         root=resolve_root(opts), topic=topic, producer_name=producer,
         transaction_timeout_ms=table_int(opts, TRANSACTION_TIMEOUT_MS, use),

@@ -73,13 +73,18 @@ def test_null_values_and_null_property_values_are_refused_naming_the_column(root
     assert {m.status.value for m in txns(root).values()} == {"ABORTED"}
 
 
-@pytest.mark.parametrize("options", [{"partitions": "4"}, {"partitions": "4", "createTopic": "false"}])
-def test_partitions_without_create_topic_is_refused(root: str, options: dict[str, str]) -> None:
-    """partitions without createTopic=true was ignored: the write went to the existing topic with
-    its own count, or failed saying the topic does not exist."""
-    with pytest.raises(InvalidConfiguration, match="option partitions=4") as e:
-        parse_write_options({"service.url": root, "topic": "t", **options})
-    assert "createTopic=true" in str(e.value) and "remove option partitions" in str(e.value)
+def test_partitions_without_create_topic_is_checked_against_the_topic(root: str) -> None:
+    """Without createTopic=true, partitions was ignored: the write went to the existing topic with
+    its own count. The same count writes; another is refused before a transaction begins."""
+    TopicsAdmin(StorageRoot.resolve(root)).create_topic("t", 2)
+    opts = {"service.url": root, "topic": "t"}
+    with pytest.raises(InvalidConfiguration, match="option partitions=4 does not match") as e:
+        prepare_write(parse_write_options({**opts, "partitions": "4"}), SCHEMA, False)
+    assert "has 2 partitions" in str(e.value)
+    assert txns(root) == {}
+    w = prepare_write(parse_write_options({**opts, "partitions": "2"}), SCHEMA, False)
+    w.commit([w.write(iter([pa.RecordBatch.from_pydict({"value": ["a"]})]))])
+    assert data_count(root, "t") == 1
 
 
 @pytest.mark.parametrize("save_mode", ["ignore", "errorifexists"])
