@@ -92,12 +92,14 @@ def check_nulls(batch: pa.RecordBatch) -> None:
 class TaskAppender:
     def __init__(self, job: JobTransaction, default_topic: TopicName | None, partition_counts: dict[str, int],
                  create_topics: int | None, task_id: int, attempt: int, registered: frozenset[str] = frozenset(),
-                 compression: str | None = None, task_attempt_id: int | None = None):
+                 compression: str | None = None, task_attempt_id: int | None = None,
+                 expected_partitions: int | None = None):
         self.job = job
         self.compression = compression  # the write's compressionType option: the payload column's codec
         self.default_topic = default_topic
         self.counts = dict(partition_counts)  # topic -> partitions, known on the driver
         self.create_topics = create_topics  # partitions for topics created on the fly, or None
+        self.expected_partitions = expected_partitions  # option partitions, when given
         self.task_id = task_id
         # Spark numbers a task's attempts per stage attempt: a stage run again (a shuffle fetch
         # failure, a lost executor) runs the task as attempt 0 again. Under one name, the new
@@ -131,6 +133,12 @@ class TaskAppender:
                         f"topic {topic} (from the __topic column) does not exist: create it first, or set "
                         "option createTopic=true with partitions=N") from None
                 n = admin.ensure_topic(topic, self.create_topics)
+            if self.expected_partitions is not None and n != self.expected_partitions:
+                # Not refused, as a topic the option names is: the topics of a __topic column may mix
+                # ones made before, with their own counts, and ones this write creates.
+                log.warning("topic %s (from the __topic column) has %d partitions; option partitions=%d applies "
+                            "only to topics this write creates, so its rows are written over its %d", topic, n,
+                            self.expected_partitions, n)
             self.counts[topic] = n
         return n
 

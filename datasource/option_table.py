@@ -153,7 +153,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("createTopic", _WRITES, "boolean",
                "Create the topic when it does not exist (with `partitions` partitions).", default=False),
     OptionSpec("partitions", _WRITES, "integer >= 1",
-               "The partition count of a topic this write creates.", default=1, minimum=1),
+               "The partition count of a topic this write creates (with `createTopic=true`, or saveMode "
+               "`ignore` or `errorifexists`). A `topic` that exists with another count is refused, before the write "
+               "begins: its rows would be spread over a count other than the one asked for. A `__topic` column's topic "
+               "that exists with another count is written as it is, with a WARNING in the task's log naming both "
+               "counts: one write may route to topics made before, each with its own count, and to topics it "
+               "creates, and a refusal would leave such a write no way to run.", default=1, minimum=1),
     OptionSpec("compressionType", _WRITES, "`NONE`, `LZ4`, `ZLib`, `ZSTD` or `SNAPPY`",
                "The parquet codec of the written `value` column.", default="NONE"),
     OptionSpec("saveMode", _WRITES, "`append`, `errorifexists` or `ignore`",

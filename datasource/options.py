@@ -257,6 +257,7 @@ class WriteOptions:
     save_mode: str
     compression: str = "NONE"  # CompressionType name: the payload column's parquet codec
     keep_alive: bool = True  # the driver extends transaction_timeout_ms while it lives
+    partitions_given: bool = False  # option partitions was set: an existing topic's count must match it
 
 
 def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOptions:
@@ -278,11 +279,14 @@ def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOp
     producer = opts.get(PRODUCER_NAME.lower())
     if producer is not None and (not producer.strip() or "&" in producer):
         raise InvalidConfiguration(f"option {PRODUCER_NAME}={producer!r} is invalid: give a non-empty name without '&'")
+    create_topic = table_bool(opts, CREATE_TOPIC, use)
+    partitions = table_int(opts, PARTITIONS, use)
+    partitions_given = PARTITIONS.lower() in opts
     return WriteOptions(
         root=resolve_root(opts), topic=topic, producer_name=producer,
         transaction_timeout_ms=table_int(opts, TRANSACTION_TIMEOUT_MS, use),
         keep_alive=table_bool(opts, TRANSACTION_KEEP_ALIVE, use),
-        create_topic=table_bool(opts, CREATE_TOPIC, use), partitions=table_int(opts, PARTITIONS, use),
+        create_topic=create_topic, partitions=partitions, partitions_given=partitions_given,
         transactional=table_bool(opts, TRANSACTIONAL, use), save_mode=save_mode,
         compression=CompressionType.parse(opts.get(COMPRESSION_TYPE.lower()), option=f"option {COMPRESSION_TYPE}").value)
 

@@ -77,6 +77,7 @@ def prepare_stream_write(options, schema: StructType, overwrite: bool) -> Pulsar
     writer = PulsarTxStreamWriter(mbt, opts.root, key, checkpoint, timeout, opts.keep_alive, opts.topic, counts,
                                   create, frozenset(), columns, skip)
     writer.compression = opts.compression
+    writer.expected_partitions = opts.partitions if opts.partitions_given else None
     return writer
 
 

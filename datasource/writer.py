@@ -19,7 +19,7 @@ import pyarrow as pa
 from pulsartx.commit_protocol.job import JobTransaction, TaskReport
 from pulsartx.commit_protocol.task import TaskAppender
 from pulsartx.datasource.errors import spark_facing
-from pulsartx.datasource.options import TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
+from pulsartx.datasource.options import PARTITIONS, TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BinaryType,
@@ -126,7 +126,14 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
                 create = cli_command(opts.root, "topics", "create", opts.topic.short)
                 raise TopicNotFound(f"topic {name} does not exist: create it first (client.admin.create_topic or "
                                     f"`{create}`), or set option createTopic=true with partitions=N")
-            counts[name] = admin.ensure_topic(name, opts.partitions)
+            counts[name] = admin.ensure_topic(name, opts.partitions)  # a racing creator's count wins
+        if opts.partitions_given and not skip and counts[name] != opts.partitions:
+            delete = cli_command(opts.root, "topics", "delete", opts.topic.short)
+            raise InvalidConfiguration(
+                f"option {PARTITIONS}={opts.partitions} does not match topic {name}, which has {counts[name]} "
+                f"partitions: a topic's partition count is set when it is created. Remove option {PARTITIONS} (or set "
+                f"{PARTITIONS}={counts[name]}) to write to the topic as it is; to have {opts.partitions} partitions, "
+                f"delete the topic (`{delete}`, its messages are lost) and write again")
     registered: frozenset[str] = frozenset()
     if opts.topic is not None and "__topic" not in columns:
         registered = frozenset(str(opts.topic.with_partition(i)) for i in range(counts[str(opts.topic)]))
@@ -143,6 +150,7 @@ def prepare_write(opts: WriteOptions, schema: StructType, overwrite: bool) -> Pu
     writer = PulsarTxBatchWriter(job, opts.topic, counts, create, registered, columns, skip)
     writer.compression = opts.compression
     writer.keep_alive = opts.keep_alive
+    writer.expected_partitions = opts.partitions if opts.partitions_given else None
     return writer
 
 
@@ -151,6 +159,9 @@ class TaskWriting:
     writer object is pickled to every task; it carries the transaction and no state."""
 
     compression: str | None = None  # option compressionType (set by the prepare functions)
+    # Option partitions when given (set by the prepare functions): a __topic-routed topic that
+    # exists with another count is written as it is, with a WARNING.
+    expected_partitions: int | None = None
 
     def __init__(self, job: JobTransaction, topic, counts: dict[str, int], create_partitions: int | None,
                  registered: frozenset[str], columns: tuple[str, ...], skip: bool):
@@ -173,7 +184,8 @@ class TaskWriting:
         task_id, attempt, unique = ((ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId())
                                     if ctx is not None else (0, 0, None))
         appender = TaskAppender(self.job, self.topic, self.counts, self.create_partitions, task_id, attempt,
-                                self.registered, self.compression, task_attempt_id=unique)
+                                self.registered, self.compression, task_attempt_id=unique,
+                                expected_partitions=self.expected_partitions)
         for batch in iterator:
             if batch.num_rows:
                 appender.add(batch)

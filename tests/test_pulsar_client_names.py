@@ -9,6 +9,7 @@ import time
 import pytest
 from test_consumer import drain
 
+import pulsartx.exceptions as ex
 from pulsartx import Client, InitialPosition, InvalidConfiguration, MessageId, Timeout
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,3 +149,67 @@ def test_seek_refuses_what_is_neither_a_message_id_nor_a_time(client, bad):
     c = client.subscribe("t", "s")
     with pytest.raises(InvalidConfiguration, match="seek"):
         c.seek(bad)
+
+
+# ---- Result codes of send callbacks ----------------------------------------------------------------
+
+
+def test_result_members_keep_their_values():
+    """Callers store and compare these values: the nine original members are a contract."""
+    from pulsartx import Result
+
+    assert {m.name: m.value for m in Result if m.value in (0, 1, 5, 15, 19, 20, 30, 31, 32)} == {
+        "Ok": 0, "UnknownError": 1, "Timeout": 5, "TopicNotFound": 15, "ProducerBusy": 19, "AlreadyClosed": 20,
+        "InvalidTxnStatus": 30, "TransactionConflict": 31, "NotAllowed": 32}
+    values = [m.value for m in Result]
+    assert len(values) == len(set(values))
+
+
+@pytest.mark.parametrize("exc,expected", [
+    (None, "Ok"),
+    (ex.Timeout("t"), "Timeout"),
+    (TimeoutError("t"), "Timeout"),
+    (ex.TopicNotFound("t"), "TopicNotFound"),
+    (ex.ProducerBusy("t"), "ProducerBusy"),
+    (ex.AlreadyClosed("t"), "AlreadyClosed"),
+    (ex.InvalidTxnStatusError("t"), "InvalidTxnStatus"),
+    (ex.TransactionConflict("t"), "TransactionConflict"),
+    (ex.NotAllowedError("t"), "NotAllowed"),
+    # A fenced transaction is a ProducerFenced first (Kafka's producer epoch), as its class says.
+    (ex.TransactionFenced("t"), "ProducerFenced"),
+    (ex.ProducerFenced("t"), "ProducerFenced"),
+    # Expired and failed-operation transactions are no longer OPEN: InvalidTxnStatusError subclasses.
+    (ex.ExpiredTransactionError("t"), "InvalidTxnStatus"),
+    (ex.TransactionHasOperationFailed("t"), "InvalidTxnStatus"),
+    (ex.TransactionNotFound("t"), "TransactionNotFound"),
+    (ex.TransactionCoordinatorNotFoundError("t"), "TransactionCoordinatorNotFoundError"),
+    (ex.InvalidConfiguration("t"), "InvalidConfiguration"),
+    (ex.UnknownOption("t"), "InvalidConfiguration"),
+    (ex.InvalidTopicName("t"), "InvalidTopicName"),
+    (ex.ConsumerBusy("t"), "ConsumerBusy"),
+    (ex.StorageError("t"), "UnknownError"),
+    (ex.PulsarException("t"), "UnknownError"),
+    (RuntimeError("t"), "UnknownError"),
+])
+def test_result_of_maps_by_exception_class(exc, expected):
+    from pulsartx import Result
+
+    assert Result.of(exc) is Result[expected]
+
+
+def test_result_of_ignores_look_alike_class_names():
+    """A class is mapped by what it is, not by words in its name."""
+    from pulsartx import Result
+
+    class NotAllowedTimeoutLookalike(Exception):
+        pass
+
+    assert Result.of(NotAllowedTimeoutLookalike("x")) is Result.UnknownError
+
+
+def test_result_has_pulsar_client_spellings():
+    """Code written against pulsar-client compares with its spellings; they name the same codes."""
+    from pulsartx import Result
+
+    assert Result.InvalidTxnStatusError is Result.InvalidTxnStatus
+    assert Result.NotAllowedError is Result.NotAllowed
