@@ -424,6 +424,16 @@ def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
          "pendingAckCount": 1, "cumulativeAckPosition": None}]
 
 
+def test_pending_ack_stats_of_a_missing_subscription_is_an_error(shared) -> None:
+    """A subscription that exists on no partition of the topic is an error naming both, as in
+    ``subscriptions reset``: not rows of state None and exit code 0, which read as "nothing pending"."""
+    root, _ = shared
+    for command in (["pending-ack-stats", "orders", "ghost"],
+                    ["transaction-in-pending-ack-stats", "(0,2)", "orders", "ghost"]):
+        r = run(root, "transactions", *command, code=2)
+        assert r.stdout == ""
+        assert r.stderr.startswith(f"error: subscription 'ghost' does not exist on topic {T}: "), r.stderr
+
 def test_transaction_keys(shared) -> None:
     root, _ = shared
     keys = run(root, "transactions", "list-transaction-keys", json_out=True)

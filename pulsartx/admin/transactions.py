@@ -16,6 +16,7 @@ from pulsartx.coordinator.tclog import FENCE_PROPERTY, tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
+from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import SubscriptionStore, end_transaction
 
 log = logging.getLogger(__name__)
@@ -194,14 +195,21 @@ class TransactionsAdmin:
         return out
 
     # ---- pending acks ------------------------------------------------------------------------------
-    def get_pending_ack_stats(self, topic: str, subscription: str) -> list[dict[str, Any]]:
-        """Per partition: the cursor position and what is in PENDING_ACK, by transaction."""
+    def _cursors(self, topic: str, subscription: str) -> dict[str, CursorState]:
+        """The live cursors of ``subscription`` by partition name; raises SubscriptionNotFound,
+        naming the subscription, the topic and how to list its subscriptions, when there is none."""
+        return {str(store.partition): c for store, c in self.client.admin._subscription_stores(topic, subscription)}
 
+    def get_pending_ack_stats(self, topic: str, subscription: str) -> list[dict[str, Any]]:
+        """Per partition: the cursor position and what is in PENDING_ACK, by transaction. A
+        subscription that exists on no partition of ``topic`` raises :class:`SubscriptionNotFound`;
+        a partition it has no cursor on (subscribed to other partitions only) has state "None"."""
+
+        cursors = self._cursors(topic, subscription)
         out = []
         for p in self.client.admin.partitions_of(topic):
-            store = SubscriptionStore(self.client.root, p, subscription)
-            c = store.cursor() if store.exists() else None
-            if c is None or c.deleted:  # never created, or unsubscribed
+            c = cursors.get(str(p))
+            if c is None:
                 out.append({"partition": str(p), "subscription": subscription, "state": "None"})
                 continue
             txns = {str(TxnID(*key_txn(k))): len(rs) for k, rs in c.pending.items()}
@@ -220,14 +228,15 @@ class TransactionsAdmin:
 
     def get_transaction_in_pending_ack_stats(self, txn_id: TxnID | str, topic: str,
                                              subscription: str) -> list[dict[str, Any]]:
-        """Per partition: the offsets ``txn_id`` holds in PENDING_ACK on ``subscription``."""
+        """Per partition: the offsets ``txn_id`` holds in PENDING_ACK on ``subscription``
+        (:class:`SubscriptionNotFound` when it exists on no partition of ``topic``)."""
 
         t = TxnID.parse(txn_id)
         k = txn_key(t.most_bits, t.least_bits)
+        cursors = self._cursors(topic, subscription)
         out = []
         for p in self.client.admin.partitions_of(topic):
-            store = SubscriptionStore(self.client.root, p, subscription)
-            c = store.cursor() if store.exists() else None
+            c = cursors.get(str(p))
             rs = c.pending.get(k) if c else None
             cum = c.pending_cumulative[1] if c and c.pending_cumulative and c.pending_cumulative[0] == k else None
             out.append({"partition": str(p), "txn_id": str(t), "subscription": subscription,
