@@ -12,6 +12,7 @@ Embed with :func:`generate_latest` (text exposition) or :func:`start_metrics_ser
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import Any
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
 from pulsartx.log.partition import PartitionLog
+
+log = logging.getLogger(__name__)
 
 # Pulsar's pulsar_txn_execution_latency_le_* buckets, in milliseconds.
 LATENCY_BUCKETS_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
@@ -84,6 +87,18 @@ class PulsarTxCollector:
     def __init__(self, client: Any, topics: Iterable[str] | None = None):
         self.client = client
         self.topics = list(topics) if topics is not None else None
+        self._reported: dict[Any, str] = {}  # TC id -> its error last logged at WARNING
+
+    def _unreadable(self, what: Any, e: Exception) -> None:
+        """Log a TC log that cannot be read at WARNING once (then at DEBUG while it repeats, as
+        every scrape meets it), as the coordinator service does."""
+        error = " ".join(str(e).split())
+        if self._reported.get(what) != error:
+            self._reported[what] = error
+            log.warning("metrics: TC %s's log cannot be read; its figures are left out "
+                        "(pulsartx_coordinator_log_unreadable=1): %s", what, error)
+        else:
+            log.debug("metrics: TC %s's log still cannot be read: %s", what, error)
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -95,14 +110,21 @@ class PulsarTxCollector:
         active = family("pulsar_txn_active_count", "Open, committing and aborting transactions", ["coordinator_id"])
         created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID in the TC log + 1)",
                          ["coordinator_id"])
+        unreadable = family("pulsartx_coordinator_log_unreadable", "1 when the TC's log could not be read at "
+                            "this scrape (its other families have no sample then), else 0", ["coordinator_id"])
         metas_by_tc = {}
-        for tc in tcs.all():
-            metas = tc.transactions()
-            metas_by_tc[tc.tc_id] = metas
-            active.add_metric([str(tc.tc_id)], sum(1 for m in metas if not m.status.is_final))
-            created.add_metric([str(tc.tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
+        for tc_id, metas in tcs.each(lambda tc: tc.transactions()):
+            unreadable.add_metric([str(tc_id)], 1 if isinstance(metas, Exception) else 0)
+            if isinstance(metas, Exception):  # the other TCs are still reported; this one's figures are unknown
+                self._unreadable(tc_id, metas)
+                continue
+            self._reported.pop(tc_id, None)
+            metas_by_tc[tc_id] = metas
+            active.add_metric([str(tc_id)], sum(1 for m in metas if not m.status.is_final))
+            created.add_metric([str(tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
         yield active
         yield created
+        yield unreadable
         with _lock:
             counts = dict(_counts)
             latency = {k: list(v) for k, v in _latency.items()}

@@ -55,20 +55,18 @@ class CoordinatorService:
         self._stop.set()
 
     def run_pass(self) -> None:
-        tcs = self.client._coordinators()
-        for tc_id in range(tcs.count):
+        if self._stop.is_set():
+            return
+        # One unreadable TC log must not leave the others' transactions unfinished.
+        for tc_id, r in self.client._coordinators().each(lambda tc: tc.sweep(grace_ms=self.grace_ms)):
+            if isinstance(r, Exception):
+                self._failed(f"TC {tc_id}", r)
+            else:
+                self.stats.timed_out += r.timed_out
+                self.stats.completed += r.completed
+                self.stats.failed += r.failed
             if self._stop.is_set():
                 return
-            try:
-                r = tcs.tc(tc_id).sweep(grace_ms=self.grace_ms)
-            except StorageUnavailable:
-                raise
-            except Exception as e:  # one unreadable TC log must not leave the others' transactions unfinished
-                self._failed(f"TC {tc_id}", e)
-                continue
-            self.stats.timed_out += r.timed_out
-            self.stats.completed += r.completed
-            self.stats.failed += r.failed
         compact = self.compact_every_passes and self.stats.passes % self.compact_every_passes == 0
         for topic in self.client.admin.list_topics():
             try:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from pulsartx.admin.host import AdminHost
 from pulsartx.buffer.buffer import TransactionBuffer
@@ -20,6 +20,7 @@ from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import SubscriptionStore, end_transaction
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def open_duration_ms(m: TxnMeta, now_ms: int) -> int:
@@ -52,18 +53,25 @@ class TransactionsAdmin:
     def _tcs(self):
         return self.client._coordinators()
 
+    def _each_tc(self, what: str, step: Callable[[Any], T],
+                 ids: Iterable[int] | None = None) -> Iterator[tuple[int, T | None, str | None]]:
+        """(TC id, ``step(tc)``, None) per TC, or (TC id, None, its error on one line) for a TC
+        whose log cannot be read, logged at WARNING naming the TC and ``what`` shows it so: one
+        damaged log must not hide every other TC from the views an operator needs then."""
+        for tc_id, r in self._tcs().each(step, ids):
+            if isinstance(r, Exception):
+                error = " ".join(str(r).split())
+                log.warning("TC %d's log cannot be read; %s list it without figures: %s", tc_id, what, error)
+                yield tc_id, None, error
+            else:
+                yield tc_id, r, None
+
     def get_coordinator_stats(self) -> list[dict[str, Any]]:
-        """Per TC: open/committing/aborting counts, the TxnID counter and the log's size."""
+        """Per TC: open/committing/aborting counts, the TxnID counter and the log's size. A TC
+        whose log cannot be read has state ``Unreadable``, its ``error`` and no figures."""
         out = []
-        for tc in self._tcs().all():
-            metas = tc.transactions()
-            by = {s: sum(1 for m in metas if m.status is s) for s in TxnStatus}
-            out.append({"coordinator_id": tc.tc_id, "state": "Ready", "ongoing_txn_size": by[TxnStatus.OPEN],
-                        "committing": by[TxnStatus.COMMITTING], "aborting": by[TxnStatus.ABORTING],
-                        "recently_committed": by[TxnStatus.COMMITTED], "recently_aborted": by[TxnStatus.ABORTED],
-                        "low_water_mark": _low_water_mark(metas), "txn_ids_reserved": tc.txlog.counter + 1,
-                        "log_version": tc.txlog.log.version,
-                        "log_entries_since_snapshot": tc.txlog.log.files_since_compaction})
+        for tc_id, row, error in self._each_tc("coordinator stats", _coordinator_stats):
+            out.append(row if error is None else _unreadable_row(COORDINATOR_STATS_KEYS, tc_id, "state", error))
         return out
 
     def list_coordinators(self) -> list[dict[str, Any]]:
@@ -71,8 +79,12 @@ class TransactionsAdmin:
         transaction-key tables live, what it holds, and which process holds its lease (the one
         beginning its transactions there, as a broker owns a TC in Pulsar; the expiry is on that
         process's clock). A TC no client has used yet has no tables; it is listed as ``Unused`` and
-        left so (nothing is created here)."""
+        left so (nothing is created here). One whose log cannot be read is ``Unreadable``, with
+        its ``error``."""
         tcs = self._tcs()
+        used = [tc_id for tc_id in range(tcs.count) if self.client.root.exists(*tc_segments(tc_id), "_delta_log")]
+        read = {tc_id: (info, error) for tc_id, info, error in self._each_tc("coordinators-list", _coordinator_info,
+                                                                               used)}
         out = []
         for tc_id in range(tcs.count):
             row: dict[str, Any] = {"coordinator_id": tc_id, "state": "Unused",
@@ -80,15 +92,11 @@ class TransactionsAdmin:
                                    "transaction_keys": self.client.root.uri(*key_segments(tc_id)),
                                    "active_txns": 0, "last_txn_id": None, "txn_ids_reserved": 0,
                                    "lease_owner": None, "lease_expires_ms": None}
-            if self.client.root.exists(*tc_segments(tc_id), "_delta_log"):
-                tc = tcs.tc(tc_id)
-                metas = tc.transactions()
-                last = max((m.txn_id for m in metas), default=None)
-                row.update(state="Ready", active_txns=sum(1 for m in metas if not m.status.is_final),
-                           last_txn_id=None if last is None else str(last), txn_ids_reserved=tc.txlog.counter + 1)
-                lease = tc.txlog.lease()  # the process beginning its transactions here, if any
-                if lease is not None and not lease.released:
-                    row.update(lease_owner=lease.owner, lease_expires_ms=lease.expires_ms)
+            info, error = read.get(tc_id, (None, None))
+            if error is not None:
+                row.update(state=UNREADABLE, active_txns=None, txn_ids_reserved=None, error=error)
+            elif info is not None:
+                row.update(info)
             out.append(row)
         return out
 
@@ -104,8 +112,8 @@ class TransactionsAdmin:
         if not isinstance(timeout_ms, int) or timeout_ms < 0:
             raise InvalidConfiguration(f"timeout_ms={timeout_ms!r}: must be a non-negative integer")
         now = int(time.time() * 1000)
-        return [meta_dict(m, now) for tc in self._tcs().all() for m in tc.transactions()
-                if not m.status.is_final and now - m.start_ms >= timeout_ms]
+        return self._listing("slow-transactions", lambda m: not m.status.is_final and now - m.start_ms >= timeout_ms,
+                             now)
 
     def list_transactions(self, statuses: Iterable[TxnStatus | str] | None = None,
                           older_than_ms: int = 0) -> list[dict[str, Any]]:
@@ -118,9 +126,21 @@ class TransactionsAdmin:
         if not isinstance(older_than_ms, int) or isinstance(older_than_ms, bool) or older_than_ms < 0:
             raise InvalidConfiguration(f"older_than_ms={older_than_ms!r}: must be a non-negative integer")
         now = int(time.time() * 1000)
-        metas = [m for tc in self._tcs().all() for m in tc.transactions()
-                 if m.status in wanted and now - m.start_ms >= older_than_ms]
-        return [meta_dict(m, now) for m in sorted(metas, key=lambda m: m.txn_id)]
+        return self._listing("transaction listings", lambda m: m.status in wanted and now - m.start_ms >= older_than_ms,
+                             now)
+
+    def _listing(self, what: str, keep: Callable[[TxnMeta], bool], now: int) -> list[dict[str, Any]]:
+        """The transactions ``keep`` picks from every TC log, oldest TxnID first, after one row
+        per TC whose log cannot be read (status ``UNREADABLE``, its ``error``): what it holds is
+        unknown, so the listing says it is incomplete rather than leave that TC out silently."""
+        metas: list[TxnMeta] = []
+        unreadable = []
+        for tc_id, held, error in self._each_tc(what, lambda tc: tc.transactions()):
+            if error is not None:
+                unreadable.append(_unreadable_row(META_KEYS, tc_id, "status", error))
+            else:
+                metas.extend(m for m in held if keep(m))
+        return unreadable + [meta_dict(m, now) for m in sorted(metas, key=lambda m: m.txn_id)]
 
     def abort_transaction(self, txn_id: TxnID | str) -> dict[str, Any]:
         """Admin override: abort whatever the owner, recorded in the TC log with reason 'admin abort'."""
@@ -153,13 +173,10 @@ class TransactionsAdmin:
     def sweep(self, grace_ms: int | None = None) -> dict[str, int]:
         """Run one expiration/recovery pass over every TC (what ``coordinator run`` does periodically)."""
         total = {"timed_out": 0, "completed": 0, "failed": 0}
-        tcs = self._tcs()
         error: Exception | None = None
-        for tc_id in range(tcs.count):
-            try:
-                r = tcs.tc(tc_id).sweep(grace_ms=grace_ms)
-            except Exception as e:  # the other TCs are swept all the same; the first failure is raised after
-                error = error or e
+        for _, r in self._tcs().each(lambda tc: tc.sweep(grace_ms=grace_ms)):
+            if isinstance(r, Exception):  # the other TCs are swept all the same; the first failure is raised after
+                error = error or r
                 continue
             total["timed_out"] += r.timed_out
             total["completed"] += r.completed
@@ -277,6 +294,44 @@ class TransactionsAdmin:
 
 
 UNFINISHED = frozenset(s for s in TxnStatus if not s.is_final)
+# The state of a TC (coordinator stats, coordinators-list) and the status of its row in a
+# transaction listing when its log cannot be read.
+UNREADABLE = "Unreadable"
+UNREADABLE_STATUS = "UNREADABLE"
+COORDINATOR_STATS_KEYS = ("coordinator_id", "state", "ongoing_txn_size", "committing", "aborting",
+                          "recently_committed", "recently_aborted", "low_water_mark", "txn_ids_reserved",
+                          "log_version", "log_entries_since_snapshot")
+META_KEYS = ("txn_id", "coordinator_id", "status", "open_duration_ms", "timeout_ms", "start_time_ms",
+             "last_modification_time_ms", "partitions", "subscriptions", "owner", "transaction_key", "epoch",
+             "reason", "commit_entries", "properties")
+
+
+def _unreadable_row(keys: Iterable[str], tc_id: int, state_key: str, error: str) -> dict[str, Any]:
+    """A row with the columns of the others, empty, for a TC whose log cannot be read."""
+    return {**dict.fromkeys(keys), "coordinator_id": tc_id,
+            state_key: UNREADABLE if state_key == "state" else UNREADABLE_STATUS, "error": error}
+
+
+def _coordinator_stats(tc: Any) -> dict[str, Any]:
+    metas = tc.transactions()
+    by = {s: sum(1 for m in metas if m.status is s) for s in TxnStatus}
+    return {"coordinator_id": tc.tc_id, "state": "Ready", "ongoing_txn_size": by[TxnStatus.OPEN],
+            "committing": by[TxnStatus.COMMITTING], "aborting": by[TxnStatus.ABORTING],
+            "recently_committed": by[TxnStatus.COMMITTED], "recently_aborted": by[TxnStatus.ABORTED],
+            "low_water_mark": _low_water_mark(metas), "txn_ids_reserved": tc.txlog.counter + 1,
+            "log_version": tc.txlog.log.version, "log_entries_since_snapshot": tc.txlog.log.files_since_compaction}
+
+
+def _coordinator_info(tc: Any) -> dict[str, Any]:
+    """A used TC's part of its coordinators-list row."""
+    metas = tc.transactions()
+    last = max((m.txn_id for m in metas), default=None)
+    info: dict[str, Any] = {"state": "Ready", "active_txns": sum(1 for m in metas if not m.status.is_final),
+                            "last_txn_id": None if last is None else str(last), "txn_ids_reserved": tc.txlog.counter + 1}
+    lease = tc.txlog.lease()  # the process beginning its transactions here, if any
+    if lease is not None and not lease.released:
+        info.update(lease_owner=lease.owner, lease_expires_ms=lease.expires_ms)
+    return info
 
 
 def _statuses(given: Iterable[TxnStatus | str] | None) -> frozenset[TxnStatus]:

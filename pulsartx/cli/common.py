@@ -162,11 +162,19 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+# A row's error (e.g. a TC whose log cannot be read) is always shown, whatever columns a command picks.
+ERROR_COLUMN = "error"
+
+
 def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:
+    """Rows under upper-case headers: ``columns``, or every key any row has (in order of first
+    appearance), so a row with more keys than the first (an ``error``) loses none of them."""
     if not rows:
         click.echo("(none)")
         return
-    cols = columns or list(rows[0].keys())
+    cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
+    if ERROR_COLUMN not in cols and any(ERROR_COLUMN in r for r in rows):
+        cols.append(ERROR_COLUMN)
     texts = [[cell(r.get(c)) for c in cols] for r in rows]
     heads = [header(c) for c in cols]
     widths = [max(len(h), *(len(t[i]) for t in texts)) for i, h in enumerate(heads)]

@@ -23,6 +23,8 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from pulsartx import forks
 from pulsartx.coordinator.completer import Completer
@@ -31,6 +33,7 @@ from pulsartx.coordinator.keys import TransactionKeyStore
 from pulsartx.coordinator.lease import TcLease
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, StorageError, TransactionCoordinatorNotFoundError
+from pulsartx.storage.retry import StorageUnavailable
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ DEFAULT_COORDINATORS = 16
 META = ("coordinator", "_coordinators.json")
 # A forked child builds its own TC sets: the parent's hold its TxnID blocks and its lease.
 _SHARED: forks.ProcessCache[tuple, Coordinators] = forks.ProcessCache()
+T = TypeVar("T")
 
 
 class Coordinators:
@@ -267,6 +271,22 @@ class Coordinators:
 
     def all(self) -> list[TransactionCoordinator]:
         return [self.tc(i) for i in range(self.count)]
+
+    def each(self, step: Callable[[TransactionCoordinator], T],
+             ids: Iterable[int] | None = None) -> Iterator[tuple[int, T | Exception]]:
+        """(TC id, ``step(tc)``) for every TC in turn, or (TC id, the exception) for one whose log
+        cannot be opened or read (a damaged commit file): the walks over every TC (sweeps, stats,
+        listings, metrics) go on with the others instead of ending at the first bad log, and
+        each says which one it left out. An unreachable store still raises, as every TC would
+        fail alike. Lazy, so a caller may stop between TCs. ``ids``: these TCs only (default all)."""
+        for tc_id in range(self.count) if ids is None else ids:
+            try:
+                result: T | Exception = step(self.tc(tc_id))
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # handed to the caller, which names the TC
+                result = e
+            yield tc_id, result
 
 
 def _same(current: TcLease | None, mine: TcLease) -> bool:
