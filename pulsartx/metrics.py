@@ -22,7 +22,9 @@ from typing import Any
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
+from pulsartx.storage.retry import StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +89,18 @@ class PulsarTxCollector:
     def __init__(self, client: Any, topics: Iterable[str] | None = None):
         self.client = client
         self.topics = list(topics) if topics is not None else None
-        self._reported: dict[Any, str] = {}  # TC id -> its error last logged at WARNING
+        self._reported: dict[str, str] = {}  # "TC <id>", "partition <name>" -> its error last logged at WARNING
 
-    def _unreadable(self, what: Any, e: Exception) -> None:
-        """Log a TC log that cannot be read at WARNING once (then at DEBUG while it repeats, as
-        every scrape meets it), as the coordinator service does."""
+    def _unreadable(self, what: str, e: Exception) -> None:
+        """Log ``what`` (a TC log, a topic, a partition) that cannot be read at WARNING once, then
+        at DEBUG while the same error repeats, as every scrape meets it (the coordinator service
+        logs a failing TC or partition the same way)."""
         error = " ".join(str(e).split())
         if self._reported.get(what) != error:
             self._reported[what] = error
-            log.warning("metrics: TC %s's log cannot be read; its figures are left out "
-                        "(pulsartx_coordinator_log_unreadable=1): %s", what, error)
+            log.warning("metrics: %s cannot be read; its figures are left out of this scrape: %s", what, error)
         else:
-            log.debug("metrics: TC %s's log still cannot be read: %s", what, error)
+            log.debug("metrics: %s still cannot be read: %s", what, error)
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -116,9 +118,9 @@ class PulsarTxCollector:
         for tc_id, metas in tcs.each(lambda tc: tc.transactions()):
             unreadable.add_metric([str(tc_id)], 1 if isinstance(metas, Exception) else 0)
             if isinstance(metas, Exception):  # the other TCs are still reported; this one's figures are unknown
-                self._unreadable(tc_id, metas)
+                self._unreadable(f"TC {tc_id}'s log", metas)
                 continue
-            self._reported.pop(tc_id, None)
+            self._reported.pop(f"TC {tc_id}'s log", None)
             metas_by_tc[tc_id] = metas
             active.add_metric([str(tc_id)], sum(1 for m in metas if not m.status.is_final))
             created.add_metric([str(tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
@@ -190,10 +192,29 @@ class PulsarTxCollector:
         starts = {(m.txn_id.most_bits, m.txn_id.least_bits): m.start_ms for ms in metas_by_tc.values() for m in ms}
         now = int(time.time() * 1000)
         for topic in self.topics if self.topics is not None else self.client.admin.list_topics():
-            for p in self.client.admin.partitions_of(topic):
-                plog = PartitionLog(self.client.root, p)
-                index = plog.refresh()
-                state = TransactionBuffer(plog).state()
+            try:
+                parts = self.client.admin.partitions_of(topic)
+            except TopicNotFound as e:  # deleted since it was listed; one named in ``topics`` is worth a warning
+                if self.topics is not None:
+                    self._unreadable(f"topic {topic}", e)
+                continue
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # its metadata unreadable: the other topics are still reported
+                self._unreadable(f"topic {topic}", e)
+                continue
+            for p in parts:
+                try:
+                    plog = PartitionLog(self.client.root, p)
+                    index = plog.refresh()
+                    state = TransactionBuffer(plog).state()
+                except TopicNotFound:
+                    continue
+                except StorageUnavailable:
+                    raise
+                except Exception as e:  # one damaged partition must not fail the whole scrape
+                    self._unreadable(f"partition {p}", e)
+                    continue
                 labels = [str(p.base), str(p.partition)]
                 entries.add_metric(labels, index.end_offset - index.start_offset)
                 lag.add_metric(labels, state.end_offset - state.read_limit)

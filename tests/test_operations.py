@@ -262,3 +262,31 @@ def test_retention_bounds_the_aborted_set_and_old_files_stay_hidden(tmp_path):
     assert after.filter().apply(raw).num_rows == 0
     assert [m.data() for m in client.create_reader("a", MessageId.earliest)] == [
         f"t{i}".encode() for i in range(12) if i % 2 and 2 * i >= res.new_start_offset]  # data at 2i, marker 2i+1
+
+
+def test_a_metrics_scrape_goes_on_past_a_deleted_topic_and_an_unreadable_partition(tmp_path, monkeypatch):
+    """The per-partition families read every topic at scrape time: a topic deleted between the
+    listing and its partitions, or one partition whose log cannot be read, made the whole scrape
+    fail (HTTP 500 for every metric). The other partitions are reported; the bad one is left out."""
+    import glob
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root, num_coordinators=1)
+    for name in ("a", "gone", "z"):
+        client.admin.create_topic(name, partitions=2)
+        client.create_producer(name).send(b"x")
+    listed = client.admin.list_topics()
+    client.admin.delete_topic("gone")
+    monkeypatch.setattr(client.admin, "list_topics", lambda: listed)
+    commits = sorted(glob.glob(os.path.join(root, "topics", "public", "default", "z", "partition-1", "_delta_log",
+                                            "*.json")))
+    assert commits, os.listdir(root)
+    with open(commits[-1], "r+b") as f:
+        f.truncate(os.path.getsize(commits[-1]) // 2)
+    fresh = pulsartx.Client(root, num_coordinators=1)
+    monkeypatch.setattr(fresh.admin, "list_topics", lambda: listed)
+    text = metrics.generate_latest(fresh)
+    reported = {line.split("{", 1)[1].split("}", 1)[0] for line in text.splitlines()
+                if line.startswith("pulsartx_partition_entries{")}
+    assert reported == {f'partition="{i}",topic="persistent://public/default/{t}"' for t, i in
+                        (("a", 0), ("a", 1), ("z", 0))}, reported
