@@ -558,3 +558,19 @@ def test_command_tree() -> None:
     assert set(cli.commands["coordinator"].commands) == {"run"}
     assert set(cli.commands) == {"topics", "subscriptions", "transactions", "coordinator", "compact", "retention",
                                  "produce", "consume"}
+
+
+def test_coordinator_run_on_a_metrics_port_in_use_names_the_port(shared) -> None:
+    """An OSError from binding the metrics port was reported as a storage-root problem ("the
+    storage root ... must be a directory this user can create and write")."""
+    import socket
+
+    root, _ = shared
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run(root, "coordinator", "run", "--metrics-port", str(port), code=2)
+    assert r.stderr.startswith(f"error: cannot serve metrics on port {port}: "), r.stderr
+    assert "storage root" not in r.stderr
+    assert "not in the range" in run(root, "coordinator", "run", "--metrics-port", "70000", code=2).stderr

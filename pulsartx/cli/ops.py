@@ -5,7 +5,7 @@ import logging
 
 import click
 
-from pulsartx.cli.common import emit, get_client
+from pulsartx.cli.common import PulsarTxError, emit, get_client
 from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
@@ -24,7 +24,7 @@ def coordinator() -> None:
 
 @coordinator.command("run")
 @click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
 @click.option("--compact-every", default=0, show_default=True, type=int, help="Compact every N passes (0: never).")
 @click.option("--grace-ms", default=None, type=int, help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
 @click.pass_context
@@ -34,7 +34,11 @@ def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: in
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = get_client(ctx)
     if metrics_port is not None:
-        start_metrics_server(metrics_port, client)
+        try:
+            start_metrics_server(metrics_port, client)
+        except OSError as e:  # not the storage root's fault, which is what the CLI says of other OSErrors
+            raise PulsarTxError(f"cannot serve metrics on port {metrics_port}: {e.strerror or e}; pick a free "
+                                "port with --metrics-port") from e
         click.echo(f"metrics on :{metrics_port}/metrics", err=True)
     stats = CoordinatorService(client, sweep_interval_ms / 1000.0, compact_every, grace_ms).run()
     emit(ctx, {"passes": stats.passes, "timed_out": stats.timed_out, "completed": stats.completed,
