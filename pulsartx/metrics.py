@@ -115,7 +115,12 @@ class PulsarTxCollector:
         unreadable = family("pulsartx_coordinator_log_unreadable", "1 when the TC's log could not be read at "
                             "this scrape (its other families have no sample then), else 0", ["coordinator_id"])
         metas_by_tc = {}
-        for tc_id, metas in tcs.each(lambda tc: tc.transactions()):
+        used = tcs.used()  # an unused TC has no log, and opening it would create one at every scrape
+        for tc_id in sorted(set(range(tcs.count)) - set(used)):
+            unreadable.add_metric([str(tc_id)], 0)
+            active.add_metric([str(tc_id)], 0)
+            created.add_metric([str(tc_id)], 0)
+        for tc_id, metas in tcs.each(lambda tc: tc.transactions(), used):
             unreadable.add_metric([str(tc_id)], 1 if isinstance(metas, Exception) else 0)
             if isinstance(metas, Exception):  # the other TCs are still reported; this one's figures are unknown
                 self._unreadable(f"TC {tc_id}'s log", metas)
@@ -170,7 +175,7 @@ class PulsarTxCollector:
         age = GaugeMetricFamily("pulsar_txn_transaction_key_age", "Milliseconds since the key's epoch was claimed",
                                 labels=["coordinator_id", "owner", "transaction_key"])
         for tc_id in range(tcs.count):
-            infos = tcs.keys(tc_id).list()
+            infos = tcs.keys_if_any(tc_id)
             count.add_metric([str(tc_id)], len(infos))
             for i in infos:
                 epoch.add_metric([str(tc_id), i.owner, i.transaction_key], i.epoch)

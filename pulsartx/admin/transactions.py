@@ -68,10 +68,20 @@ class TransactionsAdmin:
 
     def get_coordinator_stats(self) -> list[dict[str, Any]]:
         """Per TC: open/committing/aborting counts, the TxnID counter and the log's size. A TC
-        whose log cannot be read has state ``Unreadable``, its ``error`` and no figures."""
+        whose log cannot be read has state ``Unreadable``, its ``error`` and no figures; one no
+        client has used yet is ``Unused``, with zero counts (its log is not created by looking)."""
+        tcs = self._tcs()
+        read = {tc_id: (row, error) for tc_id, row, error in self._each_tc("coordinator stats", _coordinator_stats,
+                                                                           tcs.used())}
         out = []
-        for tc_id, row, error in self._each_tc("coordinator stats", _coordinator_stats):
-            out.append(row if error is None else _unreadable_row(COORDINATOR_STATS_KEYS, tc_id, "state", error))
+        for tc_id in range(tcs.count):
+            row, error = read.get(tc_id, (None, None))
+            if error is not None:
+                row = _unreadable_row(COORDINATOR_STATS_KEYS, tc_id, "state", error)
+            elif row is None:  # no client has used it: nothing in it, and nothing created by looking
+                row = {**dict.fromkeys(COORDINATOR_STATS_KEYS, 0), "coordinator_id": tc_id, "state": "Unused",
+                       "low_water_mark": -1, "log_version": None, "log_entries_since_snapshot": None}
+            out.append(row)
         return out
 
     def list_coordinators(self) -> list[dict[str, Any]]:
@@ -82,9 +92,8 @@ class TransactionsAdmin:
         left so (nothing is created here). One whose log cannot be read is ``Unreadable``, with
         its ``error``."""
         tcs = self._tcs()
-        used = [tc_id for tc_id in range(tcs.count) if self.client.root.exists(*tc_segments(tc_id), "_delta_log")]
         read = {tc_id: (info, error) for tc_id, info, error in self._each_tc("coordinators-list", _coordinator_info,
-                                                                               used)}
+                                                                               tcs.used())}
         out = []
         for tc_id in range(tcs.count):
             row: dict[str, Any] = {"coordinator_id": tc_id, "state": "Unused",
@@ -135,7 +144,8 @@ class TransactionsAdmin:
         unknown, so the listing says it is incomplete rather than leave that TC out silently."""
         metas: list[TxnMeta] = []
         unreadable = []
-        for tc_id, held, error in self._each_tc(what, lambda tc: tc.transactions()):
+        tcs = self._tcs()
+        for tc_id, held, error in self._each_tc(what, lambda tc: tc.transactions(), tcs.used()):
             if error is not None:
                 unreadable.append(_unreadable_row(META_KEYS, tc_id, "status", error))
             else:
@@ -264,13 +274,13 @@ class TransactionsAdmin:
     # ---- transaction keys ------------------------------------------------------------------------
     def list_transaction_keys(self) -> list[dict[str, Any]]:
         tcs = self._tcs()
-        return [dict(i.as_dict(), coordinator_id=tc_id) for tc_id in range(tcs.count) for i in tcs.keys(tc_id).list()]
+        return [dict(i.as_dict(), coordinator_id=tc_id) for tc_id in range(tcs.count) for i in tcs.keys_if_any(tc_id)]
 
     def get_transaction_key(self, transaction_key: str, owner: str | None = None) -> dict[str, Any]:
         tcs = self._tcs()
         k = full_key(owner, transaction_key)
         tc_id = tcs.pick(k)
-        for info in tcs.keys(tc_id).list():
+        for info in tcs.keys_if_any(tc_id):
             if info.transaction_key == transaction_key and (info.owner or None) == owner:
                 return dict(info.as_dict(), coordinator_id=tc_id)
         raise InvalidConfiguration(f"transaction key {transaction_key!r} (owner {owner!r}) does not exist")

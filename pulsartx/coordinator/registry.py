@@ -29,8 +29,9 @@ from typing import TypeVar
 from pulsartx import forks
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator, now_ms
-from pulsartx.coordinator.keys import TransactionKeyStore
+from pulsartx.coordinator.keys import TransactionKeyInfo, TransactionKeyStore, key_segments
 from pulsartx.coordinator.lease import TcLease
+from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, StorageError, TransactionCoordinatorNotFoundError
 from pulsartx.storage.retry import StorageUnavailable
@@ -271,6 +272,18 @@ class Coordinators:
 
     def all(self) -> list[TransactionCoordinator]:
         return [self.tc(i) for i in range(self.count)]
+
+    def used(self) -> list[int]:
+        """The TCs whose log exists. A TC no client has used has none, and opening it would create
+        it: views (stats, listings, metrics) walk these only, so looking creates no table."""
+        return [tc_id for tc_id in range(self.count) if self.root.exists(*tc_segments(tc_id), "_delta_log")]
+
+    def keys_if_any(self, tc_id: int) -> list[TransactionKeyInfo]:
+        """The transaction keys of TC ``tc_id``, without creating its key table when no key was
+        ever claimed there (views must not create tables by looking)."""
+        if not self.root.exists(*key_segments(tc_id), "_delta_log"):
+            return []
+        return self.keys(tc_id).list()
 
     def each(self, step: Callable[[TransactionCoordinator], T],
              ids: Iterable[int] | None = None) -> Iterator[tuple[int, T | Exception]]:
