@@ -110,8 +110,8 @@ class PulsarTxCollector:
 
         tcs = self.client._coordinators()
         active = family("pulsar_txn_active_count", "Open, committing and aborting transactions", ["coordinator_id"])
-        created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID in the TC log + 1)",
-                         ["coordinator_id"])
+        created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID the TC log holds or "
+                         "has trimmed + 1)", ["coordinator_id"])
         unreadable = family("pulsartx_coordinator_log_unreadable", "1 when the TC's log could not be read at "
                             "this scrape (its other families have no sample then), else 0", ["coordinator_id"])
         metas_by_tc = {}
@@ -120,15 +120,17 @@ class PulsarTxCollector:
             unreadable.add_metric([str(tc_id)], 0)
             active.add_metric([str(tc_id)], 0)
             created.add_metric([str(tc_id)], 0)
-        for tc_id, metas in tcs.each(lambda tc: tc.transactions(), used):
-            unreadable.add_metric([str(tc_id)], 1 if isinstance(metas, Exception) else 0)
-            if isinstance(metas, Exception):  # the other TCs are still reported; this one's figures are unknown
-                self._unreadable(f"TC {tc_id}'s log", metas)
+        # With the TC: its transactions and, as they are trimmed once finished, the highest id trimmed.
+        for tc_id, read in tcs.each(lambda tc: (tc.transactions(), tc.txlog.trimmed_through), used):
+            unreadable.add_metric([str(tc_id)], 1 if isinstance(read, Exception) else 0)
+            if isinstance(read, Exception):  # the other TCs are still reported; this one's figures are unknown
+                self._unreadable(f"TC {tc_id}'s log", read)
                 continue
             self._reported.pop(f"TC {tc_id}'s log", None)
+            metas, trimmed = read
             metas_by_tc[tc_id] = metas
             active.add_metric([str(tc_id)], sum(1 for m in metas if not m.status.is_final))
-            created.add_metric([str(tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
+            created.add_metric([str(tc_id)], max([trimmed, *(m.txn_id.least_bits for m in metas)]) + 1)
         yield active
         yield created
         yield unreadable

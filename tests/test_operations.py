@@ -290,3 +290,26 @@ def test_a_metrics_scrape_goes_on_past_a_deleted_topic_and_an_unreadable_partiti
                 if line.startswith("pulsartx_partition_entries{")}
     assert reported == {f'partition="{i}",topic="persistent://public/default/{t}"' for t, i in
                         (("a", 0), ("a", 1), ("z", 0))}, reported
+
+
+def test_created_count_does_not_fall_when_finished_transactions_are_trimmed(tmp_path):
+    """pulsar_txn_created_count was the highest TxnID the TC log still holds + 1, so it fell (to 0)
+    once compaction trimmed the finished transactions: a count of created transactions going
+    down. The highest id compaction trimmed (kept beside the log) counts too."""
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    trim = CoordinatorConfig(finished_retention_ms=0, compact_every=2, recovery_grace_ms=0, lease_ms=0)
+    client = pulsartx.Client(str(tmp_path), num_coordinators=1, coordinator_config=trim)
+    client.admin.create_topic("t")
+    producer = client.create_producer("t")
+    for _ in range(5):
+        with client.new_transaction() as txn:
+            producer.send(b"x", txn=txn)
+        assert client.flush()
+    tl = TransactionLog(client.root, 0, compact_every=1, finished_retention_ms=0).open()
+    tl.log.files_since_compaction = 1
+    assert tl.maybe_compact(int(time.time() * 1000))
+    fresh = pulsartx.Client(str(tmp_path), num_coordinators=1, coordinator_config=trim)
+    assert fresh._coordinators().tc(0).transactions() == []  # all trimmed
+    assert 'pulsar_txn_created_count{coordinator_id="0"} 5.0' in metrics.generate_latest(fresh)
