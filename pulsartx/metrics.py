@@ -150,7 +150,8 @@ class PulsarTxCollector:
         labels = [f"le_{b}" for b in LATENCY_BUCKETS_MS] + ["le_overflow"]
         for i, suffix in enumerate(labels):
             f = family(f"pulsar_txn_execution_latency_{suffix}", "Transactions whose execution took at most "
-                       "this many ms", ["coordinator_id"])
+                       "this many ms and more than the previous bucket's bound (one range, as in Pulsar)",
+                       ["coordinator_id"])
             for tc_id in range(tcs.count):
                 f.add_metric([str(tc_id)], latency.get(tc_id, [0] * len(labels))[i])
             yield f
@@ -162,7 +163,7 @@ class PulsarTxCollector:
         yield f
         for i, suffix in enumerate(labels):
             f = family(f"pulsar_txn_tp_commit_latency_{suffix}", "Pending-ack commits that took at most this "
-                       "many ms", [])
+                       "many ms and more than the previous bucket's bound (one range, as in Pulsar)", [])
             f.add_metric([], tp_latency[i])
             yield f
         yield from self._keys(tcs)
