@@ -233,6 +233,21 @@ def test_topics_peek_binary_values(root: str) -> None:
     assert (row[0], row[-2], row[-1]) == ("(0,0)", "k=v", "base64:/wA=")
 
 
+
+def test_a_table_cell_with_a_line_break_stays_on_its_row(root: str) -> None:
+    """A value holding a newline (or a tab, or a carriage return) printed as it is split its row in
+    two, and the second line read as another message; the table shows it escaped, JSON as it is."""
+    with pulsartx.Client(root, num_coordinators=1) as c:
+        c.admin.create_topic("multi")
+        p = c.create_producer("multi")
+        p.send(b"first\nsecond", properties={"note": "a\tb"})
+        p.send(b"plain")
+    table = lines(run(root, "topics", "peek", "multi"))
+    assert len(table) == 3, table
+    assert table[1].split()[-2:] == ["note=a\\tb", "first\\nsecond"]
+    assert [m["value"] for m in run(root, "topics", "peek", "multi", json_out=True)] == ["first\nsecond", "plain"]
+
+
 # ---- subscriptions ---------------------------------------------------------------------------------------
 def test_subscriptions_list(shared) -> None:
     root, _ = shared

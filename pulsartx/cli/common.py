@@ -149,17 +149,23 @@ def header(column: str) -> str:
     return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", column).upper()
 
 
+# Line breaks and tabs in a value would split its row or shift its columns: a table shows them
+# escaped (JSON output keeps the value as it is).
+_CELL_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
 def cell(value: Any) -> str:
-    """One table cell: None is empty, lists are comma-joined, mappings are ``k=v`` pairs."""
+    """One table cell: None is empty, lists are comma-joined, mappings are ``k=v`` pairs, and
+    line breaks and tabs are escaped (``\\n``), so one row stays one line."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return ",".join(f"{k}={cell(v)}" for k, v in value.items())
+        return ",".join(f"{cell(k)}={cell(v)}" for k, v in value.items())
     if isinstance(value, list | tuple):
         return ",".join(cell(v) for v in value)
-    return str(value)
+    return str(value).translate(_CELL_ESCAPES)
 
 
 # A row's error (e.g. a TC whose log cannot be read) is always shown, whatever columns a command picks.
