@@ -100,13 +100,19 @@ class CoordinatorService:
     def _failed(self, what: str, e: Exception) -> None:
         """Log a failure of ``what`` (a partition, a TC) once at WARNING, at DEBUG while it repeats."""
         msg = f"{what}: {e}"
-        self.stats.errors.append(msg)
-        del self.stats.errors[:-100]  # bounded: a partition broken for days is one line per pass
-        if self._reported.get(what) != str(e):
-            self._reported[what] = str(e)
+        if self._note(what, msg, str(e)):
             log.warning("coordinator pass skipped %s (will retry next pass)", msg)
         else:
             log.debug("coordinator pass skipped %s again", msg)
+
+    def _note(self, what: str, msg: str, error: str) -> bool:
+        """Keep ``msg`` among the last 100 errors (a partition broken, or a store down, for days is
+        one line per pass); True when ``what`` failed otherwise last time (worth a WARNING)."""
+        self.stats.errors.append(msg)
+        del self.stats.errors[:-100]
+        new = self._reported.get(what) != error
+        self._reported[what] = error
+        return new
 
     def run(self, install_signals: bool = True) -> ServiceStats:
         if install_signals:
@@ -119,8 +125,12 @@ class CoordinatorService:
             try:
                 self.run_pass()
             except Exception as e:  # a storage hiccup must not end the service
-                self.stats.errors.append(str(e))
-                log.warning("coordinator pass failed (retrying next pass): %s", e)
+                if self._note("pass", str(e), str(e)):
+                    log.warning("coordinator pass failed (retrying next pass): %s", e)
+                else:
+                    log.debug("coordinator pass failed again: %s", e)
+            else:
+                self._reported.pop("pass", None)  # a later failure is news again
             self.stats.passes += 1
             if self.stats.passes % 60 == 1:
                 log.info("pass %d: %d timed out, %d completed, %d failed so far", self.stats.passes,

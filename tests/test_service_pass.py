@@ -145,3 +145,28 @@ def test_metrics_report_the_other_tcs_and_flag_the_unreadable_one(tmp_path):
     assert 'pulsar_txn_active_count{coordinator_id="0"}' not in text  # unknown, not 0
     assert 'pulsartx_coordinator_log_unreadable{coordinator_id="0"} 1.0' in text
     assert 'pulsartx_coordinator_log_unreadable{coordinator_id="1"} 0.0' in text
+
+
+def test_a_store_down_for_long_keeps_the_service_errors_bounded_and_logs_once(tmp_path, monkeypatch, caplog):
+    """A pass that fails as a whole (the store unreachable) was appended to the service's errors
+    without bound and logged at WARNING every pass: a store down for a day at one pass a second
+    made 86,400 list entries and log lines. The list is bounded as a partition's failures are, and
+    the same error is logged at WARNING once, then at DEBUG while it repeats."""
+    from pulsartx.storage.retry import StorageUnavailable
+
+    svc = CoordinatorService(pulsartx.Client(str(tmp_path / "root")), sweep_interval_s=0)
+    passes = 0
+
+    def down() -> None:
+        nonlocal passes
+        passes += 1
+        if passes >= 300:
+            svc.stop()
+        raise StorageUnavailable("list s3://bucket/prefix: unreachable after 30 s of retries")
+
+    monkeypatch.setattr(svc, "run_pass", down)
+    with caplog.at_level("WARNING", logger="pulsartx.service"):
+        svc.run(install_signals=False)
+    assert svc.stats.passes == 300
+    assert 1 <= len(svc.stats.errors) <= 100
+    assert sum("coordinator pass failed" in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 1
