@@ -123,6 +123,20 @@ def test_topics_list(shared) -> None:
     assert lines(run(root, "topics", "list", "tenant1/empty")) == ["(none)"]
 
 
+def test_topics_list_leaves_out_a_topic_deleted_while_it_lists(root: str, monkeypatch) -> None:
+    """The listing, then each topic's partition count: a topic another process deleted in between
+    failed the whole command ("topic ... does not exist", exit code 2)."""
+    from pulsartx.admin.topics import TopicsAdmin
+
+    with pulsartx.Client(root) as c:
+        for name in ("a", "gone", "z"):
+            c.admin.create_topic(name)
+        listed = c.admin.list_topics()
+        c.admin.delete_topic("gone")
+    monkeypatch.setattr(TopicsAdmin, "list_topics", lambda self, namespace=None: listed)
+    assert [t["topic"] for t in run(root, "topics", "list", json_out=True)] == [
+        "persistent://public/default/a", "persistent://public/default/z"]
+
 def test_topics_create_and_delete(root: str) -> None:
     assert lines(run(root, "topics", "create", "events", "-p", "3")) == [
         "KEY         VALUE",
