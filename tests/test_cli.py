@@ -603,3 +603,13 @@ def test_coordinator_run_on_a_metrics_port_in_use_names_the_port(shared) -> None
     assert r.stderr.startswith(f"error: cannot serve metrics on port {port}: "), r.stderr
     assert "storage root" not in r.stderr
     assert "not in the range" in run(root, "coordinator", "run", "--metrics-port", "70000", code=2).stderr
+
+
+def test_an_output_file_that_cannot_be_written_is_not_blamed_on_the_storage_root(shared, tmp_path) -> None:
+    """Every OSError was reported as the storage root's ("the storage root ... must be a directory
+    this user can create and write ... check --service-url"), also one about the --out file."""
+    pytest.importorskip("matplotlib")
+    root, _ = shared
+    out = tmp_path / "no-such-dir" / "t.svg"
+    r = run(root, "topics", "timeline", "orders", "--out", str(out), code=2)
+    assert r.stderr == f"error: No such file or directory: {out}\n", r.stderr

@@ -8,6 +8,7 @@ from ``main``, so ``main`` can import them without a cycle.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -48,10 +49,27 @@ class RootGroup(click.Group):
             raise
         except OSError as e:  # a local root that is a file, or that cannot be created: not a traceback
             obj = ctx.find_root().obj or {}
+            if not _about_the_root(obj, e):  # e.g. a --out file: the root is not to blame
+                raise PulsarTxError(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from e
             raise PulsarTxError(
                 f"{e.strerror or e}: {e.filename or obj.get('service_url')}: the storage root "
                 f"{obj.get('service_url') or '$PULSARTX_SERVICE_URL or ./pulsartx-data'} must be a directory this user can "
                 "create and write (or s3://bucket/prefix); check --service-url") from e
+
+
+def _about_the_root(obj: dict[str, Any], e: OSError) -> bool:
+    """Whether an OSError concerns the storage root: one naming no file, or a path at, below or
+    above a local root."""
+    if not isinstance(e.filename, str | bytes | os.PathLike) or not e.filename:
+        return True
+    try:
+        root = StorageRoot.resolve(obj.get("service_url"), obj.get("storage_options") or {})
+    except PulsarException:
+        return True
+    if not root.is_local:
+        return False
+    path, base = os.path.abspath(os.fsdecode(e.filename)), os.path.abspath(root.url)
+    return os.path.commonpath([path, base]) in (path, base)
 
 
 def object_store_hint(ctx: click.Context, e: StorageError) -> str:
