@@ -74,3 +74,22 @@ def test_coordinator_stats_listings_and_metrics_create_no_tc_tables(tmp_path):
     text = metrics.generate_latest(admin)
     assert sum(line.startswith("pulsar_txn_active_count{") for line in text.splitlines()) == 3
     assert sorted(os.listdir(os.path.join(root, "coordinator"))) == used
+
+
+def test_transaction_metadata_on_an_unused_tc_creates_nothing(tmp_path):
+    """transaction-metadata of an id on a TC no client has used opened it, creating its log and
+    key tables, only to say the id was never issued."""
+    import pytest
+
+    from pulsartx.exceptions import TransactionNotFound
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, num_coordinators=4) as c:
+        c.admin.create_topic("t")
+        with c.new_transaction() as txn:
+            c.create_producer("t").send(b"x", txn=txn)
+    before = sorted(os.listdir(os.path.join(root, "coordinator")))
+    unused = min({0, 1, 2, 3} - {int(d[3:]) for d in before if d.startswith("tc-")})
+    with pytest.raises(TransactionNotFound, match=rf"transaction \({unused},7\) was never issued by TC {unused}"):
+        pulsartx.Client(root).admin.transactions.get_transaction_metadata(f"{unused}:7")
+    assert sorted(os.listdir(os.path.join(root, "coordinator"))) == before

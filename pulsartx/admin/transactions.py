@@ -114,7 +114,10 @@ class TransactionsAdmin:
         transaction-metadata``). ``open_duration_ms`` runs until the transaction has ended and is
         fixed from then on: begin to its COMMITTED/ABORTED entry (see :func:`open_duration_ms`)."""
         t = TxnID.parse(txn_id)
-        return meta_dict(self._tcs().for_txn(t).get(t, refresh=True))
+        tcs = self._tcs()
+        if 0 <= t.most_bits < tcs.count and not tcs.is_used(t.most_bits):  # looking must not create its log
+            raise TransactionNotFound(f"transaction {t} was never issued by TC {t.most_bits}")
+        return meta_dict(tcs.for_txn(t).get(t, refresh=True))
 
     def get_slow_transactions(self, timeout_ms: int) -> list[dict[str, Any]]:
         """Transactions still unfinished after ``timeout_ms`` (Pulsar's ``slow-transactions``)."""

@@ -276,7 +276,10 @@ class Coordinators:
     def used(self) -> list[int]:
         """The TCs whose log exists. A TC no client has used has none, and opening it would create
         it: views (stats, listings, metrics) walk these only, so looking creates no table."""
-        return [tc_id for tc_id in range(self.count) if self.root.exists(*tc_segments(tc_id), "_delta_log")]
+        return [tc_id for tc_id in range(self.count) if self.is_used(tc_id)]
+
+    def is_used(self, tc_id: int) -> bool:
+        return self.root.exists(*tc_segments(tc_id), "_delta_log")
 
     def keys_if_any(self, tc_id: int) -> list[TransactionKeyInfo]:
         """The transaction keys of TC ``tc_id``, without creating its key table when no key was
