@@ -62,6 +62,7 @@ class CoordinatorService:
             if isinstance(r, Exception):
                 self._failed(f"TC {tc_id}", r)
             else:
+                self._reported.pop(f"TC {tc_id}", None)  # the same error later is a new outage
                 self.stats.timed_out += r.timed_out
                 self.stats.completed += r.completed
                 self.stats.failed += r.failed
@@ -78,6 +79,7 @@ class CoordinatorService:
             except Exception as e:  # its metadata unreadable: the topics after it are still maintained
                 self._partition_failed(topic, e)
                 continue
+            self._reported.pop(f"partition {topic}", None)
             for p in parts:
                 if self._stop.is_set():
                     return
@@ -88,6 +90,7 @@ class CoordinatorService:
                     if compact:
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)
+                    self._reported.pop(f"partition {p}", None)  # the same error later is a new outage
                 except StorageUnavailable:
                     raise  # the store itself is down: end this pass (retried next pass), not one wait per partition
                 except Exception as e:  # one broken partition (e.g. a corrupt log) must not stall the others

@@ -170,3 +170,29 @@ def test_a_store_down_for_long_keeps_the_service_errors_bounded_and_logs_once(tm
     assert svc.stats.passes == 300
     assert 1 <= len(svc.stats.errors) <= 100
     assert sum("coordinator pass failed" in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 1
+
+
+def test_a_partition_that_fails_again_after_recovering_is_warned_about_again(tmp_path, monkeypatch, caplog):
+    """A failing partition is logged at WARNING once, then at DEBUG while the same error repeats;
+    but once it has been maintained again, the same error coming back is a new outage, and was
+    logged at DEBUG only (invisible at the default level)."""
+    from pulsartx import service
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root)
+    client.admin.create_topic("t", 1)
+    real_settle = service.settle
+    broken = iter([True, True, False, True])
+
+    def flaky(coordinators, buf, **kw):
+        if next(broken):
+            raise OSError("disk read error")
+        return real_settle(coordinators, buf, **kw)
+
+    monkeypatch.setattr(service, "settle", flaky)
+    svc = service.CoordinatorService(client, grace_ms=0)
+    with caplog.at_level("WARNING", logger="pulsartx.service"):
+        for _ in range(4):
+            svc.run_pass()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and all("disk read error" in w for w in warned), warned
