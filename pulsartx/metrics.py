@@ -211,6 +211,7 @@ class PulsarTxCollector:
             except Exception as e:  # its metadata unreadable: the other topics are still reported
                 self._unreadable(f"topic {topic}", e)
                 continue
+            self._reported.pop(f"topic {topic}", None)
             for p in parts:
                 try:
                     plog = PartitionLog(self.client.root, p)
@@ -223,6 +224,7 @@ class PulsarTxCollector:
                 except Exception as e:  # one damaged partition must not fail the whole scrape
                     self._unreadable(f"partition {p}", e)
                     continue
+                self._reported.pop(f"partition {p}", None)  # the same error later is news again
                 labels = [str(p.base), str(p.partition)]
                 entries.add_metric(labels, index.end_offset - index.start_offset)
                 lag.add_metric(labels, state.end_offset - state.read_limit)

@@ -313,3 +313,26 @@ def test_created_count_does_not_fall_when_finished_transactions_are_trimmed(tmp_
     fresh = pulsartx.Client(str(tmp_path), num_coordinators=1, coordinator_config=trim)
     assert fresh._coordinators().tc(0).transactions() == []  # all trimmed
     assert 'pulsar_txn_created_count{coordinator_id="0"} 5.0' in metrics.generate_latest(fresh)
+
+
+def test_metrics_warn_again_about_a_partition_that_fails_again_after_recovering(tmp_path, monkeypatch, caplog):
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root, num_coordinators=1)
+    client.admin.create_topic("t")
+    real = metrics.TransactionBuffer
+    broken = iter([True, True, False, True])
+
+    def flaky(plog):
+        if next(broken):
+            raise OSError("disk read error")
+        return real(plog)
+
+    monkeypatch.setattr(metrics, "TransactionBuffer", flaky)
+    reg = metrics.registry(client)
+    from prometheus_client import generate_latest
+
+    with caplog.at_level("WARNING", logger="pulsartx.metrics"):
+        for _ in range(4):
+            generate_latest(reg)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and all("disk read error" in w for w in warned), warned
