@@ -613,3 +613,18 @@ def test_an_output_file_that_cannot_be_written_is_not_blamed_on_the_storage_root
     out = tmp_path / "no-such-dir" / "t.svg"
     r = run(root, "topics", "timeline", "orders", "--out", str(out), code=2)
     assert r.stderr == f"error: No such file or directory: {out}\n", r.stderr
+
+
+def test_compact_and_retention_of_every_topic_leave_out_one_deleted_while_they_list(root: str, monkeypatch) -> None:
+    from pulsartx.admin.topics import TopicsAdmin
+
+    with pulsartx.Client(root) as c:
+        for name in ("a", "gone"):
+            c.admin.create_topic(name)
+        listed = c.admin.list_topics()
+        c.admin.delete_topic("gone")
+    monkeypatch.setattr(TopicsAdmin, "list_topics", lambda self, namespace=None: listed)
+    assert [r["partition"] for r in run(root, "compact", json_out=True)] == ["persistent://public/default/a-partition-0"]
+    assert [r["partition"] for r in run(root, "retention", "--max-age-ms", "1000000", json_out=True)] == [
+        "persistent://public/default/a-partition-0"]
+    assert "does not exist" in run(root, "compact", "gone", code=2).stderr  # named: still an error

@@ -7,6 +7,7 @@ import click
 
 from pulsartx.cli.common import PulsarTxError, emit, get_client
 from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
 from pulsartx.metrics import start_metrics_server
@@ -14,8 +15,17 @@ from pulsartx.service import CoordinatorService
 
 
 def _partitions(client, topic: str | None):
-    topics = [topic] if topic else client.admin.list_topics()
-    return [p for t in topics for p in client.admin.partitions_of(t)]
+    """TOPIC's partitions, or every topic's: one deleted by another process since it was listed is
+    left out (a TOPIC named that does not exist is still an error)."""
+    if topic:
+        return client.admin.partitions_of(topic)
+    out = []
+    for t in client.admin.list_topics():
+        try:
+            out.extend(client.admin.partitions_of(t))
+        except TopicNotFound:
+            continue
+    return out
 
 
 @click.group()
