@@ -628,3 +628,29 @@ def test_compact_and_retention_of_every_topic_leave_out_one_deleted_while_they_l
     assert [r["partition"] for r in run(root, "retention", "--max-age-ms", "1000000", json_out=True)] == [
         "persistent://public/default/a-partition-0"]
     assert "does not exist" in run(root, "compact", "gone", code=2).stderr  # named: still an error
+
+
+@pytest.mark.parametrize("args", [["coordinator", "run", "--compact-every", "-1"],
+                                  ["coordinator", "run", "--sweep-interval-ms", "-5"],
+                                  ["coordinator", "run", "--grace-ms", "-1"],
+                                  ["retention", "--max-age-ms", "-1"],
+                                  ["retention", "--max-bytes", "-1"],
+                                  ["retention", "--max-age-ms", "1", "--vacuum-retention-hours", "-1"]])
+def test_negative_counts_and_durations_are_refused(shared, args, monkeypatch) -> None:
+    """A negative --compact-every compacted on every pass (passes % -1 == 0), a negative sweep
+    interval ran passes back to back, and a negative age or size limit deleted as 0 does: each is
+    refused, naming the option, before anything runs."""
+    from pulsartx.cli import ops
+    from pulsartx.service import ServiceStats
+
+    class Once:  # were the value taken, the service would run until stopped
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def run(self) -> ServiceStats:
+            return ServiceStats()
+
+    monkeypatch.setattr(ops, "CoordinatorService", Once)
+    root, _ = shared
+    r = run(root, *args, code=2)
+    assert f"Invalid value for '{args[-2]}'" in r.stderr, r.stderr

@@ -33,10 +33,11 @@ def coordinator() -> None:
     """The transaction coordinator service."""
 
 @coordinator.command("run")
-@click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
+@click.option("--sweep-interval-ms", default=1000, show_default=True, type=click.IntRange(min=0))
 @click.option("--metrics-port", default=None, type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
-@click.option("--compact-every", default=0, show_default=True, type=int, help="Compact every N passes (0: never).")
-@click.option("--grace-ms", default=None, type=int, help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
+@click.option("--compact-every", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Compact every N passes (0: never).")
+@click.option("--grace-ms", default=None, type=click.IntRange(min=0), help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
 @click.pass_context
 def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: int | None, compact_every: int,
                     grace_ms: int | None) -> None:
@@ -71,10 +72,10 @@ def compact(ctx: click.Context, topic: str | None) -> None:
 
 @click.command()
 @click.argument("topic", required=False)
-@click.option("--max-age-ms", type=int, default=None)
-@click.option("--max-bytes", type=int, default=None)
+@click.option("--max-age-ms", type=click.IntRange(min=0), default=None)
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None)
 @click.option("--force", is_flag=True, help="Delete past the slowest subscription too.")
-@click.option("--vacuum-retention-hours", type=float, default=1.0, show_default=True)
+@click.option("--vacuum-retention-hours", type=click.FloatRange(min=0), default=1.0, show_default=True)
 @click.pass_context
 def retention(ctx: click.Context, topic: str | None, max_age_ms: int | None, max_bytes: int | None, force: bool,
               vacuum_retention_hours: float) -> None:
