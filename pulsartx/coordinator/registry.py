@@ -279,7 +279,8 @@ class Coordinators:
         return [tc_id for tc_id in range(self.count) if self.is_used(tc_id)]
 
     def is_used(self, tc_id: int) -> bool:
-        return self.root.exists(*tc_segments(tc_id), "_delta_log")
+        """Whether TC ``tc_id`` has a log: one this process opened has (no storage request then)."""
+        return tc_id in self._tcs or self.root.exists(*tc_segments(tc_id), "_delta_log")
 
     def keys_if_any(self, tc_id: int) -> list[TransactionKeyInfo]:
         """The transaction keys of TC ``tc_id``, without creating its key table when no key was
