@@ -77,7 +77,10 @@ def topics_stats(ctx: click.Context, topic: str) -> None:
     parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"])} for s in stats]
     txns = [{"partition": _index(s["partition"]), "ongoingTxnCount": s["ongoingTxnCount"],
              "abortedTxnCount": s["abortedTxnCount"],
-             **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]})}
+             **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]}),
+             # its TC could not be asked: shown in the table's error column
+             **({} if s["blockingTxn"] is None or "tcError" not in s["blockingTxn"] else
+                {"error": s["blockingTxn"]["tcError"]})}
             for s in stats]
     producers = [{**pr, "partition": _index(s["partition"]),
                   "lastPublishTime": None if pr["lastPublishTime"] is None else iso_ms(pr["lastPublishTime"])}
