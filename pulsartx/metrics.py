@@ -12,6 +12,7 @@ Embed with :func:`generate_latest` (text exposition) or :func:`start_metrics_ser
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -21,7 +22,11 @@ from typing import Any
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
+from pulsartx.storage.retry import StorageUnavailable
+
+log = logging.getLogger(__name__)
 
 # Pulsar's pulsar_txn_execution_latency_le_* buckets, in milliseconds.
 LATENCY_BUCKETS_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
@@ -84,6 +89,18 @@ class PulsarTxCollector:
     def __init__(self, client: Any, topics: Iterable[str] | None = None):
         self.client = client
         self.topics = list(topics) if topics is not None else None
+        self._reported: dict[str, str] = {}  # "TC <id>", "partition <name>" -> its error last logged at WARNING
+
+    def _unreadable(self, what: str, e: Exception) -> None:
+        """Log ``what`` (a TC log, a topic, a partition) that cannot be read at WARNING once, then
+        at DEBUG while the same error repeats, as every scrape meets it (the coordinator service
+        logs a failing TC or partition the same way)."""
+        error = " ".join(str(e).split())
+        if self._reported.get(what) != error:
+            self._reported[what] = error
+            log.warning("metrics: %s cannot be read; its figures are left out of this scrape: %s", what, error)
+        else:
+            log.debug("metrics: %s still cannot be read: %s", what, error)
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -93,16 +110,30 @@ class PulsarTxCollector:
 
         tcs = self.client._coordinators()
         active = family("pulsar_txn_active_count", "Open, committing and aborting transactions", ["coordinator_id"])
-        created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID in the TC log + 1)",
-                         ["coordinator_id"])
+        created = family("pulsar_txn_created_count", "Transactions created (the highest TxnID the TC log holds or "
+                         "has trimmed + 1)", ["coordinator_id"])
+        unreadable = family("pulsartx_coordinator_log_unreadable", "1 when the TC's log could not be read at "
+                            "this scrape (its other families have no sample then), else 0", ["coordinator_id"])
         metas_by_tc = {}
-        for tc in tcs.all():
-            metas = tc.transactions()
-            metas_by_tc[tc.tc_id] = metas
-            active.add_metric([str(tc.tc_id)], sum(1 for m in metas if not m.status.is_final))
-            created.add_metric([str(tc.tc_id)], max((m.txn_id.least_bits for m in metas), default=-1) + 1)
+        used = tcs.used()  # an unused TC has no log, and opening it would create one at every scrape
+        for tc_id in sorted(set(range(tcs.count)) - set(used)):
+            unreadable.add_metric([str(tc_id)], 0)
+            active.add_metric([str(tc_id)], 0)
+            created.add_metric([str(tc_id)], 0)
+        # With the TC: its transactions and, as they are trimmed once finished, the highest id trimmed.
+        for tc_id, read in tcs.each(lambda tc: (tc.transactions(), tc.txlog.trimmed_through), used):
+            unreadable.add_metric([str(tc_id)], 1 if isinstance(read, Exception) else 0)
+            if isinstance(read, Exception):  # the other TCs are still reported; this one's figures are unknown
+                self._unreadable(f"TC {tc_id}'s log", read)
+                continue
+            self._reported.pop(f"TC {tc_id}'s log", None)
+            metas, trimmed = read
+            metas_by_tc[tc_id] = metas
+            active.add_metric([str(tc_id)], sum(1 for m in metas if not m.status.is_final))
+            created.add_metric([str(tc_id)], max([trimmed, *(m.txn_id.least_bits for m in metas)]) + 1)
         yield active
         yield created
+        yield unreadable
         with _lock:
             counts = dict(_counts)
             latency = {k: list(v) for k, v in _latency.items()}
@@ -119,7 +150,8 @@ class PulsarTxCollector:
         labels = [f"le_{b}" for b in LATENCY_BUCKETS_MS] + ["le_overflow"]
         for i, suffix in enumerate(labels):
             f = family(f"pulsar_txn_execution_latency_{suffix}", "Transactions whose execution took at most "
-                       "this many ms", ["coordinator_id"])
+                       "this many ms and more than the previous bucket's bound (one range, as in Pulsar)",
+                       ["coordinator_id"])
             for tc_id in range(tcs.count):
                 f.add_metric([str(tc_id)], latency.get(tc_id, [0] * len(labels))[i])
             yield f
@@ -131,7 +163,7 @@ class PulsarTxCollector:
         yield f
         for i, suffix in enumerate(labels):
             f = family(f"pulsar_txn_tp_commit_latency_{suffix}", "Pending-ack commits that took at most this "
-                       "many ms", [])
+                       "many ms and more than the previous bucket's bound (one range, as in Pulsar)", [])
             f.add_metric([], tp_latency[i])
             yield f
         yield from self._keys(tcs)
@@ -146,7 +178,7 @@ class PulsarTxCollector:
         age = GaugeMetricFamily("pulsar_txn_transaction_key_age", "Milliseconds since the key's epoch was claimed",
                                 labels=["coordinator_id", "owner", "transaction_key"])
         for tc_id in range(tcs.count):
-            infos = tcs.keys(tc_id).list()
+            infos = tcs.keys_if_any(tc_id)
             count.add_metric([str(tc_id)], len(infos))
             for i in infos:
                 epoch.add_metric([str(tc_id), i.owner, i.transaction_key], i.epoch)
@@ -168,10 +200,31 @@ class PulsarTxCollector:
         starts = {(m.txn_id.most_bits, m.txn_id.least_bits): m.start_ms for ms in metas_by_tc.values() for m in ms}
         now = int(time.time() * 1000)
         for topic in self.topics if self.topics is not None else self.client.admin.list_topics():
-            for p in self.client.admin.partitions_of(topic):
-                plog = PartitionLog(self.client.root, p)
-                index = plog.refresh()
-                state = TransactionBuffer(plog).state()
+            try:
+                parts = self.client.admin.partitions_of(topic)
+            except TopicNotFound as e:  # deleted since it was listed; one named in ``topics`` is worth a warning
+                if self.topics is not None:
+                    self._unreadable(f"topic {topic}", e)
+                continue
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # its metadata unreadable: the other topics are still reported
+                self._unreadable(f"topic {topic}", e)
+                continue
+            self._reported.pop(f"topic {topic}", None)
+            for p in parts:
+                try:
+                    plog = PartitionLog(self.client.root, p)
+                    index = plog.refresh()
+                    state = TransactionBuffer(plog).state()
+                except TopicNotFound:
+                    continue
+                except StorageUnavailable:
+                    raise
+                except Exception as e:  # one damaged partition must not fail the whole scrape
+                    self._unreadable(f"partition {p}", e)
+                    continue
+                self._reported.pop(f"partition {p}", None)  # the same error later is news again
                 labels = [str(p.base), str(p.partition)]
                 entries.add_metric(labels, index.end_offset - index.start_offset)
                 lag.add_metric(labels, state.end_offset - state.read_limit)

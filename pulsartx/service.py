@@ -55,20 +55,19 @@ class CoordinatorService:
         self._stop.set()
 
     def run_pass(self) -> None:
-        tcs = self.client._coordinators()
-        for tc_id in range(tcs.count):
+        if self._stop.is_set():
+            return
+        # One unreadable TC log must not leave the others' transactions unfinished.
+        for tc_id, r in self.client._coordinators().each(lambda tc: tc.sweep(grace_ms=self.grace_ms)):
+            if isinstance(r, Exception):
+                self._failed(f"TC {tc_id}", r)
+            else:
+                self._reported.pop(f"TC {tc_id}", None)  # the same error later is a new outage
+                self.stats.timed_out += r.timed_out
+                self.stats.completed += r.completed
+                self.stats.failed += r.failed
             if self._stop.is_set():
                 return
-            try:
-                r = tcs.tc(tc_id).sweep(grace_ms=self.grace_ms)
-            except StorageUnavailable:
-                raise
-            except Exception as e:  # one unreadable TC log must not leave the others' transactions unfinished
-                self._failed(f"TC {tc_id}", e)
-                continue
-            self.stats.timed_out += r.timed_out
-            self.stats.completed += r.completed
-            self.stats.failed += r.failed
         compact = self.compact_every_passes and self.stats.passes % self.compact_every_passes == 0
         for topic in self.client.admin.list_topics():
             try:
@@ -80,6 +79,7 @@ class CoordinatorService:
             except Exception as e:  # its metadata unreadable: the topics after it are still maintained
                 self._partition_failed(topic, e)
                 continue
+            self._reported.pop(f"partition {topic}", None)
             for p in parts:
                 if self._stop.is_set():
                     return
@@ -90,6 +90,7 @@ class CoordinatorService:
                     if compact:
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)
+                    self._reported.pop(f"partition {p}", None)  # the same error later is a new outage
                 except StorageUnavailable:
                     raise  # the store itself is down: end this pass (retried next pass), not one wait per partition
                 except Exception as e:  # one broken partition (e.g. a corrupt log) must not stall the others
@@ -102,13 +103,19 @@ class CoordinatorService:
     def _failed(self, what: str, e: Exception) -> None:
         """Log a failure of ``what`` (a partition, a TC) once at WARNING, at DEBUG while it repeats."""
         msg = f"{what}: {e}"
-        self.stats.errors.append(msg)
-        del self.stats.errors[:-100]  # bounded: a partition broken for days is one line per pass
-        if self._reported.get(what) != str(e):
-            self._reported[what] = str(e)
+        if self._note(what, msg, str(e)):
             log.warning("coordinator pass skipped %s (will retry next pass)", msg)
         else:
             log.debug("coordinator pass skipped %s again", msg)
+
+    def _note(self, what: str, msg: str, error: str) -> bool:
+        """Keep ``msg`` among the last 100 errors (a partition broken, or a store down, for days is
+        one line per pass); True when ``what`` failed otherwise last time (worth a WARNING)."""
+        self.stats.errors.append(msg)
+        del self.stats.errors[:-100]
+        new = self._reported.get(what) != error
+        self._reported[what] = error
+        return new
 
     def run(self, install_signals: bool = True) -> ServiceStats:
         if install_signals:
@@ -121,8 +128,12 @@ class CoordinatorService:
             try:
                 self.run_pass()
             except Exception as e:  # a storage hiccup must not end the service
-                self.stats.errors.append(str(e))
-                log.warning("coordinator pass failed (retrying next pass): %s", e)
+                if self._note("pass", str(e), str(e)):
+                    log.warning("coordinator pass failed (retrying next pass): %s", e)
+                else:
+                    log.debug("coordinator pass failed again: %s", e)
+            else:
+                self._reported.pop("pass", None)  # a later failure is news again
             self.stats.passes += 1
             if self.stats.passes % 60 == 1:
                 log.info("pass %d: %d timed out, %d completed, %d failed so far", self.stats.passes,

@@ -123,6 +123,20 @@ def test_topics_list(shared) -> None:
     assert lines(run(root, "topics", "list", "tenant1/empty")) == ["(none)"]
 
 
+def test_topics_list_leaves_out_a_topic_deleted_while_it_lists(root: str, monkeypatch) -> None:
+    """The listing, then each topic's partition count: a topic another process deleted in between
+    failed the whole command ("topic ... does not exist", exit code 2)."""
+    from pulsartx.admin.topics import TopicsAdmin
+
+    with pulsartx.Client(root) as c:
+        for name in ("a", "gone", "z"):
+            c.admin.create_topic(name)
+        listed = c.admin.list_topics()
+        c.admin.delete_topic("gone")
+    monkeypatch.setattr(TopicsAdmin, "list_topics", lambda self, namespace=None: listed)
+    assert [t["topic"] for t in run(root, "topics", "list", json_out=True)] == [
+        "persistent://public/default/a", "persistent://public/default/z"]
+
 def test_topics_create_and_delete(root: str) -> None:
     assert lines(run(root, "topics", "create", "events", "-p", "3")) == [
         "KEY         VALUE",
@@ -231,6 +245,21 @@ def test_topics_peek_binary_values(root: str) -> None:
     assert (m["value"], m["encoding"], m["size"], m["properties"]) == ("/wA=", "base64", 2, {"k": "v"})
     row = lines(run(root, "topics", "peek", "bin"))[1].split()
     assert (row[0], row[-2], row[-1]) == ("(0,0)", "k=v", "base64:/wA=")
+
+
+
+def test_a_table_cell_with_a_line_break_stays_on_its_row(root: str) -> None:
+    """A value holding a newline (or a tab, or a carriage return) printed as it is split its row in
+    two, and the second line read as another message; the table shows it escaped, JSON as it is."""
+    with pulsartx.Client(root, num_coordinators=1) as c:
+        c.admin.create_topic("multi")
+        p = c.create_producer("multi")
+        p.send(b"first\nsecond", properties={"note": "a\tb"})
+        p.send(b"plain")
+    table = lines(run(root, "topics", "peek", "multi"))
+    assert len(table) == 3, table
+    assert table[1].split()[-2:] == ["note=a\\tb", "first\\nsecond"]
+    assert [m["value"] for m in run(root, "topics", "peek", "multi", json_out=True)] == ["first\nsecond", "plain"]
 
 
 # ---- subscriptions ---------------------------------------------------------------------------------------
@@ -424,6 +453,16 @@ def test_transactions_buffer_and_pending_ack_stats(shared) -> None:
          "pendingAckCount": 1, "cumulativeAckPosition": None}]
 
 
+def test_pending_ack_stats_of_a_missing_subscription_is_an_error(shared) -> None:
+    """A subscription that exists on no partition of the topic is an error naming both, as in
+    ``subscriptions reset``: not rows of state None and exit code 0, which read as "nothing pending"."""
+    root, _ = shared
+    for command in (["pending-ack-stats", "orders", "ghost"],
+                    ["transaction-in-pending-ack-stats", "(0,2)", "orders", "ghost"]):
+        r = run(root, "transactions", *command, code=2)
+        assert r.stdout == ""
+        assert r.stderr.startswith(f"error: subscription 'ghost' does not exist on topic {T}: "), r.stderr
+
 def test_transaction_keys(shared) -> None:
     root, _ = shared
     keys = run(root, "transactions", "list-transaction-keys", json_out=True)
@@ -548,3 +587,70 @@ def test_command_tree() -> None:
     assert set(cli.commands["coordinator"].commands) == {"run"}
     assert set(cli.commands) == {"topics", "subscriptions", "transactions", "coordinator", "compact", "retention",
                                  "produce", "consume"}
+
+
+def test_coordinator_run_on_a_metrics_port_in_use_names_the_port(shared) -> None:
+    """An OSError from binding the metrics port was reported as a storage-root problem ("the
+    storage root ... must be a directory this user can create and write")."""
+    import socket
+
+    root, _ = shared
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run(root, "coordinator", "run", "--metrics-port", str(port), code=2)
+    assert r.stderr.startswith(f"error: cannot serve metrics on port {port}: "), r.stderr
+    assert "storage root" not in r.stderr
+    assert "not in the range" in run(root, "coordinator", "run", "--metrics-port", "70000", code=2).stderr
+
+
+def test_an_output_file_that_cannot_be_written_is_not_blamed_on_the_storage_root(shared, tmp_path) -> None:
+    """Every OSError was reported as the storage root's ("the storage root ... must be a directory
+    this user can create and write ... check --service-url"), also one about the --out file."""
+    pytest.importorskip("matplotlib")
+    root, _ = shared
+    out = tmp_path / "no-such-dir" / "t.svg"
+    r = run(root, "topics", "timeline", "orders", "--out", str(out), code=2)
+    assert r.stderr == f"error: No such file or directory: {out}\n", r.stderr
+
+
+def test_compact_and_retention_of_every_topic_leave_out_one_deleted_while_they_list(root: str, monkeypatch) -> None:
+    from pulsartx.admin.topics import TopicsAdmin
+
+    with pulsartx.Client(root) as c:
+        for name in ("a", "gone"):
+            c.admin.create_topic(name)
+        listed = c.admin.list_topics()
+        c.admin.delete_topic("gone")
+    monkeypatch.setattr(TopicsAdmin, "list_topics", lambda self, namespace=None: listed)
+    assert [r["partition"] for r in run(root, "compact", json_out=True)] == ["persistent://public/default/a-partition-0"]
+    assert [r["partition"] for r in run(root, "retention", "--max-age-ms", "1000000", json_out=True)] == [
+        "persistent://public/default/a-partition-0"]
+    assert "does not exist" in run(root, "compact", "gone", code=2).stderr  # named: still an error
+
+
+@pytest.mark.parametrize("args", [["coordinator", "run", "--compact-every", "-1"],
+                                  ["coordinator", "run", "--sweep-interval-ms", "-5"],
+                                  ["coordinator", "run", "--grace-ms", "-1"],
+                                  ["retention", "--max-age-ms", "-1"],
+                                  ["retention", "--max-bytes", "-1"],
+                                  ["retention", "--max-age-ms", "1", "--vacuum-retention-hours", "-1"]])
+def test_negative_counts_and_durations_are_refused(shared, args, monkeypatch) -> None:
+    """A negative --compact-every compacted on every pass (passes % -1 == 0), a negative sweep
+    interval ran passes back to back, and a negative age or size limit deleted as 0 does: each is
+    refused, naming the option, before anything runs."""
+    from pulsartx.cli import ops
+    from pulsartx.service import ServiceStats
+
+    class Once:  # were the value taken, the service would run until stopped
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def run(self) -> ServiceStats:
+            return ServiceStats()
+
+    monkeypatch.setattr(ops, "CoordinatorService", Once)
+    root, _ = shared
+    r = run(root, *args, code=2)
+    assert f"Invalid value for '{args[-2]}'" in r.stderr, r.stderr

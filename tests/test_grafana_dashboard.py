@@ -151,3 +151,61 @@ def test_dashboard_shape(dashboard) -> None:
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert p["targets"] and len({t["refId"] for t in p["targets"]}) == len(p["targets"])
         assert all(t["datasource"] == p["datasource"] and t["expr"].strip() for t in p["targets"])
+
+
+def test_at_most_panels_add_up_the_buckets_below(dashboard) -> None:
+    """Each ``*_le_<ms>`` family counts one range, (previous bound, <ms>], as Pulsar's do (see
+    test_latency_buckets_are_ranges_not_cumulative), so a panel showing what took at most N ms
+    must add every bucket up to N, not read the le_N bucket alone."""
+    from pulsartx.metrics import LATENCY_BUCKETS_MS
+
+    checked = 0
+    for panel in dashboard["panels"]:
+        for t in panel.get("targets", []):
+            m = re.fullmatch(r"<= (\d+) ms", t.get("legendFormat", ""))
+            if m is None:
+                continue
+            tree = parse(t["expr"])
+            share = isinstance(tree, promql_parser.BinaryExpr) and str(tree.op) == "/"
+            counted = tree.lhs if share else tree
+            names = {s.name for s in selectors(counted)}
+            (family,) = {n.rsplit("_le_", 1)[0] for n in names}
+            assert names == {f"{family}_le_{b}" for b in LATENCY_BUCKETS_MS if b <= int(m.group(1))}, (
+                panel["title"], t["expr"])
+            checked += 1
+    assert checked >= 14
+
+
+def test_latency_buckets_are_ranges_not_cumulative() -> None:
+    from prometheus_client.parser import text_string_to_metric_families as families
+
+    from pulsartx import metrics
+
+    metrics.reset()
+    for ms in (5, 80, 400):
+        metrics.record_pending_ack(True, ms)
+    values = {s.name: s.value for f in families(generate_latest(_NoStorage())) for s in f.samples}
+    metrics.reset()
+    assert [values[f"pulsar_txn_tp_commit_latency_le_{b}"] for b in (10, 20, 50, 100, 500, 1000)] == [1, 0, 0, 1, 1, 0]
+
+
+class _NoStorage:
+    """A client with no TC and no topic: the process-counted families only."""
+
+    class _Tcs:
+        count = 0
+
+        def used(self) -> list[int]:
+            return []
+
+        def each(self, step, ids=None):
+            return iter(())
+
+    class _Admin:
+        def list_topics(self) -> list[str]:
+            return []
+
+    admin = _Admin()
+
+    def _coordinators(self):
+        return self._Tcs()

@@ -262,3 +262,77 @@ def test_retention_bounds_the_aborted_set_and_old_files_stay_hidden(tmp_path):
     assert after.filter().apply(raw).num_rows == 0
     assert [m.data() for m in client.create_reader("a", MessageId.earliest)] == [
         f"t{i}".encode() for i in range(12) if i % 2 and 2 * i >= res.new_start_offset]  # data at 2i, marker 2i+1
+
+
+def test_a_metrics_scrape_goes_on_past_a_deleted_topic_and_an_unreadable_partition(tmp_path, monkeypatch):
+    """The per-partition families read every topic at scrape time: a topic deleted between the
+    listing and its partitions, or one partition whose log cannot be read, made the whole scrape
+    fail (HTTP 500 for every metric). The other partitions are reported; the bad one is left out."""
+    import glob
+
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root, num_coordinators=1)
+    for name in ("a", "gone", "z"):
+        client.admin.create_topic(name, partitions=2)
+        client.create_producer(name).send(b"x")
+    listed = client.admin.list_topics()
+    client.admin.delete_topic("gone")
+    monkeypatch.setattr(client.admin, "list_topics", lambda: listed)
+    commits = sorted(glob.glob(os.path.join(root, "topics", "public", "default", "z", "partition-1", "_delta_log",
+                                            "*.json")))
+    assert commits, os.listdir(root)
+    with open(commits[-1], "r+b") as f:
+        f.truncate(os.path.getsize(commits[-1]) // 2)
+    fresh = pulsartx.Client(root, num_coordinators=1)
+    monkeypatch.setattr(fresh.admin, "list_topics", lambda: listed)
+    text = metrics.generate_latest(fresh)
+    reported = {line.split("{", 1)[1].split("}", 1)[0] for line in text.splitlines()
+                if line.startswith("pulsartx_partition_entries{")}
+    assert reported == {f'partition="{i}",topic="persistent://public/default/{t}"' for t, i in
+                        (("a", 0), ("a", 1), ("z", 0))}, reported
+
+
+def test_created_count_does_not_fall_when_finished_transactions_are_trimmed(tmp_path):
+    """pulsar_txn_created_count was the highest TxnID the TC log still holds + 1, so it fell (to 0)
+    once compaction trimmed the finished transactions: a count of created transactions going
+    down. The highest id compaction trimmed (kept beside the log) counts too."""
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.coordinator.tclog import TransactionLog
+
+    trim = CoordinatorConfig(finished_retention_ms=0, compact_every=2, recovery_grace_ms=0, lease_ms=0)
+    client = pulsartx.Client(str(tmp_path), num_coordinators=1, coordinator_config=trim)
+    client.admin.create_topic("t")
+    producer = client.create_producer("t")
+    for _ in range(5):
+        with client.new_transaction() as txn:
+            producer.send(b"x", txn=txn)
+        assert client.flush()
+    tl = TransactionLog(client.root, 0, compact_every=1, finished_retention_ms=0).open()
+    tl.log.files_since_compaction = 1
+    assert tl.maybe_compact(int(time.time() * 1000))
+    fresh = pulsartx.Client(str(tmp_path), num_coordinators=1, coordinator_config=trim)
+    assert fresh._coordinators().tc(0).transactions() == []  # all trimmed
+    assert 'pulsar_txn_created_count{coordinator_id="0"} 5.0' in metrics.generate_latest(fresh)
+
+
+def test_metrics_warn_again_about_a_partition_that_fails_again_after_recovering(tmp_path, monkeypatch, caplog):
+    root = str(tmp_path / "root")
+    client = pulsartx.Client(root, num_coordinators=1)
+    client.admin.create_topic("t")
+    real = metrics.TransactionBuffer
+    broken = iter([True, True, False, True])
+
+    def flaky(plog):
+        if next(broken):
+            raise OSError("disk read error")
+        return real(plog)
+
+    monkeypatch.setattr(metrics, "TransactionBuffer", flaky)
+    reg = metrics.registry(client)
+    from prometheus_client import generate_latest
+
+    with caplog.at_level("WARNING", logger="pulsartx.metrics"):
+        for _ in range(4):
+            generate_latest(reg)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and all("disk read error" in w for w in warned), warned

@@ -128,3 +128,36 @@ def test_stats_create_nothing(tmp_path) -> None:
         (s,) = c.admin.topic_stats("quiet")
         assert (s["messages"], s["markers"], s["blockingTxn"], s["subscriptions"]) == (1, 0, None, {})
         assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_blocking_transaction_whose_tc_log_cannot_be_read_says_so(tmp_path) -> None:
+    """The blocking transaction's TC could not be read (a damaged log): it was described as
+    "unknown to its TC (finished and trimmed; its marker is on the way)", sending the operator to
+    wait for a marker that may never come. The TC's error is shown instead."""
+    import glob
+    import os
+
+    from pulsartx.buffer.buffer import TransactionBuffer
+    from pulsartx.coordinator.coordinator import CoordinatorConfig
+    from pulsartx.observe.holdback import holding_back
+
+    root = str(tmp_path / "root")
+    cfg = CoordinatorConfig(lease_ms=0, recovery_grace_ms=10**9)
+    client = pulsartx.Client(root, num_coordinators=1, coordinator_config=cfg)
+    client.admin.create_topic("st")
+    txn = client.new_transaction(timeout_ms=600_000)
+    client.create_producer("st").send(b"o", txn=txn)
+    client.flush()
+    commits = sorted(glob.glob(os.path.join(root, "coordinator", "tc-0", "log", "_delta_log", "*.json")))
+    with open(commits[-1], "r+b") as f:
+        f.truncate(os.path.getsize(commits[-1]) // 2)
+    fresh = pulsartx.Client(root, coordinator_config=cfg)
+    [s] = fresh.admin.topic_stats("st")
+    assert s["blockingTxn"]["txnId"] == str(txn.id) and "tc-0" in s["blockingTxn"]["tcError"]
+    state = TransactionBuffer(PartitionLog(fresh.root, TopicName.parse(P))).state()
+    blocker = holding_back(fresh._coordinators(), P, state)
+    text = blocker.describe()
+    assert "trimmed" not in text and "cannot be read" in text and "tc-0" in text, text
+    table = CliRunner().invoke(cli, ["--service-url", root, "topics", "stats", "st"]).stdout.splitlines()
+    heads = next(line for line in table if line.startswith("PARTITION  ONGOING_TXN_COUNT"))
+    assert heads.split()[-1] == "ERROR", table

@@ -8,6 +8,7 @@ from ``main``, so ``main`` can import them without a cycle.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -48,10 +49,27 @@ class RootGroup(click.Group):
             raise
         except OSError as e:  # a local root that is a file, or that cannot be created: not a traceback
             obj = ctx.find_root().obj or {}
+            if not _about_the_root(obj, e):  # e.g. a --out file: the root is not to blame
+                raise PulsarTxError(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from e
             raise PulsarTxError(
                 f"{e.strerror or e}: {e.filename or obj.get('service_url')}: the storage root "
                 f"{obj.get('service_url') or '$PULSARTX_SERVICE_URL or ./pulsartx-data'} must be a directory this user can "
                 "create and write (or s3://bucket/prefix); check --service-url") from e
+
+
+def _about_the_root(obj: dict[str, Any], e: OSError) -> bool:
+    """Whether an OSError concerns the storage root: one naming no file, or a path at, below or
+    above a local root."""
+    if not isinstance(e.filename, str | bytes | os.PathLike) or not e.filename:
+        return True
+    try:
+        root = StorageRoot.resolve(obj.get("service_url"), obj.get("storage_options") or {})
+    except PulsarException:
+        return True
+    if not root.is_local:
+        return False
+    path, base = os.path.abspath(os.fsdecode(e.filename)), os.path.abspath(root.url)
+    return os.path.commonpath([path, base]) in (path, base)
 
 
 def object_store_hint(ctx: click.Context, e: StorageError) -> str:
@@ -149,24 +167,38 @@ def header(column: str) -> str:
     return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", column).upper()
 
 
+# Line breaks and tabs in a value would split its row or shift its columns: a table shows them
+# escaped (JSON output keeps the value as it is).
+_CELL_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
 def cell(value: Any) -> str:
-    """One table cell: None is empty, lists are comma-joined, mappings are ``k=v`` pairs."""
+    """One table cell: None is empty, lists are comma-joined, mappings are ``k=v`` pairs, and
+    line breaks and tabs are escaped (``\\n``), so one row stays one line."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return ",".join(f"{k}={cell(v)}" for k, v in value.items())
+        return ",".join(f"{cell(k)}={cell(v)}" for k, v in value.items())
     if isinstance(value, list | tuple):
         return ",".join(cell(v) for v in value)
-    return str(value)
+    return str(value).translate(_CELL_ESCAPES)
+
+
+# A row's error (e.g. a TC whose log cannot be read) is always shown, whatever columns a command picks.
+ERROR_COLUMN = "error"
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:
+    """Rows under upper-case headers: ``columns``, or every key any row has (in order of first
+    appearance), so a row with more keys than the first (an ``error``) loses none of them."""
     if not rows:
         click.echo("(none)")
         return
-    cols = columns or list(rows[0].keys())
+    cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
+    if ERROR_COLUMN not in cols and any(ERROR_COLUMN in r for r in rows):
+        cols.append(ERROR_COLUMN)
     texts = [[cell(r.get(c)) for c in cols] for r in rows]
     heads = [header(c) for c in cols]
     widths = [max(len(h), *(len(t[i]) for t in texts)) for i, h in enumerate(heads)]

@@ -5,8 +5,9 @@ import logging
 
 import click
 
-from pulsartx.cli.common import emit, get_client
+from pulsartx.cli.common import PulsarTxError, emit, get_client
 from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
 from pulsartx.metrics import start_metrics_server
@@ -14,8 +15,17 @@ from pulsartx.service import CoordinatorService
 
 
 def _partitions(client, topic: str | None):
-    topics = [topic] if topic else client.admin.list_topics()
-    return [p for t in topics for p in client.admin.partitions_of(t)]
+    """TOPIC's partitions, or every topic's: one deleted by another process since it was listed is
+    left out (a TOPIC named that does not exist is still an error)."""
+    if topic:
+        return client.admin.partitions_of(topic)
+    out = []
+    for t in client.admin.list_topics():
+        try:
+            out.extend(client.admin.partitions_of(t))
+        except TopicNotFound:
+            continue
+    return out
 
 
 @click.group()
@@ -23,10 +33,11 @@ def coordinator() -> None:
     """The transaction coordinator service."""
 
 @coordinator.command("run")
-@click.option("--sweep-interval-ms", default=1000, show_default=True, type=int)
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
-@click.option("--compact-every", default=0, show_default=True, type=int, help="Compact every N passes (0: never).")
-@click.option("--grace-ms", default=None, type=int, help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
+@click.option("--sweep-interval-ms", default=1000, show_default=True, type=click.IntRange(min=0))
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port.")
+@click.option("--compact-every", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Compact every N passes (0: never).")
+@click.option("--grace-ms", default=None, type=click.IntRange(min=0), help=f"Finish COMMITTING/ABORTING left this long (default: {CoordinatorConfig.recovery_grace_ms} ms).")
 @click.pass_context
 def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: int | None, compact_every: int,
                     grace_ms: int | None) -> None:
@@ -34,7 +45,11 @@ def coordinator_run(ctx: click.Context, sweep_interval_ms: int, metrics_port: in
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = get_client(ctx)
     if metrics_port is not None:
-        start_metrics_server(metrics_port, client)
+        try:
+            start_metrics_server(metrics_port, client)
+        except OSError as e:  # not the storage root's fault, which is what the CLI says of other OSErrors
+            raise PulsarTxError(f"cannot serve metrics on port {metrics_port}: {e.strerror or e}; pick a free "
+                                "port with --metrics-port") from e
         click.echo(f"metrics on :{metrics_port}/metrics", err=True)
     stats = CoordinatorService(client, sweep_interval_ms / 1000.0, compact_every, grace_ms).run()
     emit(ctx, {"passes": stats.passes, "timed_out": stats.timed_out, "completed": stats.completed,
@@ -57,10 +72,10 @@ def compact(ctx: click.Context, topic: str | None) -> None:
 
 @click.command()
 @click.argument("topic", required=False)
-@click.option("--max-age-ms", type=int, default=None)
-@click.option("--max-bytes", type=int, default=None)
+@click.option("--max-age-ms", type=click.IntRange(min=0), default=None)
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None)
 @click.option("--force", is_flag=True, help="Delete past the slowest subscription too.")
-@click.option("--vacuum-retention-hours", type=float, default=1.0, show_default=True)
+@click.option("--vacuum-retention-hours", type=click.FloatRange(min=0), default=1.0, show_default=True)
 @click.pass_context
 def retention(ctx: click.Context, topic: str | None, max_age_ms: int | None, max_bytes: int | None, force: bool,
               vacuum_retention_hours: float) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pulsartx.cli.common import emit, emit_tables, get_client
+from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import TopicName
 from pulsartx.observe.render import FORMATS, write
 from pulsartx.observe.timeline import DEFAULT_LAST, partition_timeline
@@ -44,8 +45,13 @@ def topics_delete(ctx: click.Context, topic: str) -> None:
 def topics_list(ctx: click.Context, namespace: str | None) -> None:
     """List topics, optionally of one NAMESPACE (tenant/namespace)."""
     admin = get_client(ctx).admin
-    emit(ctx, [{"topic": t, "partitions": admin.get_partitions(t)} for t in admin.list_topics(namespace)],
-         ["topic", "partitions"])
+    rows = []
+    for t in admin.list_topics(namespace):
+        try:
+            rows.append({"topic": t, "partitions": admin.get_partitions(t)})
+        except TopicNotFound:  # deleted by another process since it was listed
+            continue
+    emit(ctx, rows, ["topic", "partitions"])
 
 
 PARTITION_COLUMNS = ["partition", "messages", "markers", "fileCount", "bytes", "startOffset", "endOffset",
@@ -71,7 +77,10 @@ def topics_stats(ctx: click.Context, topic: str) -> None:
     parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"])} for s in stats]
     txns = [{"partition": _index(s["partition"]), "ongoingTxnCount": s["ongoingTxnCount"],
              "abortedTxnCount": s["abortedTxnCount"],
-             **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]})}
+             **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]}),
+             # its TC could not be asked: shown in the table's error column
+             **({} if s["blockingTxn"] is None or "tcError" not in s["blockingTxn"] else
+                {"error": s["blockingTxn"]["tcError"]})}
             for s in stats]
     producers = [{**pr, "partition": _index(s["partition"]),
                   "lastPublishTime": None if pr["lastPublishTime"] is None else iso_ms(pr["lastPublishTime"])}

@@ -23,14 +23,18 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from pulsartx import forks
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator, now_ms
-from pulsartx.coordinator.keys import TransactionKeyStore
+from pulsartx.coordinator.keys import TransactionKeyInfo, TransactionKeyStore, key_segments
 from pulsartx.coordinator.lease import TcLease
+from pulsartx.coordinator.tclog import tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, StorageError, TransactionCoordinatorNotFoundError
+from pulsartx.storage.retry import StorageUnavailable
 from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ DEFAULT_COORDINATORS = 16
 META = ("coordinator", "_coordinators.json")
 # A forked child builds its own TC sets: the parent's hold its TxnID blocks and its lease.
 _SHARED: forks.ProcessCache[tuple, Coordinators] = forks.ProcessCache()
+T = TypeVar("T")
 
 
 class Coordinators:
@@ -267,6 +272,38 @@ class Coordinators:
 
     def all(self) -> list[TransactionCoordinator]:
         return [self.tc(i) for i in range(self.count)]
+
+    def used(self) -> list[int]:
+        """The TCs whose log exists. A TC no client has used has none, and opening it would create
+        it: views (stats, listings, metrics) walk these only, so looking creates no table."""
+        return [tc_id for tc_id in range(self.count) if self.is_used(tc_id)]
+
+    def is_used(self, tc_id: int) -> bool:
+        """Whether TC ``tc_id`` has a log: one this process opened has (no storage request then)."""
+        return tc_id in self._tcs or self.root.exists(*tc_segments(tc_id), "_delta_log")
+
+    def keys_if_any(self, tc_id: int) -> list[TransactionKeyInfo]:
+        """The transaction keys of TC ``tc_id``, without creating its key table when no key was
+        ever claimed there (views must not create tables by looking)."""
+        if not self.root.exists(*key_segments(tc_id), "_delta_log"):
+            return []
+        return self.keys(tc_id).list()
+
+    def each(self, step: Callable[[TransactionCoordinator], T],
+             ids: Iterable[int] | None = None) -> Iterator[tuple[int, T | Exception]]:
+        """(TC id, ``step(tc)``) for every TC in turn, or (TC id, the exception) for one whose log
+        cannot be opened or read (a damaged commit file): the walks over every TC (sweeps, stats,
+        listings, metrics) go on with the others instead of ending at the first bad log, and
+        each says which one it left out. An unreachable store still raises, as every TC would
+        fail alike. Lazy, so a caller may stop between TCs. ``ids``: these TCs only (default all)."""
+        for tc_id in range(self.count) if ids is None else ids:
+            try:
+                result: T | Exception = step(self.tc(tc_id))
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # handed to the caller, which names the TC
+                result = e
+            yield tc_id, result
 
 
 def _same(current: TcLease | None, mine: TcLease) -> bool:

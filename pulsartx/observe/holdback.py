@@ -15,7 +15,7 @@ from pulsartx.buffer.state import BufferState, key_txn
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnMeta
 from pulsartx.coordinator.txnid import TxnID
-from pulsartx.exceptions import PulsarException
+from pulsartx.exceptions import PulsarException, TransactionNotFound
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class HoldBack:
     transaction_key: str | None = None
     start_ms: int | None = None
     timeout_ms: int | None = None
+    tc_error: str | None = None  # why its TC could not be asked (a damaged log, storage down)
 
     @property
     def max_read_position(self) -> int:
@@ -47,9 +48,12 @@ class HoldBack:
         return (int(time.time() * 1000) if now_ms is None else now_ms) - self.start_ms
 
     def as_dict(self, now_ms: int | None = None) -> dict[str, Any]:
-        return {"txnId": str(self.txn_id), "status": self.status, "owner": self.owner,
-                "transactionKey": self.transaction_key, "firstOffset": self.first_offset,
-                "heldEntries": self.held_entries, "ageMs": self.age_ms(now_ms), "timeoutMs": self.timeout_ms}
+        out = {"txnId": str(self.txn_id), "status": self.status, "owner": self.owner,
+               "transactionKey": self.transaction_key, "firstOffset": self.first_offset,
+               "heldEntries": self.held_entries, "ageMs": self.age_ms(now_ms), "timeoutMs": self.timeout_ms}
+        if self.tc_error is not None:
+            out["tcError"] = self.tc_error
+        return out
 
     def describe(self, now_ms: int | None = None) -> str:
         """One line: which transaction, whose, how old against its timeout."""
@@ -57,19 +61,24 @@ class HoldBack:
         if self.transaction_key:
             who += f", transaction key {self.transaction_key!r}"
         age = self.age_ms(now_ms)
-        if age is None or self.timeout_ms is None:
+        if self.tc_error is not None:
+            when = f"its TC's log cannot be read: {self.tc_error}"
+        elif age is None or self.timeout_ms is None:
             when = "unknown to its TC (finished and trimmed; its marker is on the way)"
         else:
             when = f"{self.status}, open {age / 1000:.1f} s of its {self.timeout_ms / 1000:g} s timeout"
         return f"transaction {self.txn_id} ({who}; {when})"
 
 
-def lookup(tcs: Coordinators, txn_id: TxnID) -> TxnMeta | None:
-    """The TC's metadata for ``txn_id``, or None when the TC no longer knows it."""
+def lookup(tcs: Coordinators, txn_id: TxnID) -> TxnMeta | str | None:
+    """The TC's metadata for ``txn_id``, None when the TC no longer knows it, or why the TC could
+    not be asked (its log unreadable, storage down): a view still names the transaction then."""
     try:
         return tcs.for_txn(txn_id).get(txn_id, refresh=True)
-    except PulsarException:
+    except TransactionNotFound:
         return None
+    except PulsarException as e:
+        return " ".join(str(e).split())
 
 
 def holding_back(tcs: Coordinators, partition: str, state: BufferState, read_limit: int | None = None
@@ -85,7 +94,7 @@ def holding_back(tcs: Coordinators, partition: str, state: BufferState, read_lim
         return None
     txn_id = TxnID(*key_txn(keys[0]))
     meta = lookup(tcs, txn_id)
-    if meta is None:
-        return HoldBack(partition, txn_id, limit, state.end_offset)
+    if meta is None or isinstance(meta, str):
+        return HoldBack(partition, txn_id, limit, state.end_offset, tc_error=meta)
     return HoldBack(partition, txn_id, limit, state.end_offset, meta.status.value, meta.owner,
                     meta.transaction_key, meta.start_ms, meta.timeout_ms)
