@@ -229,7 +229,9 @@ class Completer:
         finished it meanwhile (then nothing is written again)."""
         txn_id = r.meta.txn_id
         try:
-            meta = r.tc.get(txn_id, refresh=True)
+            meta = r.tc.get(txn_id)  # as last read: most adopted ones were finished by their decider
+            if not meta.status.is_final:
+                meta = r.tc.get(txn_id, refresh=True)
         except TransactionNotFound:  # finished, and trimmed from the log
             self._done(txn_id, replace(r.meta, status=_final_of(r.meta)))
             return
@@ -264,7 +266,7 @@ class Completer:
         while this waits (storage that keeps failing is not waited on past ``timeout_s``). They
         stay decided, and are retried here, or by the TC's recovery sweep if this process stops first."""
         with group_commit.urgent(), self._hurrying():
-            return self._flush(timeout_s, lambda: False)
+            return self._flush(timeout_s, lambda: False, warn=True)
 
     def close(self, timeout_s: float | None = 30.0) -> None:
         """Wait, at most ``timeout_s``, for every completion of this client to be final or to fail
@@ -280,18 +282,20 @@ class Completer:
                 return all((r := self._retries.get(t)) is not None and r.failures > rounds.get(t, 0)
                            for t in self._inflight)
         with group_commit.urgent(), self._hurrying():
-            self._flush(timeout_s, failed_again)
+            self._flush(timeout_s, failed_again, warn=False)
         with self._lock:
             self._closed = True
-            left = [r for r in self._retries.values() if r.own]
+            left = [r.meta for r in self._retries.values() if r.own]
+            left += [m for t, m in self._decided.items() if t not in self._retries]  # a first round still running
             self._retries.clear()
             self._wake.notify_all()
-        for r in left:
-            self._done(r.meta.txn_id, r.meta)
+        for m in left:
+            self._done(m.txn_id, m)
         if left:
-            log.warning("%d decided transactions are not completed (their markers could not be written): "
-                        "whoever next opens their TC finishes them (the recovery sweep), and readers see their "
-                        "outcome meanwhile: %s", len(left), ", ".join(str(r.meta.txn_id) for r in left[:10]))
+            log.warning("%d decided transactions are not completed at close (their markers or acknowledgements "
+                        "could not be written yet): whoever next opens their TC finishes them (the recovery sweep), "
+                        "and readers see their outcome meanwhile: %s", len(left),
+                        ", ".join(str(m.txn_id) for m in left[:10]))
 
     @contextlib.contextmanager
     def _hurrying(self) -> Iterator[None]:
@@ -308,7 +312,7 @@ class Completer:
             with self._lock:
                 self._hurry -= 1
 
-    def _flush(self, timeout_s: float | None, enough: Callable[[], bool]) -> bool:
+    def _flush(self, timeout_s: float | None, enough: Callable[[], bool], warn: bool) -> bool:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_log = time.monotonic()
         while True:
@@ -320,6 +324,8 @@ class Completer:
                 return False
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                if not warn:
+                    return False
                 log.warning("%d transaction completions are not final after %.0f s; they are decided, and retried "
                             "here while this client lives, or by the TC's recovery sweep if this process stops "
                             "first", len(futs), timeout_s)
