@@ -218,20 +218,33 @@ class Completer:
                     continue
                 for r in due:
                     r.due = float("inf")  # running: _failed sets the next due time
+            by_tc: dict[int, list[_Retry]] = {}
             for r in due:
+                by_tc.setdefault(id(r.tc), []).append(r)
+            for group in by_tc.values():
                 try:
-                    self._pool.get().submit(self._retry, r)
+                    self._pool.get().submit(self._retry_group, group)
                 except RuntimeError:  # the interpreter is exiting: recovery finishes them
                     return
 
-    def _retry(self, r: _Retry) -> None:
+    def _retry_group(self, group: list[_Retry]) -> None:
+        """The due tries of one TC's transactions, sharing one re-read of its log: a reader that
+        tails a busy topic adopts every transaction it meets before its markers land, and most of
+        them are final by the time they are due."""
+        refreshed: list[bool] = [False]
+        for r in group:
+            self._retry(r, refreshed)
+
+    def _retry(self, r: _Retry, refreshed: list[bool]) -> None:
         """One try of a waiting transaction, on the log as it is now: another process may have
-        finished it meanwhile (then nothing is written again)."""
+        finished it meanwhile (then nothing is written again). ``refreshed``: whether the TC's log
+        was re-read for this round already."""
         txn_id = r.meta.txn_id
         try:
             meta = r.tc.get(txn_id)  # as last read: most adopted ones were finished by their decider
-            if not meta.status.is_final:
+            if not meta.status.is_final and not refreshed[0]:
                 meta = r.tc.get(txn_id, refresh=True)
+                refreshed[0] = True
         except TransactionNotFound:  # finished, and trimmed from the log
             self._done(txn_id, replace(r.meta, status=_final_of(r.meta)))
             return
