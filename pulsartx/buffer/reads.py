@@ -69,6 +69,8 @@ def _lookup(coordinators: Any, keys: set[int]) -> dict[int, Any]:
                 if meta.expired(now_ms()):
                     log.info("reader-side resolution: aborting expired transaction %s", txn_id)
                     meta = tc.abort_expired(txn_id)
+                else:
+                    tc.adopt(meta)  # decided without its markers: finished here after the grace if not by then
                 out[k] = meta
             except TransactionNotFound:
                 out[k] = None

@@ -294,10 +294,16 @@ class Client:
     def flush(self, timeout_s: float | None = 30.0) -> bool:
         """Wait, at most ``timeout_s``, for the background completion of this client's ended
         transactions (their markers, acknowledgement commits and final TC entries). Their outcomes
-        are already visible to everyone; this makes them applied too. False if some still run."""
+        are already visible to everyone; this makes them applied too. One that is failing (storage
+        errors) is tried at once and then every second while this waits. False if some are not
+        complete: the client keeps retrying them while it lives."""
         return self._tcs is None or self._tcs.completer.flush(timeout_s)
 
     def close(self) -> None:
+        """Close this client's producers and consumers, then wait for its transactions' background
+        completions, 30 s at most, and for its process's queued merges and checkpoints. A completion
+        that is failing gets one last try, not a wait on storage that keeps failing: it stays decided
+        (readers see its outcome) and whoever next opens its TC finishes it."""
         if self._closed:
             return
         errors = []
@@ -306,7 +312,11 @@ class Client:
                 child.close()
             except Exception as e:  # close everything, then report
                 errors.append(e)
-        self.flush()
+        if self._tcs is not None:
+            # Completions under way are waited for (30 s at most), and each that is failing is
+            # tried once more; one still failing is left to the recovery sweep of its TC's next
+            # opener rather than waited on (Completer.close).
+            self._tcs.completer.close()
         # The small-file merges and checkpoints its writers scheduled run on process-wide threads:
         # once close() returns nothing of this client writes any more, so its topics can be
         # deleted and re-created safely. Other clients' queued work is waited for too; each is short.

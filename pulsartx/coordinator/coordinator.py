@@ -17,7 +17,7 @@ from pulsartx import forks, metrics
 from pulsartx.coordinator.completer import Completer
 from pulsartx.coordinator.keys import TransactionKeyStore, full_key
 from pulsartx.coordinator.lease import TcLease
-from pulsartx.coordinator.participants import end_on_participants
+from pulsartx.coordinator.participants import end_on_participants, failure_level
 from pulsartx.coordinator.state import MetadataOp, Subscription, TxnAction, TxnMeta, TxnStatus, end_request
 from pulsartx.coordinator.tclog import FENCE_PROPERTY, TransactionLog
 from pulsartx.coordinator.txnid import TxnID
@@ -619,8 +619,8 @@ class TransactionCoordinator:
             # The outcome was decided (durably) and applied everywhere; only the bookkeeping record
             # failed. Raising would report a decided transaction as failed (a Spark job would look
             # failed while its data commits, and a re-run would write it twice): recovery writes it.
-            log.warning("TC %d: %s is %s on every participant, but its final record could not be written "
-                        "(recovery writes it): %s", self.tc_id, meta.txn_id, meta.status.value, e)
+            log.log(failure_level(), "TC %d: %s is %s on every participant, but its final record could not be "
+                    "written (recovery writes it): %s", self.tc_id, meta.txn_id, meta.status.value, e)
             return meta
         self._emit(final.status.value.lower(), final)
         return final
@@ -662,14 +662,29 @@ class TransactionCoordinator:
                 elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) and now - meta.last_modified_ms >= grace:
                     if not self._complete(self.get(meta.txn_id)).status.is_final:
                         res.failed += 1
+                        self.adopt(meta, grace_ms=0)  # retried here, not left to the next opener
                     else:
                         res.completed += 1
+                elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING):
+                    # Within its grace its decider is normally writing the markers; a sweep that
+                    # only runs once (a client opening the TC) must still finish it if it did not.
+                    self.adopt(meta, grace_ms=grace)
             except (InvalidTxnStatusError, TransactionNotFound):
                 continue  # someone else moved it on first
             except Exception as e:
                 res.failed += 1
                 log.warning("TC %d sweep: %s failed: %s", self.tc_id, meta.txn_id, e)
         return res
+
+    def adopt(self, meta: TxnMeta, grace_ms: int | None = None) -> None:
+        """Have this process's completer finish ``meta`` (COMMITTING/ABORTING) once its decision
+        is ``grace_ms`` old (default ``recovery_grace_ms``), unless it is final by then: how a
+        process that met a decided transaction (a sweep, a reader) finishes one whose decider
+        stopped trying, without a coordinator service sweeping."""
+        if self.completer is None or meta.status not in (TxnStatus.COMMITTING, TxnStatus.ABORTING):
+            return
+        grace = self.config.recovery_grace_ms if grace_ms is None else grace_ms
+        self.completer.adopt(self, meta, meta.last_modified_ms + grace)
 
     def abort_expired(self, txn_id: TxnID, now: int | None = None) -> TxnMeta:
         """Abort an OPEN transaction past its timeout at ``now`` (default: the clock), for the

@@ -4,8 +4,10 @@ they run in parallel so a commit's latency is one marker write, not one per part
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +25,8 @@ from pulsartx.subscription.pendingack import end_transaction_on_subscription
 log = logging.getLogger(__name__)
 MAX_PARALLEL = 64  # participants of many completions in flight; each mostly waits on storage
 POOL_THREADS = "pulsartx-tc-end"
+# Set within quietly(): participant failures logged at DEBUG.
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("pulsartx_quiet_participants", default=False)
 
 
 _POOL = ProcessPool(MAX_PARALLEL, POOL_THREADS)
@@ -67,6 +71,21 @@ def _as_caller(lingering: bool, fn: Any, *args: Any) -> None:
         fn(*args)
 
 
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """Participant failures within are logged at DEBUG: a retry whose caller warns only now and then."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+def failure_level() -> int:
+    """The level a failure to complete a decided transaction is logged at here (:func:`quietly`)."""
+    return logging.DEBUG if _QUIET.get() else logging.WARNING
+
+
 def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> list[tuple[str, BaseException]]:
     """Apply the outcome everywhere; returns the participants that failed (to be retried later)."""
     jobs: list[tuple[str, Any, tuple]] = [(p, end_on_partition, (root, meta, p, action)) for p in sorted(meta.partitions)]
@@ -89,5 +108,5 @@ def end_on_participants(root: StorageRoot, meta: TxnMeta, action: TxnAction) -> 
         except Exception as e:
             failures.append((name, e))
     for name, e in failures:
-        log.warning("ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
+        log.log(failure_level(), "ending %s on %s failed (will be retried by recovery): %s", meta.txn_id, name, e)
     return failures

@@ -1,0 +1,145 @@
+"""A decided transaction whose markers cannot be written for a while is completed once storage
+heals, in the process that decided it, with no coordinator service and no new client: its data
+would otherwise stay "committing" for good (markers never written, compaction and retention held
+at its data). A client closed while the completion still fails leaves it to the next client that
+opens its TC, however soon after the decision that client comes."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from _reads import committed_values  # tests/ is on sys.path (conftest)
+
+import pulsartx
+import pulsartx.buffer.state as state_mod
+from pulsartx.buffer.buffer import TransactionBuffer
+from pulsartx.coordinator.completer import ATTEMPTS
+from pulsartx.coordinator.coordinator import CoordinatorConfig
+from pulsartx.coordinator.state import TxnStatus
+from pulsartx.log.partition import PartitionLog, partition_segments
+from pulsartx.naming import TopicName
+from pulsartx.storage import faults
+from pulsartx.storage.faults import Fault, Op
+
+pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
+
+P0 = TopicName.parse("t-partition-0")
+P1 = TopicName.parse("t-partition-1")
+# No sweep finishes the transaction at the grace: what completes it is the completer's retrying.
+NO_SWEEP = CoordinatorConfig(recovery_grace_ms=10**9)
+
+
+def _decided_with_failing_markers(c: pulsartx.Client, action: str) -> tuple[pulsartx.Transaction, Fault, list[bytes]]:
+    """A transaction over both partitions of ``t``, decided while partition 1's commits fail; the
+    messages READ_COMMITTED readers must show from its decision on."""
+    c.admin.create_topic("t", partitions=2)
+    p0, p1 = c.create_producer(str(P0)), c.create_producer(str(P1))
+    p0.send(b"plain")
+    txn = c.new_transaction()
+    p0.send(b"a0", txn=txn)
+    p1.send(b"a1", txn=txn)
+    fault = Fault(Op.CREATE, match="/".join(partition_segments(P1)) + "/_delta_log", times=10**6)
+    faults.install([fault])
+    getattr(txn, action)()
+    return txn, fault, sorted([b"plain", b"a0", b"a1"] if action == "commit" else [b"plain"])
+
+
+def _read(c: pulsartx.Client) -> list[bytes]:
+    return sorted(committed_values(c, "t"))
+
+
+def _finished(c: pulsartx.Client, txn: pulsartx.Transaction, tc) -> bool:
+    """Final in its TC, and its marker in both partitions."""
+    if not tc.get(txn.id, refresh=True).status.is_final:
+        return False
+    key = state_mod.txn_key(*txn.id.as_tuple())
+    return all(key in TransactionBuffer(PartitionLog(c.root, p)).state().ended for p in (P0, P1))
+
+
+def _wait_finished(reader: pulsartx.Client, txn: pulsartx.Transaction, tc, expected: list[bytes],
+                   within_s: float) -> None:
+    """Wait for ``txn`` to finish, ``reader`` showing exactly ``expected`` all along."""
+    deadline = time.monotonic() + within_s
+    while not _finished(reader, txn, tc):
+        assert time.monotonic() < deadline, f"{txn.id} is still {tc.get(txn.id, refresh=True).status.value}"
+        assert _read(reader) == expected
+        time.sleep(0.1)
+    assert _read(reader) == expected
+
+
+@pytest.mark.parametrize("action", ["commit", "abort"])
+def test_a_decided_transaction_completes_once_storage_heals(tmp_path, action):
+    """Fails before the fix: the completer gave up after its ATTEMPTS, flush() then reported
+    success, and the transaction stayed COMMITTING/ABORTING with partition 1's marker unwritten
+    until some other process swept the TC."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, coordinator_config=NO_SWEEP) as c:
+        txn, fault, expected = _decided_with_failing_markers(c, action)
+        tc = c._coordinators().for_txn(txn.id)
+        deadline = time.monotonic() + 15
+        while fault.fired <= ATTEMPTS:  # tries go on past the first ATTEMPTS
+            assert time.monotonic() < deadline, f"the completer stopped after {fault.fired} tries"
+            assert _read(c) == expected
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        assert c.flush(1) is False  # bounded, and not reported done
+        assert time.monotonic() - t0 < 5
+        decided = TxnStatus.COMMITTING if action == "commit" else TxnStatus.ABORTING
+        assert tc.get(txn.id, refresh=True).status is decided
+        faults.clear()  # storage heals
+        _wait_finished(c, txn, tc, expected, within_s=10)
+        final = TxnStatus.COMMITTED if action == "commit" else TxnStatus.ABORTED
+        assert tc.get(txn.id, refresh=True).status is final
+        assert c.flush(5)
+    with pulsartx.Client(root) as fresh:
+        assert _read(fresh) == expected
+
+
+@pytest.mark.parametrize("opened", ["after the close", "before the decision"])
+def test_a_client_closed_while_completion_fails_leaves_it_to_the_next_opener(tmp_path, opened):
+    """The deciding client closes while partition 1 still fails: close() returns (it does not wait
+    on storage that keeps failing), and the transaction stays decided. Storage heals; a second
+    client, opened within ``recovery_grace_ms`` of the decision (so its opening sweep leaves the
+    transaction alone: its decider may still be writing the markers), or one that had opened the
+    TC before the decision and only reads, finishes it once the grace has passed. Fails before the
+    fix: the second client skipped it at its one sweep and its reads never completed it."""
+    root = str(tmp_path / "root")
+    grace = CoordinatorConfig(recovery_grace_ms=4_000)
+    other = None
+    if opened == "before the decision":
+        other = pulsartx.Client(root, coordinator_config=grace, num_coordinators=1)
+        with other.new_transaction() as t:  # it opens the root's one TC (and sweeps it) now
+            other.create_producer("u").send(b"u", txn=t)
+    try:
+        c = pulsartx.Client(root, coordinator_config=grace, num_coordinators=1)
+        txn, fault, expected = _decided_with_failing_markers(c, "commit")
+        if other is not None:
+            assert _read(other) == expected  # through the TC log, already open: no sweep
+        t0 = time.monotonic()
+        c.close()
+        assert time.monotonic() - t0 < 10
+        assert fault.fired >= ATTEMPTS
+        faults.clear()
+        if other is None:
+            other = pulsartx.Client(root, coordinator_config=grace)
+        tc = other._coordinators().for_txn(txn.id)
+        assert tc.get(txn.id, refresh=True).status is TxnStatus.COMMITTING
+        _wait_finished(other, txn, tc, expected, within_s=10)
+    finally:
+        if other is not None:
+            other.close()
+
+
+def test_a_transaction_decided_longer_ago_than_the_grace_is_finished_by_the_next_opener(tmp_path):
+    """The decision is older than ``recovery_grace_ms`` when a new client first opens the TC: its
+    opening sweep finishes it at once."""
+    root = str(tmp_path / "root")
+    c = pulsartx.Client(root, coordinator_config=CoordinatorConfig(recovery_grace_ms=300))
+    txn, _, expected = _decided_with_failing_markers(c, "commit")
+    c.close()
+    faults.clear()
+    time.sleep(0.4)
+    with pulsartx.Client(root, coordinator_config=CoordinatorConfig(recovery_grace_ms=300)) as fresh:
+        assert _read(fresh) == expected  # the read opens the TC, whose sweep finishes the transaction
+        tc = fresh._coordinators().for_txn(txn.id)
+        assert _finished(fresh, txn, tc)
