@@ -202,6 +202,36 @@ def test_a_delete_after_a_growth_it_did_not_see_removes_the_new_partitions_subsc
         assert c.admin.list_subscriptions("g") == []
 
 
+def test_a_live_producer_takes_on_new_partitions_within_its_update_interval(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routing is deterministic per count: before the growth every key goes to its partition of
+    2, after it to its partition of 4 (most keys move, as in Pulsar); unkeyed batches rotate over
+    all 4. A named producer's name is taken on the new partitions too."""
+    import time
+
+    import pulsartx.client.producer as producer_mod
+    from pulsartx.client.routing import partition_for_key
+    from pulsartx.exceptions import ProducerBusy
+
+    monkeypatch.setattr(producer_mod, "PARTITIONS_UPDATE_INTERVAL_S", 0.05)
+    client.admin.create_topic("g", 2)
+    producer = client.create_producer("g", producer_name="live")
+    keys = [f"k{i}" for i in range(20)]
+    assert [producer.send(b"x", partition_key=k).partition() for k in keys] == [partition_for_key(k, 2) for k in keys]
+    client.admin.update_partitioned_topic("g", 4)
+    deadline = time.monotonic() + 5
+    while len(producer._partitions) < 4:
+        assert time.monotonic() < deadline, "the producer did not take on the new partitions"
+        time.sleep(0.02)
+    assert [producer.send(b"y", partition_key=k).partition() for k in keys] == [partition_for_key(k, 4) for k in keys]
+    assert {producer.send(b"z").partition() for _ in range(8)} == {0, 1, 2, 3}
+    with pytest.raises(ProducerBusy):
+        client.create_producer("g-partition-3", producer_name="live")
+    producer.close()
+    client.create_producer("g-partition-3", producer_name="live").close()
+    assert len(committed_values(client, "g")) == 48
+
+
 def test_a_transaction_across_an_old_and_a_new_partition_commits_exactly_once(client: Any) -> None:
     client.admin.create_topic("g", 1)
     client.admin.update_partitioned_topic("g", 2)
