@@ -232,6 +232,19 @@ def test_a_live_producer_takes_on_new_partitions_within_its_update_interval(
     assert len(committed_values(client, "g")) == 48
 
 
+def test_a_listing_that_lags_behind_a_marker_never_lowers_the_count_seen(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.admin.create_topic("g", 1)
+    client.admin.update_partitioned_topic("g", 3)
+    assert client.admin.get_partitions("g") == 3
+    real = StorageRoot.listdir
+    monkeypatch.setattr(StorageRoot, "listdir",
+                        lambda self, *s: [] if s[-1:] == ("_growth",) else real(self, *s))
+    assert client.admin.get_partitions("g") == 3
+    with pytest.raises(InvalidConfiguration, match="has 3 partition"):
+        client.admin.update_partitioned_topic("g", 2)
+
+
 def test_a_transaction_across_an_old_and_a_new_partition_commits_exactly_once(client: Any) -> None:
     client.admin.create_topic("g", 1)
     client.admin.update_partitioned_topic("g", 2)

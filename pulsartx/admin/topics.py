@@ -15,8 +15,10 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
+from pulsartx import forks
 from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
@@ -35,6 +37,10 @@ log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
 GROWTH_DIR = "_growth"
 MAX_PARTITIONS = 10_000
+# The highest count this process has seen per (root, topic incarnation): a listing that lags
+# behind a marker (a store whose listings are not read-after-write) never shows this process a
+# count below one it already acted on. One int per incarnation seen.
+_SEEN_COUNTS: forks.ProcessCache[tuple[str, str], int] = forks.ProcessCache()
 
 
 def _topic_dir(t: TopicName) -> tuple[str, ...]:
@@ -84,7 +90,9 @@ class TopicsAdmin:
         for i in range(1, partitions):
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
                                configuration=properties, name=f"{t.short}-partition-{i}")
-        meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
+        # "id" makes every creation's text unique, so growth markers bound to it (their name holds
+        # a hash of the text) never count for a topic re-created under the name.
+        meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1, "id": uuid.uuid4().hex}
         self._publish_meta(t, json.dumps(meta))
         return t
 
@@ -124,8 +132,13 @@ class TopicsAdmin:
         """The partition count of the incarnation ``meta_text`` describes: its creation count, or
         the highest growth marker of it. A marker is written after its partitions' tables, so every
         partition below the count returned exists."""
-        grown = _grown_count(self.root.listdir(*_topic_dir(t), GROWTH_DIR), _incarnation(meta_text))
-        return max(int(json.loads(meta_text)["partitions"]), grown)
+        incarnation = _incarnation(meta_text)
+        n = max(int(json.loads(meta_text)["partitions"]),
+                _grown_count(self.root.listdir(*_topic_dir(t), GROWTH_DIR), incarnation))
+        key = (self.root.url, incarnation)
+        with _SEEN_COUNTS.lock:
+            n = _SEEN_COUNTS[key] = max(n, _SEEN_COUNTS.get(key, 0))
+        return n
 
     def _not_found(self, t: TopicName) -> TopicNotFound:
         return TopicNotFound(f"topic {t} does not exist under {self.root.url}: create it with "
