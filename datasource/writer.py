@@ -128,12 +128,17 @@ def resolve_targets(opts: WriteOptions, schema: StructType, overwrite: bool
                                     f"`{create}`), or set option createTopic=true with partitions=N")
             counts[name] = admin.ensure_topic(name, opts.partitions)  # a racing creator's count wins
         if opts.partitions_given and not skip and counts[name] != opts.partitions:
-            delete = cli_command(opts.root, "topics", "delete", opts.topic.short)
+            if opts.partitions > counts[name]:
+                grow = cli_command(opts.root, "topics", "update-partitioned-topic", opts.topic.short, "-p",
+                                   str(opts.partitions))
+                how = f"grow the topic (`{grow}`; keys then route by the new count) and write again"
+            else:
+                delete = cli_command(opts.root, "topics", "delete", opts.topic.short)
+                how = f"delete the topic (`{delete}`, its messages are lost) and write again: a count only grows"
             raise InvalidConfiguration(
                 f"option {PARTITIONS}={opts.partitions} does not match topic {name}, which has {counts[name]} "
-                f"partitions: a topic's partition count is set when it is created. Remove option {PARTITIONS} (or set "
-                f"{PARTITIONS}={counts[name]}) to write to the topic as it is; to have {opts.partitions} partitions, "
-                f"delete the topic (`{delete}`, its messages are lost) and write again")
+                f"partitions. Remove option {PARTITIONS} (or set {PARTITIONS}={counts[name]}) to write to the topic "
+                f"as it is; to have {opts.partitions} partitions, {how}")
     registered: frozenset[str] = frozenset()
     if opts.topic is not None and "__topic" not in columns:
         registered = frozenset(str(opts.topic.with_partition(i)) for i in range(counts[str(opts.topic)]))

@@ -109,6 +109,22 @@ def sizes(root: str) -> list[int]:
 
 
 # ---- topics ----------------------------------------------------------------------------------------
+def test_topics_update_partitioned_topic(root: str) -> None:
+    run(root, "topics", "create", "grow", "-p", "2")
+    assert run(root, "topics", "update-partitioned-topic", "grow", "-p", "5", json_out=True) == {
+        "topic": "persistent://public/default/grow", "partitions": 5}
+    assert run(root, "topics", "list", json_out=True) == [{"topic": "persistent://public/default/grow", "partitions": 5}]
+    same = run(root, "topics", "update-partitioned-topic", "grow", "--partitions", "5", code=2)
+    assert "has 5 partition(s) and cannot go to 5" in same.stderr and "give more than 5" in same.stderr
+    lower = run(root, "topics", "update-partitioned-topic", "grow", "-p", "3", code=2)
+    assert "has 5 partition(s) and cannot go to 3" in lower.stderr
+    missing = run(root, "topics", "update-partitioned-topic", "nope", "-p", "3", code=2)
+    assert "topic persistent://public/default/nope does not exist" in missing.stderr
+    assert "topics create" in missing.stderr
+    no_count = CliRunner().invoke(cli, ["--service-url", root, "topics", "update-partitioned-topic", "grow"])
+    assert no_count.exit_code == 2 and "--partitions" in no_count.stderr
+
+
 def test_topics_list(shared) -> None:
     root, _ = shared
     assert lines(run(root, "topics", "list")) == [
@@ -576,7 +592,7 @@ def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch) -> None
 
 def test_command_tree() -> None:
     for group, commands in {
-        "topics": {"create", "delete", "list", "stats", "peek", "timeline"},
+        "topics": {"create", "delete", "list", "stats", "peek", "timeline", "update-partitioned-topic"},
         "subscriptions": {"list", "reset", "skip", "delete"},
         "transactions": {"list", "coordinator-stats", "coordinators-list", "transaction-metadata", "slow-transactions", "buffer-stats",
                          "pending-ack-stats", "list-transaction-keys", "get-transaction-key",

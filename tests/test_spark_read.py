@@ -152,6 +152,16 @@ def test_read_everything_exactly(spark: Any, client: Any, root: str) -> None:
     assert before.timestamp() * 1e6 - 1000 <= times[0] <= times[1] <= after.timestamp() * 1e6 + 1000
 
 
+def test_a_grown_topic_is_read_whole(spark: Any, client: Any, root: str) -> None:
+    """A batch read after ``update_partitioned_topic`` plans every partition, old and new."""
+    client.admin.create_topic("grows", partitions=1)
+    sent = produce(client, "grows", 5)
+    client.admin.update_partitioned_topic("grows", 3)
+    sent += produce(client, "grows", 30, prefix="n")
+    assert {s.partition for s in sent} == {0, 1, 2}
+    assert_read_equals(read(spark, root, topic="grows"), spark, sent)
+
+
 def test_load_path_and_name_forms(spark: Any, client: Any, root: str) -> None:
     client.admin.create_topic("acme/prod/events", partitions=2)
     sent = produce(client, "acme/prod/events", 10, keyed=False, batch=5, delay_ms=600_000)  # 5 per partition

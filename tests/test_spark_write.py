@@ -337,7 +337,11 @@ def test_bad_input_is_refused_and_writes_nothing(spark: Any, client: Any, root: 
     refused(good, "persistent://public/default/missing does not exist", "createTopic=true",
             f"`pulsartx --service-url {root} topics create public/default/missing`", topic="missing")
     refused(good, "option partitions=4 does not match topic persistent://public/default/bad, which has 2 partitions",
-            "set partitions=2", topic="bad", partitions="4")
+            "set partitions=2", f"`pulsartx --service-url {root} topics update-partitioned-topic public/default/bad -p 4`",
+            topic="bad", partitions="4")
+    refused(good, "option partitions=1 does not match topic persistent://public/default/bad, which has 2 partitions",
+            f"`pulsartx --service-url {root} topics delete public/default/bad`", "a count only grows",
+            topic="bad", partitions="1")
     refused(good, "option partitions=3 does not match topic persistent://public/default/bad, which has 2 partitions",
             "set partitions=2", topic="bad", createTopic="true", partitions="3")
     assert client.admin.list_topics() == ["persistent://public/default/bad"]  # nothing created

@@ -284,6 +284,31 @@ def test_topics_pattern_picks_up_a_topic_created_later(spark: Any, client: Any, 
     assert last["public/default/pat-b"] == end_offsets(client, "pat-b")
 
 
+def test_a_running_query_reads_a_grown_topics_new_partitions_from_their_start(spark: Any, client: Any, root: str,
+                                                                             tmp_path: Path) -> None:
+    """As Spark's Kafka source: partitions added under a running query (``startingOffsets=latest``,
+    which applies to its first batch only) are read from their earliest offset."""
+    client.admin.create_topic("grow", 1)
+    send(client, "grow", ["before"])
+
+    def start(attempt: int) -> Any:
+        df = stream(spark, root, topic="grow", startingOffsets="latest")
+        return (df.select(as_string("value"), "__partition").writeStream.format("memory").queryName(f"grow{attempt}")
+                .option("checkpointLocation", str(tmp_path / f"ck{attempt}")).trigger(processingTime="500 milliseconds")
+                .start())
+
+    with started(start) as q:
+        client.admin.update_partitioned_topic("grow", 3)
+        send(client, "grow", [f"g{i}" for i in range(9)], [f"k{i}" for i in range(9)])
+        wait_until(q, lambda: len(memory_rows(spark, q.name)) >= 9, "the new partitions' messages")
+        time.sleep(1.5)
+        rows = memory_rows(spark, q.name)
+        last = last_end(q)
+    assert Counter(r["value"] for r in rows) == Counter(f"g{i}" for i in range(9))
+    assert {r["__partition"] for r in rows} == {0, 1, 2}
+    assert last == {"public/default/grow": end_offsets(client, "grow")}
+
+
 def test_fail_on_data_loss(spark: Any, client: Any, root: str, tmp_path: Path) -> None:
     """Offsets deleted by retention before the query read them: the query fails naming
     failOnDataLoss, or with failOnDataLoss=false skips to what is left."""

@@ -1,18 +1,24 @@
-"""Topic administration: create, delete, list, partition counts.
+"""Topic administration: create, delete, list, grow, partition counts.
 
-Layout: ``<root>/topics/<tenant>/<namespace>/<topic>/`` holds ``_topic.json`` (the partition count)
-and one Delta table ``partition-<i>`` per partition. Creating partition-0's table is the atomic
-claim (delta-rs makes version 0 a create-if-absent on every backend); ``_topic.json`` is written
-last, if absent, and marks the topic complete. A crash between the two is repaired by the next create.
+Layout: ``<root>/topics/<tenant>/<namespace>/<topic>/`` holds ``_topic.json`` (the partition count
+at creation) and one Delta table ``partition-<i>`` per partition. Creating partition-0's table is
+the atomic claim (delta-rs makes version 0 a create-if-absent on every backend); ``_topic.json`` is
+written last, if absent, and marks the topic complete. A crash between the two is repaired by the
+next create. Growth adds ``_growth/<count>-<incarnation>.json`` markers, never rewritten: the count
+is the highest of the creation count and the markers of this ``_topic.json``
+(docs/design/partition-growth-markers.md).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
+from pulsartx import forks
 from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
@@ -29,11 +35,32 @@ from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
 
 log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
+GROWTH_DIR = "_growth"
 MAX_PARTITIONS = 10_000
+# The highest count this process has seen per (root, topic incarnation): a listing that lags
+# behind a marker (a store whose listings are not read-after-write) never shows this process a
+# count below one it already acted on. One int per incarnation seen.
+_SEEN_COUNTS: forks.ProcessCache[tuple[str, str], int] = forks.ProcessCache()
 
 
 def _topic_dir(t: TopicName) -> tuple[str, ...]:
     return ("topics", *t.path_segments())
+
+
+def _incarnation(meta_text: str) -> str:
+    """Names the ``_topic.json`` a growth marker extends: markers an update wrote after a delete
+    removed that file (the update raced it) never count for a topic re-created under the name."""
+    return hashlib.sha256(meta_text.encode("utf-8")).hexdigest()[:16]
+
+
+def _grown_count(names: list[str], incarnation: str) -> int:
+    """The highest count among the growth markers of one incarnation (0 when none)."""
+    best = 0
+    for name in names:
+        count, _, rest = name.partition("-")
+        if rest == f"{incarnation}.json" and count.isdigit():
+            best = max(best, int(count))
+    return best
 
 
 class TopicsAdmin:
@@ -63,7 +90,9 @@ class TopicsAdmin:
         for i in range(1, partitions):
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
                                configuration=properties, name=f"{t.short}-partition-{i}")
-        meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1}
+        # "id" makes every creation's text unique, so growth markers bound to it (their name holds
+        # a hash of the text) never count for a topic re-created under the name.
+        meta = {"partitions": partitions, "created_ms": int(time.time() * 1000), "format": 1, "id": uuid.uuid4().hex}
         self._publish_meta(t, json.dumps(meta))
         return t
 
@@ -99,15 +128,30 @@ class TopicsAdmin:
         text = self.root.read_text(*_topic_dir(t), TOPIC_META)
         return None if text is None else json.loads(text)
 
+    def _count(self, t: TopicName, meta_text: str) -> int:
+        """The partition count of the incarnation ``meta_text`` describes: its creation count, or
+        the highest growth marker of it. A marker is written after its partitions' tables, so every
+        partition below the count returned exists."""
+        incarnation = _incarnation(meta_text)
+        n = max(int(json.loads(meta_text)["partitions"]),
+                _grown_count(self.root.listdir(*_topic_dir(t), GROWTH_DIR), incarnation))
+        key = (self.root.url, incarnation)
+        with _SEEN_COUNTS.lock:
+            n = _SEEN_COUNTS[key] = max(n, _SEEN_COUNTS.get(key, 0))
+        return n
+
+    def _not_found(self, t: TopicName) -> TopicNotFound:
+        return TopicNotFound(f"topic {t} does not exist under {self.root.url}: create it with "
+                             "client.admin.create_topic() or "
+                             f"`{cli_command(self.root, 'topics', 'create', t.short)}`")
+
     def get_partitions(self, topic: str) -> int:
         """The topic's partition count (a ``-partition-i`` name counts as one partition)."""
         t = TopicName.parse(topic)
-        meta = self._read_meta(t.base)
-        if meta is None:
-            raise TopicNotFound(f"topic {t.base} does not exist under {self.root.url}: create it with "
-                                "client.admin.create_topic() or "
-                                f"`{cli_command(self.root, 'topics', 'create', t.base.short)}`")
-        n = int(meta["partitions"])
+        text = self.root.read_text(*_topic_dir(t.base), TOPIC_META)
+        if text is None:
+            raise self._not_found(t.base)
+        n = self._count(t.base, text)
         if t.partition is not None and t.partition >= n:
             raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")
         return n
@@ -117,6 +161,48 @@ class TopicsAdmin:
         t = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
         n = self.get_partitions(str(t))
         return [t] if t.partition is not None else [t.with_partition(i) for i in range(n)]
+
+    def update_partitioned_topic(self, topic: str, partitions: int) -> int:
+        """Grow the topic to ``partitions`` partitions (``pulsar-admin topics
+        update-partitioned-topic -p N``); returns the count after the update. Only increases, as in
+        Pulsar: the partitions hold offsets that readers and subscriptions refer to, so none is
+        ever taken away. The new partitions' tables are made before the marker that makes the
+        count visible, so no reader or producer is ever told of a partition without its table.
+        Concurrent updates never lower the count: the highest marker wins, and an update whose
+        count a concurrent one overtook still returns the (higher) count in force."""
+        named = TopicName.parse(topic)
+        if named.partition is not None:
+            raise InvalidConfiguration(
+                f"update_partitioned_topic({topic!r}) names one partition: give the topic name without "
+                f"'-partition-{named.partition}'")
+        t = named.base
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidConfiguration(f"partitions={partitions!r} for topic {t}: must be an integer from 1 to "
+                                       f"{MAX_PARTITIONS}")
+        text = self.root.read_text(*_topic_dir(t), TOPIC_META)
+        if text is None:
+            raise self._not_found(t)
+        current = self._count(t, text)
+        if partitions <= current:
+            raise InvalidConfiguration(
+                f"topic {t} has {current} partition(s) and cannot go to {partitions}: the count only increases; "
+                f"give more than {current}")
+        properties = partition_table_properties()
+        for i in range(current, partitions):
+            # False: made by a concurrent update, or by one that failed before its marker (empty).
+            delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
+                               configuration=properties, name=f"{t.short}-partition-{i}")
+        incarnation = _incarnation(text)
+        marker = {"partitions": partitions, "from": current, "created_ms": int(time.time() * 1000)}
+        self.root.write_text(json.dumps(marker), *_topic_dir(t), GROWTH_DIR, f"{partitions}-{incarnation}.json")
+        if self.root.read_text(*_topic_dir(t), TOPIC_META) != text:
+            # Deleted (maybe re-created) meanwhile: this marker belongs to no live topic and never
+            # counts; the tables made for it are empty and go with the topic directory's next delete.
+            raise TopicNotFound(f"topic {t} was deleted while growing to {partitions} partition(s): "
+                                f"create it again with `{cli_command(self.root, 'topics', 'create', t.short)}`")
+        n = self._count(t, text)
+        log.info("grew topic %s from %d to %d partition(s)", t, current, n)
+        return n
 
     def delete_topic(self, topic: str) -> None:
         """Delete the topic's data and its subscriptions (as Pulsar does): a cursor outliving its
@@ -131,12 +217,20 @@ class TopicsAdmin:
                 f"topic name without '-partition-{named.partition}' to delete the whole topic, all its partitions "
                 "and subscriptions")
         t = named.base
-        parts = self.partitions_of(t)  # TopicNotFound names the topic
+        text = self.root.read_text(*_topic_dir(t), TOPIC_META)
+        if text is None:
+            raise self._not_found(t)
+        parts = [t.with_partition(i) for i in range(self._count(t, text))]
         subs = tombstone_topic(self.root, parts)
         # No merge or checkpoint this process's writers scheduled may land in a table being removed.
         wait_for_background_writes()
         # Remove the marker first so the topic disappears atomically for readers of metadata.
         self.root.rm(*_topic_dir(t), TOPIC_META)
+        # A growth that landed since the count was read: its partitions' subscriptions go too. One
+        # landing later is never seen by anyone (its updater finds the topic gone).
+        grown = self._count(t, text)
+        if grown > len(parts):
+            subs += tombstone_topic(self.root, [t.with_partition(i) for i in range(len(parts), grown)])
         self.root.rm(*_topic_dir(t))
         # Snapshots are per table (incarnation), so a re-created topic never loads these; they go too.
         self.root.rm(*topic_snapshots(t))

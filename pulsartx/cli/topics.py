@@ -1,4 +1,4 @@
-"""``pulsartx topics``: create, delete, list, stats, peek (after ``pulsar-admin topics``)."""
+"""``pulsartx topics``: create, grow, delete, list, stats, peek (after ``pulsar-admin topics``)."""
 from __future__ import annotations
 
 import base64
@@ -28,6 +28,17 @@ def topics_create(ctx: click.Context, topic: str, partitions: int) -> None:
     """Create TOPIC with its partitions."""
     t = get_client(ctx, creates=True).admin.create_topic(topic, partitions=partitions)
     emit(ctx, {"topic": str(t), "partitions": partitions})
+
+
+@topics.command("update-partitioned-topic")
+@click.argument("topic")
+@click.option("--partitions", "-p", required=True, type=int, help="The new number of partitions (more than now).")
+@click.pass_context
+def topics_update_partitioned_topic(ctx: click.Context, topic: str, partitions: int) -> None:
+    """Grow TOPIC to PARTITIONS partitions; the count only increases. Keys route to other
+    partitions afterwards (hash modulo the new count)."""
+    n = get_client(ctx).admin.update_partitioned_topic(topic, partitions)
+    emit(ctx, {"topic": str(TopicName.parse(topic)), "partitions": n})
 
 
 @topics.command("delete")

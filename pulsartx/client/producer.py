@@ -10,6 +10,10 @@ A keyed message goes to its key's partition; unkeyed messages go round-robin by 
 default router does with batching: all of one batch to one partition, the next batch to the next
 (so consecutive ``send()`` calls, each its own batch, rotate message by message).
 
+A producer of a whole topic re-reads its partition count every ``PARTITIONS_UPDATE_INTERVAL_S``
+(60 s, pulsar-client's default) and, once the topic has grown, routes over every partition: keys
+then go to ``hash mod`` the new count (they move, as in Pulsar).
+
 A producer stays with the process that made it: in a forked child it raises ForkedProcessError
 (its name and sequence ids would name two writers, and Pulsar refuses a second producer of one
 name; docs/design/clients-across-fork.md).
@@ -53,6 +57,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SendCallback = Callable[[Result, MessageId | None], None]
+# How often a producer of a whole topic re-reads the partition count (pulsar-client's
+# ``partitionsUpdateInterval``): a count read costs one small read and one listing.
+PARTITIONS_UPDATE_INTERVAL_S = 60.0
 
 
 def _resend_hint(e: BaseException, txn: Any, records: Any) -> str:
@@ -186,6 +193,8 @@ class Producer(TableSending):
         else:  # a generated name is new: nothing of it is persisted
             self._last_seq = -1
             self._floors = dict.fromkeys(self._logs, -1)
+        self._whole_topic = TopicName.parse(self._topic).partition is None
+        self._counted_at = time.monotonic()
         self._timer = threading.Thread(target=self._flush_loop, name=f"pulsartx-producer-{self._name}", daemon=True)
         self._wake = threading.Event()
         self._timer.start()
@@ -566,6 +575,48 @@ class Producer(TableSending):
                 due = [k for k, t0 in self._first_enqueued.items() if now - t0 >= self._delay]
             for key in due:
                 self._flush_queue(key)
+            if self._whole_topic and now - self._counted_at >= PARTITIONS_UPDATE_INTERVAL_S:
+                self._counted_at = now
+                self._update_partitions()
+
+    def _update_partitions(self) -> None:
+        """Take on the partitions a growth of the topic added (pulsar-client's producers do, every
+        minute by default). A failed count read is left for the next interval: the partitions known
+        stay valid, since a count never falls while the topic lives."""
+        try:
+            n = self._client.admin.get_partitions(self._topic)
+        except Exception as e:  # a deleted topic, a storage fault: the sends report their own errors
+            log.debug("producer %s: partition count of %s not read: %s", self._name, self._topic, e)
+            return
+        have = len(self._partitions)
+        if n <= have or self._closed:
+            return
+        base = TopicName.parse(self._topic)
+        added = [base.with_partition(i) for i in range(have, n)]
+        try:
+            keys = _claim_name(self, self._client.root.url, added)
+        except ProducerBusy as e:
+            log.warning("producer %s: %s grew to %d partitions, but this producer keeps its %d: %s",
+                        self._name, self._topic, n, have, e)
+            return
+        self._live_keys = self._live_keys + keys
+        if self._closed:  # closed meanwhile: its release may have missed these
+            self._release_name()
+            return
+        # Every table a partition index may reach is in place before the index can be routed to.
+        for p in added:
+            plog = shared_log(self._client.root, p)
+            self._append_locks[p.partition] = threading.Lock()
+            if self._floors is not None:
+                persisted = plog.last_sequence_id(self._name)
+                self._floors[p.partition] = -1 if persisted is None else persisted
+            self._logs[p.partition] = plog
+        with self._lock:
+            self._partitions = self._partitions + added
+            self._router = RoundRobin(n, self._router.current())
+            self._round.clear()
+        log.info("producer %s: %s grew from %d to %d partitions; keys now route over %d", self._name, self._topic,
+                 have, n, n)
 
     def discard_transaction(self, txn: Any) -> None:
         """Drop what is still queued under an aborting transaction: it would never be visible."""
@@ -630,9 +681,11 @@ class Producer(TableSending):
 _LIVE: forks.ProcessCache[tuple[str, str, str], Producer] = forks.ProcessCache()
 
 
-def _claim_name(producer: Producer, root_url: str) -> list[tuple[str, str, str]]:
-    """Take the producer's name on each of its partitions in this process, or raise ProducerBusy."""
-    keys = [(root_url, str(p), producer._name) for p in producer._partitions]
+def _claim_name(producer: Producer, root_url: str,
+                partitions: list[TopicName] | None = None) -> list[tuple[str, str, str]]:
+    """Take the producer's name on each of its partitions (or ``partitions``) in this process, or
+    raise ProducerBusy."""
+    keys = [(root_url, str(p), producer._name) for p in (producer._partitions if partitions is None else partitions)]
     with _LIVE.lock:
         for key in keys:
             other = _LIVE.get(key)
