@@ -19,7 +19,7 @@ from pulsartx.coordinator.state import TxnStatus
 from pulsartx.log.partition import PartitionLog, partition_segments
 from pulsartx.naming import TopicName
 from pulsartx.storage import faults
-from pulsartx.storage.faults import Fault, Op
+from pulsartx.storage.faults import Fault, Mode, Op
 
 pytestmark = pytest.mark.usefixtures("no_faults")  # the fixture is in conftest.py
 
@@ -143,3 +143,35 @@ def test_a_transaction_decided_longer_ago_than_the_grace_is_finished_by_the_next
         assert _read(fresh) == expected  # the read opens the TC, whose sweep finishes the transaction
         tc = fresh._coordinators().for_txn(txn.id)
         assert _finished(fresh, txn, tc)
+
+
+def test_close_waits_for_an_adopted_completion_it_is_running(tmp_path):
+    """A reader's client adopted a transaction whose decider closed before its markers landed, and
+    is writing them when the client closes: close() returns only once that write is over, since
+    nothing of a closed client writes any more (its topics can then be deleted and re-created).
+    Fails before the fix: close() waited for the client's own completions only, and the adopted
+    one wrote partition 1's marker after close() had returned."""
+    root = str(tmp_path / "root")
+    grace = CoordinatorConfig(recovery_grace_ms=500)
+    reader = pulsartx.Client(root, coordinator_config=grace, num_coordinators=1)
+    with reader.new_transaction() as t:  # it opens the root's one TC (and sweeps it) now
+        reader.create_producer("u").send(b"u", txn=t)
+    decider = pulsartx.Client(root, coordinator_config=grace, num_coordinators=1)
+    txn, _, expected = _decided_with_failing_markers(decider, "commit")
+    decider.close()
+    faults.clear()
+    slow = Fault(Op.CREATE, Mode.DELAY, match="/".join(partition_segments(P1)) + "/_delta_log", delay_s=3.0)
+    faults.install([slow])
+    tc = reader._coordinators().for_txn(txn.id)
+    assert _read(reader) == expected  # resolved through the TC log, and adopted
+    deadline = time.monotonic() + 10
+    while not slow.fired:  # the adopted completion is writing partition 1's marker
+        assert time.monotonic() < deadline, "the reader's client never tried to complete the transaction"
+        time.sleep(0.05)
+    reader.close()
+    key = state_mod.txn_key(*txn.id.as_tuple())
+    at_close = key in TransactionBuffer(PartitionLog(reader.root, P1)).state().ended
+    time.sleep(3.5)
+    assert (key in TransactionBuffer(PartitionLog(reader.root, P1)).state().ended) == at_close, \
+        "the closed client wrote a marker after close() returned"
+    assert tc.get(txn.id, refresh=True).status is TxnStatus.COMMITTING or at_close

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -70,6 +71,7 @@ class Completer:
     def __init__(self, threads: int = THREADS):
         self._pool = ProcessPool(threads, THREAD_PREFIX)
         self._lock = threading.Lock()
+        self._tasks_lock = threading.Lock()  # a leaf: its holder calls nothing else
         self._reset()
         forks.reset_in_child(self)
 
@@ -81,10 +83,25 @@ class Completer:
         self._retrier: threading.Thread | None = None
         self._hurry = 0  # flushes and closes waiting: retries come at once, and soon after a failure
         self._closed = False
+        self._tasks: set[Future[None]] = set()  # handed to the pool and not over: close() waits for them
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
+        self._tasks_lock = threading.Lock()
         self._reset()
+
+    def _spawn(self, fn: Callable[..., None], *args: object) -> None:
+        """Run ``fn`` on the pool, known to :meth:`close` until it is over (RuntimeError: the
+        interpreter is exiting, or this completer closed). The lock may be held: the task's own
+        bookkeeping takes only the leaf ``_tasks_lock``."""
+        with self._tasks_lock:  # close() sees every task the pool accepted
+            task = self._pool.get().submit(fn, *args)
+            self._tasks.add(task)
+        task.add_done_callback(self._task_over)
+
+    def _task_over(self, task: Future[None]) -> None:
+        with self._tasks_lock:
+            self._tasks.discard(task)
 
     def decided(self) -> list[TxnMeta]:
         """The transactions whose completion is queued or running here: decided durably, and not
@@ -104,7 +121,7 @@ class Completer:
             fut = Future()
             adopted = self._retries.pop(meta.txn_id, None)  # now this client's own
             try:
-                self._pool.get().submit(self._run, tc, meta, ATTEMPTS, True)
+                self._spawn(self._run, tc, meta, ATTEMPTS, True)
             except RuntimeError:  # the interpreter is exiting: no new threads; complete here
                 if adopted is not None:
                     self._retries[meta.txn_id] = adopted
@@ -223,7 +240,7 @@ class Completer:
                 by_tc.setdefault(id(r.tc), []).append(r)
             for group in by_tc.values():
                 try:
-                    self._pool.get().submit(self._retry_group, group)
+                    self._spawn(self._retry_group, group)
                 except RuntimeError:  # the interpreter is exiting: recovery finishes them
                     return
 
@@ -233,6 +250,8 @@ class Completer:
         them are final by the time they are due."""
         refreshed: list[bool] = [False]
         for r in group:
+            if self._closed:  # nothing of a closed client writes any more
+                return
             self._retry(r, refreshed)
 
     def _retry(self, r: _Retry, refreshed: list[bool]) -> None:
@@ -286,7 +305,12 @@ class Completer:
         once more (each waiting for a retry is tried at once), then stop: a completion still
         failing is left to the recovery sweep of whoever opens its TC next. A close does not wait
         on storage that keeps failing, any more than it did when a completion gave up after its
-        first round of tries."""
+        first round of tries.
+
+        Nothing of this completer writes once it returns (the client's topics can then be deleted
+        and re-created): a try under way, of its own transactions or of ones it adopted, is waited
+        for within ``timeout_s``; none starts after."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             rounds = {t: r.failures for t, r in self._retries.items() if r.own}
 
@@ -302,6 +326,7 @@ class Completer:
             left += [m for t, m in self._decided.items() if t not in self._retries]  # a first round still running
             self._retries.clear()
             self._wake.notify_all()
+        self._stop(deadline)
         for m in left:
             self._done(m.txn_id, m)
         if left:
@@ -309,6 +334,20 @@ class Completer:
                         "could not be written yet): whoever next opens their TC finishes them (the recovery sweep), "
                         "and readers see their outcome meanwhile: %s", len(left),
                         ", ".join(str(m.txn_id) for m in left[:10]))
+
+    def _stop(self, deadline: float | None) -> None:
+        """Stop the pool (its idle threads end) and wait, until ``deadline``, for the tries under way."""
+        pool = self._pool.started()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        with self._tasks_lock:
+            running = set(self._tasks)
+        if not running:
+            return
+        _, late = futures.wait(running, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if late:
+            log.warning("%d transaction completions were still writing when their client closed (storage is slow); "
+                        "they are idempotent, and whoever next opens their TC finishes them if they fail", len(late))
 
     @contextlib.contextmanager
     def _hurrying(self) -> Iterator[None]:
