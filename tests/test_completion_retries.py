@@ -175,3 +175,32 @@ def test_close_waits_for_an_adopted_completion_it_is_running(tmp_path):
     assert (key in TransactionBuffer(PartitionLog(reader.root, P1)).state().ended) == at_close, \
         "the closed client wrote a marker after close() returned"
     assert tc.get(txn.id, refresh=True).status is TxnStatus.COMMITTING or at_close
+
+
+def test_adopting_many_transactions_does_not_wake_the_retry_thread_for_each():
+    """A reader tailing a busy topic adopts every transaction it meets before its markers, each due
+    a grace later than the one before: the thread that holds them is woken only by one due before
+    the time it waits for. Fails before the fix: each adoption woke it, and each wake scanned every
+    adopted transaction (CPU growing with the square of the transaction rate)."""
+    from types import SimpleNamespace
+
+    from pulsartx.coordinator.completer import Completer
+    from pulsartx.coordinator.txnid import TxnID
+
+    c = Completer()
+    wakes = [0]
+    wait = c._wake.wait
+
+    def counting(timeout=None):
+        wakes[0] += 1
+        return wait(timeout)
+    c._wake.wait = counting
+    now_ms = int(time.time() * 1000)
+    try:
+        for i in range(500):
+            c.adopt(SimpleNamespace(), SimpleNamespace(txn_id=TxnID(0, i)), now_ms + 60_000 + i)
+            time.sleep(0.002)  # transactions arrive one by one: the thread waits in between
+        time.sleep(0.2)
+        assert wakes[0] < 50
+    finally:
+        c.close(0)

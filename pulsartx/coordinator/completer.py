@@ -44,6 +44,7 @@ THREADS = 32  # completions mostly wait on storage: as many as transactions comm
 ATTEMPTS = 4  # tries in the first round; then one try per retry
 RETRY_FIRST_S = 1.0  # the first retry's delay after a failed round; doubled at each failure...
 RETRY_CAP_S = 30.0  # ...up to this
+TICK_S = 0.05  # the retry thread wakes at most this often for what comes due (a flush wakes it at once)
 WARN_EVERY_S = 300.0  # a transaction still failing is warned about at its first failed round, then this often
 THREAD_PREFIX = "pulsartx-txn-complete"
 
@@ -81,6 +82,7 @@ class Completer:
         self._retries: dict[TxnID, _Retry] = {}  # waiting for their next try (own, and adopted)
         self._wake = threading.Condition(self._lock)
         self._retrier: threading.Thread | None = None
+        self._waking_at = float("-inf")  # when the waiting retry thread wakes (-inf: it is not waiting)
         self._hurry = 0  # flushes and closes waiting: retries come at once, and soon after a failure
         self._closed = False
         self._tasks: set[Future[None]] = set()  # handed to the pool and not over: close() waits for them
@@ -141,9 +143,9 @@ class Completer:
             if self._closed or meta.txn_id in self._inflight or meta.txn_id in self._retries:
                 return
             delay_s = max(0.0, not_before_ms / 1000 - time.time())
-            self._retries[meta.txn_id] = _Retry(tc, meta, time.monotonic() + delay_s, own=False)
+            retry = self._retries[meta.txn_id] = _Retry(tc, meta, time.monotonic() + delay_s, own=False)
             self._start_retrier()
-            self._wake.notify_all()
+            self._wake_for(retry.due)
 
     def _run(self, tc: TransactionCoordinator, meta: TxnMeta, attempts: int, loud: bool) -> None:
         """One round of tries (on a pool thread); a transaction still not final waits for the next.
@@ -205,7 +207,7 @@ class Completer:
                 if warn:
                     retry.warned_at = now
                 self._start_retrier()
-                self._wake.notify_all()
+                self._wake_for(retry.due)
         if drop:
             self._done(meta.txn_id, meta)
             return
@@ -220,6 +222,13 @@ class Completer:
             self._retrier = threading.Thread(target=self._retry_loop, name=f"{THREAD_PREFIX}-retry", daemon=True)
             self._retrier.start()
 
+    def _wake_for(self, due: float) -> None:
+        """Wake the retry thread if it waits past ``due`` (the caller holds the lock). Not at every
+        new retry: a tailing reader adopts transactions one after another, each due a grace later,
+        and a wake scans every waiting retry."""
+        if due < self._waking_at:
+            self._wake.notify_all()
+
     def _retry_loop(self) -> None:
         with self._lock:
             wake = self._wake
@@ -231,7 +240,10 @@ class Completer:
                 due = [r for r in self._retries.values() if r.due <= now]
                 if not due:
                     nxt = min((r.due for r in self._retries.values()), default=now + RETRY_CAP_S)
-                    wake.wait(min(RETRY_CAP_S, max(0.0, nxt - now)))
+                    timeout = min(RETRY_CAP_S, max(TICK_S, nxt - now))
+                    self._waking_at = now + timeout
+                    wake.wait(timeout)
+                    self._waking_at = float("-inf")
                     continue
                 for r in due:
                     r.due = float("inf")  # running: _failed sets the next due time
@@ -357,7 +369,7 @@ class Completer:
             for r in self._retries.values():
                 if r.own and r.due != float("inf"):
                     r.due = min(r.due, now)
-            self._wake.notify_all()
+            self._wake_for(now)
         try:
             yield
         finally:
