@@ -204,3 +204,32 @@ def test_adopting_many_transactions_does_not_wake_the_retry_thread_for_each():
         assert wakes[0] < 50
     finally:
         c.close(0)
+
+
+@pytest.mark.parametrize("end", ["commit in the foreground", "abort past its timeout"])
+def test_a_transaction_decided_without_the_completer_is_retried_by_it(tmp_path, end):
+    """A Spark job's commit ends its transaction in the foreground (no completer queue), and a
+    reader or sweep aborts one past its timeout: when its markers fail there, the process's
+    completer retries it once storage heals, as it does a client's own. Fails before the fix: it
+    stayed COMMITTING/ABORTING in a long-lived driver with no coordinator service until some other
+    process swept its TC."""
+    from pulsartx.coordinator.state import TxnAction
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, coordinator_config=NO_SWEEP, num_coordinators=1) as c:
+        c.admin.create_topic("t", partitions=2)
+        tc = c._coordinators().tc(0)
+        timeout_ms = 60_000 if end.startswith("commit") else 1
+        meta = tc.new_transaction(timeout_ms, partitions=[str(P0), str(P1)])
+        time.sleep(0.01)
+        faults.install([Fault(Op.CREATE, match="/".join(partition_segments(P1)) + "/_delta_log", times=10**6)])
+        if end.startswith("commit"):
+            decided = tc.end_transaction(meta.txn_id, TxnAction.COMMIT)
+        else:
+            decided = tc.abort_expired(meta.txn_id)
+        assert not decided.status.is_final
+        faults.clear()
+        deadline = time.monotonic() + 10
+        while not tc.get(meta.txn_id, refresh=True).status.is_final:
+            assert time.monotonic() < deadline, f"{meta.txn_id} is still {decided.status.value}"
+            time.sleep(0.1)

@@ -124,14 +124,16 @@ class Completer:
             adopted = self._retries.pop(meta.txn_id, None)  # now this client's own
             try:
                 self._spawn(self._run, tc, meta, ATTEMPTS, True)
-            except RuntimeError:  # the interpreter is exiting: no new threads; complete here
+            except RuntimeError:  # the interpreter is exiting, or this completer closed: complete here
                 if adopted is not None:
                     self._retries[meta.txn_id] = adopted
-                fut.set_result(self._complete(tc, meta, ATTEMPTS))
+            else:
+                self._inflight[meta.txn_id] = fut
+                self._decided[meta.txn_id] = meta
                 return fut
-            self._inflight[meta.txn_id] = fut
-            self._decided[meta.txn_id] = meta
-            return fut
+        # Not under the lock: completing may adopt the transaction here (TransactionCoordinator.adopt).
+        fut.set_result(self._complete(tc, meta, ATTEMPTS))
+        return fut
 
     def adopt(self, tc: TransactionCoordinator, meta: TxnMeta, not_before_ms: int) -> None:
         """Complete ``meta``, decided by another process (or by this one earlier), once the wall

@@ -548,7 +548,7 @@ class TransactionCoordinator:
         if background and self.completer is not None:
             self.completer.submit(self, meta)
             return meta
-        return self._complete(meta)
+        return self._complete_or_adopt(meta)
 
     def _abort_unwritten(self, txn_id: TxnID, reason: str | None) -> TxnMeta | None:
         """An admin abort of an issued TxnID that is not in the log: either its owner began it in
@@ -676,6 +676,17 @@ class TransactionCoordinator:
                 log.warning("TC %d sweep: %s failed: %s", self.tc_id, meta.txn_id, e)
         return res
 
+    def _complete_or_adopt(self, meta: TxnMeta) -> TxnMeta:
+        """:meth:`_complete` where no completer queue holds the transaction (a Spark job's commit,
+        a timeout or fencing abort): one that stays decided is retried by this process's completer
+        while it lives, as a client's own is, not left until some other process sweeps its TC."""
+        final = self._complete(meta)
+        if not final.status.is_final:
+            # A second from now, as after a completer's failed round: a short-lived process (the
+            # CLI) exits first rather than wait at exit for a try against storage that just failed.
+            self.adopt(final, grace_ms=now_ms() - final.last_modified_ms + 1_000)
+        return final
+
     def adopt(self, meta: TxnMeta, grace_ms: int | None = None) -> None:
         """Have this process's completer finish ``meta`` (COMMITTING/ABORTING) once its decision
         is ``grace_ms`` old (default ``recovery_grace_ms``), unless it is final by then: how a
@@ -698,7 +709,7 @@ class TransactionCoordinator:
         if meta.status is TxnStatus.ABORTING:
             if meta.reason == REASON_TIMEOUT:
                 self._emit("timeout", meta)
-            return self._complete(meta)
+            return self._complete_or_adopt(meta)
         return meta
 
     def fence(self, txn_id: TxnID, reason: str) -> TxnMeta:
@@ -709,7 +720,7 @@ class TransactionCoordinator:
             return meta.transition(TxnStatus.ABORTING, now_ms(), reason), MetadataOp.UPDATE
 
         meta = self._cas(txn_id, decide)
-        return self._complete(meta) if meta.status is TxnStatus.ABORTING else meta
+        return self._complete_or_adopt(meta) if meta.status is TxnStatus.ABORTING else meta
 
     def change_lease(self, change: Callable[[TcLease | None], TcLease | None]) -> tuple[TcLease | None, bool]:
         """Compare-and-set on this TC's lease row (:meth:`TransactionLog.change_lease`)."""
