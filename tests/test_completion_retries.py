@@ -233,3 +233,28 @@ def test_a_transaction_decided_without_the_completer_is_retried_by_it(tmp_path, 
         while not tc.get(meta.txn_id, refresh=True).status.is_final:
             assert time.monotonic() < deadline, f"{meta.txn_id} is still {decided.status.value}"
             time.sleep(0.1)
+
+
+def test_a_sweep_that_fails_to_finish_a_transaction_retries_it_a_second_later(tmp_path):
+    """The opening sweep of a short-lived process (a CLI command) fails to finish a decided
+    transaction: its retry comes a second later, as after a completer's failed round, not at once,
+    so the process can exit first instead of waiting at exit for a try against storage that has
+    just failed (a try on a store giving transient errors lasts the whole storage retry budget).
+    Fails before the fix: the sweep handed it to the completer due at once."""
+    root = str(tmp_path / "root")
+    config = CoordinatorConfig(recovery_grace_ms=300)
+    c = pulsartx.Client(root, coordinator_config=config)
+    txn, fault, expected = _decided_with_failing_markers(c, "commit")
+    c.close()
+    time.sleep(0.4)
+    with pulsartx.Client(root, coordinator_config=config) as fresh:
+        fired = fault.fired
+        assert _read(fresh) == expected  # the read opens the TC, whose sweep fails to finish it
+        swept = fault.fired
+        assert swept > fired
+        time.sleep(0.5)
+        assert fault.fired == swept, "the sweep's failure was retried at once"
+        deadline = time.monotonic() + 5
+        while fault.fired == swept:  # ...but it is retried
+            assert time.monotonic() < deadline, "the sweep's failure was never retried"
+            time.sleep(0.05)

@@ -660,9 +660,8 @@ class TransactionCoordinator:
                     self.abort_expired(meta.txn_id, now)
                     res.timed_out += 1
                 elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) and now - meta.last_modified_ms >= grace:
-                    if not self._complete(self.get(meta.txn_id)).status.is_final:
-                        res.failed += 1
-                        self.adopt(meta, grace_ms=0)  # retried here, not left to the next opener
+                    if not self._complete_or_adopt(self.get(meta.txn_id)).status.is_final:
+                        res.failed += 1  # retried here a second later, not left to the next opener
                     else:
                         res.completed += 1
                 elif meta.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING):
