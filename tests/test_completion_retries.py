@@ -258,3 +258,28 @@ def test_a_sweep_that_fails_to_finish_a_transaction_retries_it_a_second_later(tm
         while fault.fired == swept:  # ...but it is retried
             assert time.monotonic() < deadline, "the sweep's failure was never retried"
             time.sleep(0.05)
+
+
+def test_a_completion_that_finds_the_transaction_finished_by_another_process_counts_nothing(tmp_path):
+    """Two processes complete one decided transaction (its decider and one that adopted or swept
+    it): the one whose final record is written counts it in pulsar_txn_committed_count, the other,
+    which finds it final, does not (the count is per process, and dashboards add them up). Fails
+    before the fix: both counted it."""
+    from pulsartx import metrics
+    from pulsartx.coordinator.state import TxnAction
+
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, coordinator_config=NO_SWEEP, num_coordinators=1) as c, \
+            pulsartx.Client(root, coordinator_config=NO_SWEEP, num_coordinators=1) as other:
+        c.admin.create_topic("t", partitions=2)
+        tc = c._coordinators().tc(0)
+        meta = tc.new_transaction(60_000, partitions=[str(P0), str(P1)])
+        faults.install([Fault(Op.CREATE, match="/".join(partition_segments(P1)) + "/_delta_log", times=10**6)])
+        decided = tc.end_transaction(meta.txn_id, TxnAction.COMMIT)
+        assert decided.status is TxnStatus.COMMITTING
+        faults.clear()
+        tc2 = other._coordinators().tc(0)
+        assert tc2._complete(tc2.get(meta.txn_id, refresh=True)).status is TxnStatus.COMMITTED
+        metrics.reset()
+        assert tc._complete(decided).status is TxnStatus.COMMITTED  # on its stale copy of the log
+        assert metrics._counts.get(("committed", 0), 0) == 0

@@ -608,10 +608,13 @@ class TransactionCoordinator:
         if failures:
             return meta  # stays decided; recovery retries (PIP-31's TransactionOpRetryTimer)
 
+        written: list[TxnMeta] = []  # the final records this call asked for
+
         def finish(m: TxnMeta):
             if m.status.is_final:
                 return None
-            return m.transition(action.final_status, now_ms()), MetadataOp.UPDATE
+            written.append(m.transition(action.final_status, now_ms()))
+            return written[-1], MetadataOp.UPDATE
 
         try:
             final = self._cas(meta.txn_id, finish)
@@ -622,7 +625,10 @@ class TransactionCoordinator:
             log.log(failure_level(), "TC %d: %s is %s on every participant, but its final record could not be "
                     "written (recovery writes it): %s", self.tc_id, meta.txn_id, meta.status.value, e)
             return meta
-        self._emit(final.status.value.lower(), final)
+        if final in written:
+            # Counted by the process whose final record this is: another one's completion (a
+            # sweep, an adopted or repeated one) finding it final adds nothing (counts are summed).
+            self._emit(final.status.value.lower(), final)
         return final
 
     # ---- expiration and recovery ---------------------------------------------------------------
