@@ -23,6 +23,7 @@ COMMANDS = {
     "topics stats": ["topics", "stats", "orders"],
     "topics peek": ["topics", "peek", "orders"],
     "topics timeline": ["topics", "timeline", "orders", "--out", "t.svg"],
+    "topics update-partitioned-topic": ["topics", "update-partitioned-topic", "orders", "-p", "2"],
     "subscriptions list": ["subscriptions", "list", "orders"],
     "subscriptions reset": ["subscriptions", "reset", "orders", "sub", "--message-id", "earliest"],
     "subscriptions skip": ["subscriptions", "skip", "orders", "sub", "-n", "1"],
