@@ -81,3 +81,29 @@ def test_slow_ack_grouping_keeps_lease_and_claims(client, ctype):
     c1.receive(1000)
     with pytest.raises(Timeout):
         c2.receive(1200)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_redelivery_count_is_read_after_the_claim(client, ctype):
+    """A fetch reads the cursor, then claims. A consumer that stores a raised redelivery count and
+    then releases its claim between the two (here by closing) must not make the message go out
+    with the count from before: the one that counts is the count stored when the claim is taken."""
+    _seed(client, 1)
+    # x stores its redelivery counts when it closes, not on its grouping timer.
+    x = client.subscribe("src", "s", ctype, initial_position=E, negative_ack_redelivery_delay_ms=0,
+                         acknowledgment_group_time_ms=60_000)
+    x.negative_acknowledge(x.receive(1000))  # x keeps its claim until the raised count is stored
+    y = client.subscribe("src", "s", ctype, initial_position=E)
+    resolve = y._resolve_pending
+
+    def after_cursor_read(*args, **kwargs):
+        # Within y's fetch, after its cursor read and before it looks at the claims.
+        y._resolve_pending = resolve
+        x.close()  # stores the count, 1, then releases x's claim (and, Key_Shared, its keys)
+        if y._key_shared is not None:
+            y._key_shared.refresh()  # y owns every key from now
+        return resolve(*args, **kwargs)
+
+    y._resolve_pending = after_cursor_read
+    m = y.receive(3000)
+    assert (m.data(), m.redelivery_count()) == (b"m0", 1)
