@@ -107,3 +107,22 @@ def test_redelivery_count_is_read_after_the_claim(client, ctype):
     y._resolve_pending = after_cursor_read
     m = y.receive(3000)
     assert (m.data(), m.redelivery_count()) == (b"m0", 1)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_negative_ack_keeps_claims_on_acks_not_stored_yet(client, ctype):
+    """A negative ack releases the claims of what the consumer no longer holds, but not those of
+    messages it acknowledged whose ack is still grouped: another consumer received those again."""
+    _seed(client, 2)
+    x = client.subscribe("src", "s", ctype, initial_position=E, negative_ack_redelivery_delay_ms=0,
+                         acknowledgment_group_time_ms=60_000)
+    x.acknowledge(x.receive(1000))  # grouped: not in the cursor yet
+    x.negative_acknowledge(x.receive(1000))  # its count is not stored either: x keeps that claim
+    if x._key_shared is not None:
+        x._key_shared.leave()  # x keeps its claims: y owns every key
+    y = client.subscribe("src", "s", ctype, initial_position=E)
+    with pytest.raises(Timeout):
+        y.receive(700)
+    x.close()  # stores the ack and the count, then gives back m1
+    m = y.receive(3000)
+    assert (m.data(), m.redelivery_count()) == (b"m1", 1)
