@@ -44,10 +44,13 @@ def test_negative_ack_delay_holds_for_other_consumers(client, ctype):
 @pytest.mark.parametrize("ctype", CLAIMING)
 def test_ack_timeout_redelivery_to_other_consumer_is_counted(client, ctype):
     _seed(client, 1)
-    c1 = client.subscribe("src", "s", ctype, initial_position=E, unacked_messages_timeout_ms=200)
+    # A claim lasts one unacked timeout past its last renewal (every third of it): at 200 ms a
+    # background thread stalled ~150 ms by CPU load let the claim lapse, as a dead consumer's, and
+    # c2 took the message before c1's timeout counted the redelivery.
+    c1 = client.subscribe("src", "s", ctype, initial_position=E, unacked_messages_timeout_ms=1000)
     c2 = client.subscribe("src", "s", ctype, initial_position=E)
     c1.receive(1000)
-    m = c2.receive(3000)
+    m = c2.receive(5000)
     assert (m.data(), m.redelivery_count()) == (b"m0", 1)
 
 
