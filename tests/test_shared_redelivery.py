@@ -44,10 +44,13 @@ def test_negative_ack_delay_holds_for_other_consumers(client, ctype):
 @pytest.mark.parametrize("ctype", CLAIMING)
 def test_ack_timeout_redelivery_to_other_consumer_is_counted(client, ctype):
     _seed(client, 1)
-    c1 = client.subscribe("src", "s", ctype, initial_position=E, unacked_messages_timeout_ms=200)
+    # A claim lasts one unacked timeout past its last renewal (every third of it): at 200 ms a
+    # background thread stalled ~150 ms by CPU load let the claim lapse, as a dead consumer's, and
+    # c2 took the message before c1's timeout counted the redelivery.
+    c1 = client.subscribe("src", "s", ctype, initial_position=E, unacked_messages_timeout_ms=1000)
     c2 = client.subscribe("src", "s", ctype, initial_position=E)
     c1.receive(1000)
-    m = c2.receive(3000)
+    m = c2.receive(5000)
     assert (m.data(), m.redelivery_count()) == (b"m0", 1)
 
 
@@ -81,3 +84,48 @@ def test_slow_ack_grouping_keeps_lease_and_claims(client, ctype):
     c1.receive(1000)
     with pytest.raises(Timeout):
         c2.receive(1200)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_redelivery_count_is_read_after_the_claim(client, ctype):
+    """A fetch reads the cursor, then claims. A consumer that stores a raised redelivery count and
+    then releases its claim between the two (here by closing) must not make the message go out
+    with the count from before: the one that counts is the count stored when the claim is taken."""
+    _seed(client, 1)
+    # x stores its redelivery counts when it closes, not on its grouping timer.
+    x = client.subscribe("src", "s", ctype, initial_position=E, negative_ack_redelivery_delay_ms=0,
+                         acknowledgment_group_time_ms=60_000)
+    x.negative_acknowledge(x.receive(1000))  # x keeps its claim until the raised count is stored
+    y = client.subscribe("src", "s", ctype, initial_position=E)
+    resolve = y._resolve_pending
+
+    def after_cursor_read(*args, **kwargs):
+        # Within y's fetch, after its cursor read and before it looks at the claims.
+        y._resolve_pending = resolve
+        x.close()  # stores the count, 1, then releases x's claim (and, Key_Shared, its keys)
+        if y._key_shared is not None:
+            y._key_shared.refresh()  # y owns every key from now
+        return resolve(*args, **kwargs)
+
+    y._resolve_pending = after_cursor_read
+    m = y.receive(3000)
+    assert (m.data(), m.redelivery_count()) == (b"m0", 1)
+
+
+@pytest.mark.parametrize("ctype", CLAIMING)
+def test_negative_ack_keeps_claims_on_acks_not_stored_yet(client, ctype):
+    """A negative ack releases the claims of what the consumer no longer holds, but not those of
+    messages it acknowledged whose ack is still grouped: another consumer received those again."""
+    _seed(client, 2)
+    x = client.subscribe("src", "s", ctype, initial_position=E, negative_ack_redelivery_delay_ms=0,
+                         acknowledgment_group_time_ms=60_000)
+    x.acknowledge(x.receive(1000))  # grouped: not in the cursor yet
+    x.negative_acknowledge(x.receive(1000))  # its count is not stored either: x keeps that claim
+    if x._key_shared is not None:
+        x._key_shared.leave()  # x keeps its claims: y owns every key
+    y = client.subscribe("src", "s", ctype, initial_position=E)
+    with pytest.raises(Timeout):
+        y.receive(700)
+    x.close()  # stores the ack and the count, then gives back m1
+    m = y.receive(3000)
+    assert (m.data(), m.redelivery_count()) == (b"m1", 1)

@@ -243,7 +243,7 @@ class Receiving(ConsumerCore):
             msgs, skipped = self._key_shared.fetch(part, cursor, busy, limit, waiting,
                                                    min(self._queue_size, FETCH_MAX),
                                                    now_ms() + (self._unacked_timeout or self._lease_ms))
-            return Fetched(cursor, skipped, msgs=msgs)
+            return Fetched(self._as_claimed(part, cursor), skipped, msgs=msgs)
         window = most
         while True:
             candidates = busy.gap_list(cursor.mark_delete + 1, limit, window)
@@ -276,7 +276,19 @@ class Receiving(ConsumerCore):
         if len(rows) < len(candidates):
             delivered = {offsets[i] for i in rows}
             skipped = [o for o in candidates if o not in delivered and o < limit]
+        if self._type is ConsumerType.Shared:
+            cursor = self._as_claimed(part, cursor)
         return Fetched(cursor, skipped, records, rows)
+
+    @staticmethod
+    def _as_claimed(part: PartitionState, cursor: CursorState) -> CursorState:
+        """The cursor whose redelivery counts a claimed message carries: as of its claim, not as of
+        the fetch's first read. Another consumer stores a raised count and only then releases its
+        claim (:meth:`Redelivery._release_claims`); both could land between that read and the
+        claim, and the message went out with the count from before it was given back (the
+        dead-letter move one delivery late). The claim's compare-and-set refreshed the log both
+        keys live in, so the cached cursor is at least as new as the claims it saw: no I/O."""
+        return part.store.cursor(refresh=False) or cursor
 
     def _enqueue(self, part: PartitionState, cursor: CursorState, msgs: list[Message], skipped: list[int]) -> None:
         if cursor.redelivery:

@@ -98,7 +98,9 @@ class Redelivery(ConsumerCore):
                 if all_held:
                     keep = set()
                 else:
-                    keep = set(part.held) | {m._offset for m in part.queue}
+                    # An acknowledgement still grouped keeps its claim too: released before the
+                    # ack is stored, the message went out again to another consumer.
+                    keep = {*part.held, *part.acks, *part.inflight} | {m._offset for m in part.queue}
                     # A message given back stays claimed until its redelivery count is stored and
                     # its negative-ack delay is over: released earlier, another consumer received
                     # it at once, with its old count (a DLQ move one delivery late) and no delay.
