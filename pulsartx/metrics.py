@@ -24,6 +24,7 @@ from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
 from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
+from pulsartx.observe.failures import RepeatedFailures, one_line
 from pulsartx.storage.retry import StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -89,15 +90,14 @@ class PulsarTxCollector:
     def __init__(self, client: Any, topics: Iterable[str] | None = None):
         self.client = client
         self.topics = list(topics) if topics is not None else None
-        self._reported: dict[str, str] = {}  # "TC <id>", "partition <name>" -> its error last logged at WARNING
+        self._reported = RepeatedFailures()  # "TC <id>'s log", "topic <name>", "partition <name>"
 
     def _unreadable(self, what: str, e: Exception) -> None:
         """Log ``what`` (a TC log, a topic, a partition) that cannot be read at WARNING once, then
         at DEBUG while the same error repeats, as every scrape meets it (the coordinator service
         logs a failing TC or partition the same way)."""
-        error = " ".join(str(e).split())
-        if self._reported.get(what) != error:
-            self._reported[what] = error
+        error = one_line(e)
+        if self._reported.is_news(what, error):
             log.warning("metrics: %s cannot be read; its figures are left out of this scrape: %s", what, error)
         else:
             log.debug("metrics: %s still cannot be read: %s", what, error)
@@ -126,7 +126,7 @@ class PulsarTxCollector:
             if isinstance(read, Exception):  # the other TCs are still reported; this one's figures are unknown
                 self._unreadable(f"TC {tc_id}'s log", read)
                 continue
-            self._reported.pop(f"TC {tc_id}'s log", None)
+            self._reported.cleared(f"TC {tc_id}'s log")
             metas, trimmed = read
             metas_by_tc[tc_id] = metas
             active.add_metric([str(tc_id)], sum(1 for m in metas if not m.status.is_final))
@@ -211,7 +211,7 @@ class PulsarTxCollector:
             except Exception as e:  # its metadata unreadable: the other topics are still reported
                 self._unreadable(f"topic {topic}", e)
                 continue
-            self._reported.pop(f"topic {topic}", None)
+            self._reported.cleared(f"topic {topic}")
             for p in parts:
                 try:
                     plog = PartitionLog(self.client.root, p)
@@ -224,7 +224,7 @@ class PulsarTxCollector:
                 except Exception as e:  # one damaged partition must not fail the whole scrape
                     self._unreadable(f"partition {p}", e)
                     continue
-                self._reported.pop(f"partition {p}", None)  # the same error later is news again
+                self._reported.cleared(f"partition {p}")  # the same error later is news again
                 labels = [str(p.base), str(p.partition)]
                 entries.add_metric(labels, index.end_offset - index.start_offset)
                 lag.add_metric(labels, state.end_offset - state.read_limit)

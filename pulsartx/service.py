@@ -22,6 +22,7 @@ from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import merge_small_files
+from pulsartx.observe.failures import RepeatedFailures
 from pulsartx.storage.delta import StorageUnavailable
 
 log = logging.getLogger("pulsartx.service")
@@ -47,7 +48,7 @@ class CoordinatorService:
         self.grace_ms = grace_ms
         self.stats = ServiceStats()
         self._stop = threading.Event()
-        self._reported: dict[str, str] = {}  # "partition <name>" or "TC <id>" -> last error logged at WARNING
+        self._reported = RepeatedFailures()  # "partition <name>", "TC <id>", "pass"
 
     def stop(self, *_: Any) -> None:
         if not self._stop.is_set():
@@ -62,7 +63,7 @@ class CoordinatorService:
             if isinstance(r, Exception):
                 self._failed(f"TC {tc_id}", r)
             else:
-                self._reported.pop(f"TC {tc_id}", None)  # the same error later is a new outage
+                self._reported.cleared(f"TC {tc_id}")  # the same error later is a new outage
                 self.stats.timed_out += r.timed_out
                 self.stats.completed += r.completed
                 self.stats.failed += r.failed
@@ -79,7 +80,7 @@ class CoordinatorService:
             except Exception as e:  # its metadata unreadable: the topics after it are still maintained
                 self._partition_failed(topic, e)
                 continue
-            self._reported.pop(f"partition {topic}", None)
+            self._reported.cleared(f"partition {topic}")
             for p in parts:
                 if self._stop.is_set():
                     return
@@ -90,7 +91,7 @@ class CoordinatorService:
                     if compact:
                         res = compact_partition(self.client.root, p)
                         self.stats.compacted_files += max(0, res.files_before - res.files_after)
-                    self._reported.pop(f"partition {p}", None)  # the same error later is a new outage
+                    self._reported.cleared(f"partition {p}")  # the same error later is a new outage
                 except StorageUnavailable:
                     raise  # the store itself is down: end this pass (retried next pass), not one wait per partition
                 except Exception as e:  # one broken partition (e.g. a corrupt log) must not stall the others
@@ -113,9 +114,7 @@ class CoordinatorService:
         one line per pass); True when ``what`` failed otherwise last time (worth a WARNING)."""
         self.stats.errors.append(msg)
         del self.stats.errors[:-100]
-        new = self._reported.get(what) != error
-        self._reported[what] = error
-        return new
+        return self._reported.is_news(what, error)
 
     def run(self, install_signals: bool = True) -> ServiceStats:
         if install_signals:
@@ -133,7 +132,7 @@ class CoordinatorService:
                 else:
                     log.debug("coordinator pass failed again: %s", e)
             else:
-                self._reported.pop("pass", None)  # a later failure is news again
+                self._reported.cleared("pass")  # a later failure is news again
             self.stats.passes += 1
             if self.stats.passes % 60 == 1:
                 log.info("pass %d: %d timed out, %d completed, %d failed so far", self.stats.passes,

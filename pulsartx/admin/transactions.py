@@ -16,6 +16,7 @@ from pulsartx.coordinator.tclog import FENCE_PROPERTY, tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
+from pulsartx.observe.failures import one_line
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import SubscriptionStore, end_transaction
 
@@ -60,7 +61,7 @@ class TransactionsAdmin:
         damaged log must not hide every other TC from the views an operator needs then."""
         for tc_id, r in self._tcs().each(step, ids):
             if isinstance(r, Exception):
-                error = " ".join(str(r).split())
+                error = one_line(r)
                 log.warning("TC %d's log cannot be read; %s list it without figures: %s", tc_id, what, error)
                 yield tc_id, None, error
             else:

@@ -16,6 +16,7 @@ from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import TxnMeta
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import PulsarException, TransactionNotFound
+from pulsartx.observe.failures import one_line
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def lookup(tcs: Coordinators, txn_id: TxnID) -> TxnMeta | str | None:
     except TransactionNotFound:
         return None
     except PulsarException as e:
-        return " ".join(str(e).split())
+        return one_line(e)
 
 
 def holding_back(tcs: Coordinators, partition: str, state: BufferState, read_limit: int | None = None
