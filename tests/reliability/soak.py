@@ -182,12 +182,17 @@ def _redeliver(cons) -> None:
 def transformer(role, url, options, hist_dir, stop_path, go_path, deadline, seed) -> dict:
     from pulsartx.client.consumer import ConsumerType, InitialPosition
 
+    from .final import DRAIN_LEASE_WAIT_S, subscribe_when_free
+
     rng = random.Random(seed)
     i = int(role.split("-")[1])
     sub, out = f"x{i}", OUTS[i]
     c, h = _setup(role, url, options, hist_dir, go_path)
-    cons = _retry(lambda: c.subscribe(ORDERS, sub, consumer_type=ConsumerType.Exclusive,
-                                      initial_position=InitialPosition.Earliest))
+    # A subscribe that failed under the injected faults after taking the Exclusive lease, and whose
+    # release failed too ("it will expire"), holds the subscription until the lease runs out: the
+    # next attempt waits that out, as a restarted application does.
+    cons = _retry(lambda: subscribe_when_free(c, ORDERS, sub, DRAIN_LEASE_WAIT_S, consumer_type=ConsumerType.Exclusive,
+                                              initial_position=InitialPosition.Earliest))
     p = _retry(lambda: c.create_producer(out))
     epoch = committed = aborted = 0
     while not _stopping(stop_path, deadline):
