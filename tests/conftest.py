@@ -130,6 +130,17 @@ def storage(request) -> str:
 
 
 @pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """One moto S3 server for the session (its URL); each test makes its own bucket. moto enforces
+    conditional puts, which Delta commits on S3 rely on. ``tests/_s3_proxy.py`` puts a
+    fault-injecting proxy in front of it."""
+    from _s3_proxy import moto_server  # tests/ is on sys.path, as for _procs
+
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def rgw_server() -> Iterator[object]:
     """One Ceph RGW for the session; every rgw test gets a fresh bucket on it.
 

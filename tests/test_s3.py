@@ -2,44 +2,10 @@
 puts, which delta-rs relies on for concurrent commits). Credentials must never leak into reprs."""
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 import pulsartx
 from pulsartx import InitialPosition, MessageId
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                server.kill()
-                raise
-            time.sleep(0.2)
-    yield url
-    server.terminate()
-    server.wait(10)
 
 
 @pytest.fixture
