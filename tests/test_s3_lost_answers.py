@@ -74,16 +74,20 @@ def _assert_lost_then_refused(proxy: FaultyProxy, how: str) -> None:
 
 
 @HOW
-@pytest.mark.parametrize("apps", [False, True], ids=["blind-append", "app-ids"])
-def test_delta_write_whose_commit_answer_was_lost_lands_once(s3, proxy, monkeypatch, how, apps):
-    """Failed before the fix for blind appends: delta-rs's retry committed the same add again at
-    the next version, and the caller got that second version."""
+@pytest.mark.parametrize("kind", ["blind-append", "app-ids", "overwrite-empty", "overwrite"])
+def test_delta_write_whose_commit_answer_was_lost_lands_once(s3, proxy, monkeypatch, how, kind):
+    """Failed before the fix for the writes that neither set app ids nor remove files (a blind
+    append, an overwrite of an empty table): delta-rs's retry committed the same add again at the
+    next version, and the caller got that second version. The others conflicted with their own
+    commit, which the read-back found."""
     url, options = s3
     root = StorageRoot.resolve(url, options)
     delta.create_table(root, SCHEMA, "t")
     table = delta.open_table(root, "t")
     tail = delta.LogTail(root, ("t",))
-    delta.write(table, pa.table({"seq": [0]}, schema=SCHEMA), tail=tail)
+    before = [] if kind == "overwrite-empty" else [0]
+    if before:
+        delta.write(table, pa.table({"seq": before}, schema=SCHEMA), tail=tail)
     ids: list[str] = []
     real = dl.CommitProperties
 
@@ -94,13 +98,15 @@ def test_delta_write_whose_commit_answer_was_lost_lands_once(s3, proxy, monkeypa
     monkeypatch.setattr(dl, "CommitProperties", props)
     proxy.lose_answer(COMMIT_PUT, how=how)
     version = delta.write(table, pa.table({"seq": [1]}, schema=SCHEMA), tail=tail,
-                          app_transactions={"writer": 1} if apps else None)
+                          app_transactions={"writer": 1} if kind == "app-ids" else None,
+                          mode="overwrite" if kind.startswith("overwrite") else "append")
     _assert_lost_then_refused(proxy, how)
     assert _carrying(tail, ids[-1]) == [version] == [table.version()]
-    assert _added_rows(tail) == 2
+    assert _added_rows(tail) == len(before) + 1
     fresh = dl.DeltaTable(root.uri("t"), storage_options=delta._delta_options(root))
     assert fresh.version() == version
-    assert sorted(fresh.to_pyarrow_table().column("seq").to_pylist()) == [0, 1]
+    expected = [1] if kind.startswith("overwrite") else before + [1]
+    assert sorted(fresh.to_pyarrow_table().column("seq").to_pylist()) == expected
     # The handle goes on from there: the next write is the next version.
     assert delta.write(table, pa.table({"seq": [2]}, schema=SCHEMA), tail=tail) == version + 1
 
@@ -145,3 +151,48 @@ def test_blind_append_from_a_stale_handle_is_rebased(tmp_path):
     assert delta.write(stale, pa.table({"seq": [1]}, schema=SCHEMA), tail=tail) == 3 == stale.version()
     assert sorted(dl.DeltaTable(root.uri("t")).to_pyarrow_table().column("seq").to_pylist()) == [1, 10, 11]
     assert _added_rows(tail) == 3
+
+
+def test_racing_blind_appends_all_land_once(tmp_path):
+    """Writers racing with blind appends, each from its own handle: every append lands exactly
+    once, whoever loses a version sends it again after the winner's commit."""
+    import threading
+
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t")
+    tail = delta.LogTail(root, ("t",))
+    versions: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        table = delta.open_table(root, "t")
+        try:
+            for i in range(8):
+                versions.append(delta.write(table, pa.table({"seq": [w * 100 + i]}, schema=SCHEMA), tail=tail))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert sorted(versions) == list(range(1, 33))
+    assert sorted(dl.DeltaTable(root.uri("t")).to_pyarrow_table().column("seq").to_pylist()) == \
+        sorted(w * 100 + i for w in range(4) for i in range(8))
+    assert _added_rows(tail) == 32
+
+
+def test_overwrite_of_an_empty_table_from_a_stale_handle_is_a_conflict(tmp_path):
+    """Sent again from the log's end it would replace the other writer's rows, which the writer
+    never saw: the caller is told instead (a buffer snapshot is then skipped until the next)."""
+    root = StorageRoot.resolve(str(tmp_path))
+    delta.create_table(root, SCHEMA, "t")
+    tail = delta.LogTail(root, ("t",))
+    stale = delta.open_table(root, "t")
+    delta.write(delta.open_table(root, "t"), pa.table({"seq": [10]}, schema=SCHEMA), tail=tail)
+    with pytest.raises(delta.ConcurrentCommit):
+        delta.write(stale, pa.table({"seq": [1]}, schema=SCHEMA), mode="overwrite", tail=tail)
+    assert stale.version() == 0
+    assert dl.DeltaTable(root.uri("t")).to_pyarrow_table().column("seq").to_pylist() == [10]

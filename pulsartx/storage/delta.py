@@ -422,6 +422,9 @@ def stats_config(columns: Iterable[str]) -> dict[str, str]:
 
 
 COMMIT_ID = "pulsartxCommitId"  # commitInfo key naming one write_deltalake call, however often it is sent
+# How often a blind append is sent again over other writers' commits (delta-rs's own retries, as
+# they were given before pulsartx took them over).
+MAX_COMMIT_RETRIES = 32
 
 
 def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | None = None,
@@ -440,22 +443,49 @@ def write(table: Any, data: pa.Table, *, app_transactions: Mapping[str, int] | N
     version are read back for this write's unique :data:`COMMIT_ID` before it is sent again or an
     error is reported (:func:`_commit_once`), so a landed write is found, never written twice
     (delta-rs checks app ids against its snapshot only; it would append the same rows again).
+
+    A write that neither sets app ids nor removes files (a blind append, an overwrite of an empty
+    snapshot) with ``tail`` is never retried inside delta-rs: on S3 a commit PUT whose answer was
+    lost is retried by object_store, meets its own commit file (412) and is reported as taken, and
+    delta-rs, finding nothing in that commit to conflict with, committed the same add again at the
+    next version. So delta-rs gets no retries, and each commit it loses comes back here: read back
+    for :data:`COMMIT_ID` (found: this call's success); else a blind append is sent again from the
+    log's end, up to :data:`MAX_COMMIT_RETRIES` times, and an overwrite raises
+    :class:`ConcurrentCommit` (sent again, it would replace what the other writer just wrote).
+    Nothing is read when the first put wins (docs/design/blind-writes-retried-by-pulsartx.md). A
+    write that sets app ids or removes files conflicts with its own landed commit instead, which the
+    read-back settles, and keeps delta-rs's retries over commits it does not conflict with.
     """
     dl = _deltalake()
     commit_id = str(uuid.uuid4())
+    # Whether an overwrite removes files is asked of the handle's snapshot (in memory), and never on
+    # an append's path.
+    blind = tail is not None and not app_transactions and (mode == "append" or not table.file_uris())
     props = dl.CommitProperties(
         custom_metadata={**dict(metadata or {}), COMMIT_ID: commit_id},
         # last_updated lets delta.setTransactionRetentionDuration expire idle app ids (producers, markers).
         app_transactions=[dl.Transaction(k, int(v), int(time.time() * 1000))
                           for k, v in (app_transactions or {}).items()] or None,
-        max_commit_retries=32,
+        max_commit_retries=0 if blind else MAX_COMMIT_RETRIES,
     )
 
     def send() -> int:
         dl.write_deltalake(table, data, mode=mode, writer_properties=_writer_properties(), commit_properties=props)
         return int(table.version())
 
-    version = _commit_once("write to Delta table", table, send, commit_id, tail, advance=True)
+    attempt = 0
+    while True:
+        try:
+            version = _commit_once("write to Delta table", table, send, commit_id, tail, advance=True)
+            break
+        except ConcurrentCommit:
+            # Not ours (the read-back looked): another writer's commit took the version.
+            if not blind or mode != "append" or attempt >= MAX_COMMIT_RETRIES:
+                raise
+        assert tail is not None  # blind
+        backoff(attempt)
+        attempt += 1
+        update(table, tail.root, tail.segments)
     assert version is not None  # send() answers one, and so does a read-back that found the commit
     return version
 
@@ -488,12 +518,13 @@ def _commit_once(what: str, table: Any, send: Callable[[], int | None], commit_i
 
     Once it was sent, any failure leaves the outcome unknown: the commit may have landed and only
     its answer failed, and delta-rs's own retry of such a put meets the commit as another writer's
-    (a conflict on our own app ids or removed files: :class:`ConcurrentCommit`, or, for a blind
-    append, the rows written again). So with ``tail`` (the table's :class:`LogTail`) the commits
-    after the handle's version are read back for ``commit_id`` (:func:`_own_commit`) before the
-    commit is sent again and before any failure is reported: found, it is this call's success, and
-    with ``advance`` the handle is moved to it; not found, the failure stands. Without ``tail``
-    nothing is read back, and the caller's own check must settle a resend."""
+    (a conflict on our own app ids or removed files: :class:`ConcurrentCommit`; a blind write,
+    which would be committed again, is given no delta-rs retries, see :func:`write`). So with
+    ``tail`` (the table's :class:`LogTail`) the commits after the handle's version are read back
+    for ``commit_id`` (:func:`_own_commit`) before the commit is sent again and before any failure
+    is reported: found, it is this call's success, and with ``advance`` the handle is moved to it;
+    not found, the failure stands. Without ``tail`` nothing is read back, and the caller's own check
+    must settle a resend."""
     dl = _deltalake()
     uri = uri or str(table.table_uri)
     base = table.version()
