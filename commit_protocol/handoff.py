@@ -23,7 +23,15 @@ from typing import Any
 from pulsartx.storage.root import StorageRoot, read_url_text
 
 log = logging.getLogger("pulsartx.commit_protocol")
-Offsets = dict[str, dict[str, int]]
+# {topic: {partition: offset, TABLE_IDS: {partition: table id}}}: the ids are optional (offsets
+# written before they were recorded have none), see datasource/stream_reader.py.
+Offsets = dict[str, dict[str, Any]]
+TABLE_IDS = "tableIds"
+
+
+def positions(parts: dict[str, Any]) -> dict[str, int]:
+    """One topic's ``{partition: offset}``, without its table ids."""
+    return {p: o for p, o in parts.items() if p != TABLE_IDS}
 
 
 def canonical(offsets: Offsets) -> str:
@@ -35,10 +43,10 @@ def offsets_key(end: Offsets) -> str:
 
 
 def is_offsets(value: Any) -> bool:
-    """True for our offsets shape: {topic: {partition: offset}}."""
+    """True for our offsets shape: {topic: {partition: offset}}, with or without table ids."""
     return isinstance(value, dict) and bool(value) and all(
-        isinstance(t, str) and isinstance(p, dict) and all(isinstance(o, int) for o in p.values())
-        for t, p in value.items())
+        isinstance(t, str) and isinstance(p, dict) and all(isinstance(o, int) for o in positions(p).values())
+        and isinstance(p.get(TABLE_IDS, {}), dict) for t, p in value.items())
 
 
 @dataclass(frozen=True)

@@ -308,7 +308,7 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list[_AckTarget] | No
     not at the batch's start, i.e. the record belongs to another query."""
     targets = []
     for topic, parts in h.end.items():
-        for p, end in parts.items():
+        for p, end in handoff.positions(parts).items():
             partition = TopicName.parse(topic).with_partition(int(p))
             store = shared_store(root, partition, h.subscription)
             cur = store.cursor() if store.exists() else None

@@ -162,6 +162,8 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     for p in partitions:
         assert p.partition is not None
         index, visibility = indexes[str(p)], visibilities[str(p)]
+        for spec in (opts.starting_offsets, opts.ending_offsets):
+            spec.check_table(p, plogs[str(p)].table_id)
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
         start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit,
                                    plogs[str(p)].offset_at_time)

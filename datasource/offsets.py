@@ -5,7 +5,10 @@ where ``-2`` means earliest and ``-1`` latest. Topic keys may use any accepted t
 (``t``, ``tenant/ns/t``, ``persistent://tenant/ns/t``); they are normalised to the full name, so
 two spellings of one topic in the same JSON are rejected as a duplicate. Partitions a JSON does
 not list read from the option's default (earliest for the start, latest for the end), which is
-friendlier than the Kafka source's "you must specify all partitions".
+friendlier than the Kafka source's "you must specify all partitions". A topic's object may also
+hold ``"tableIds": {"<partition>": "<Delta table id>"}``, as a stream's own offsets do (its progress
+reports and checkpoint): an offset is then refused when its partition's table is another one, the
+topic having been deleted and re-created since the offset was taken.
 
 Publish times, as Spark's Kafka source names them: ``startingTimestamp`` (every partition),
 ``startingOffsetsByTimestamp`` (JSON per partition, values in epoch milliseconds) and, for batch
@@ -22,6 +25,8 @@ import difflib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from pulsartx.commit_protocol.handoff import TABLE_IDS
 
 from pulsartx.exceptions import InvalidConfiguration, InvalidTopicName
 from pulsartx.naming import TopicName
@@ -45,6 +50,8 @@ class OffsetSpec:
     timestamps: dict[str, dict[int, int]] = field(default_factory=dict)
     timestamps_option: str | None = None  # the option ``timestamps`` came from, for messages
     timestamp_option: str | None = None  # the option ``timestamp`` came from, for messages
+    # full base topic name -> partition index -> the Delta table id its offset was taken on
+    tables: dict[str, dict[int, str]] = field(default_factory=dict)
 
     def for_partition(self, topic: TopicName) -> int:
         assert topic.partition is not None
@@ -71,6 +78,18 @@ class OffsetSpec:
         if self.time_for(topic) is not None:
             return self.timestamps_option or self.option
         return self.option
+
+    def check_table(self, topic: TopicName, table_id: str) -> None:
+        """An offset given with its partition's table id (JSON copied from a stream's offsets) is
+        refused on another table: the topic was re-created since, and the number is the old one's."""
+        assert topic.partition is not None
+        given = self.tables.get(str(topic.base), {}).get(topic.partition)
+        if given is None or given == table_id or self.time_for(topic) is not None or not self.is_explicit(topic):
+            return
+        raise InvalidConfiguration(
+            f"option {self.option}: offset {self.for_partition(topic)} for {topic} was taken on its table {given}, "
+            f"but the topic was deleted and re-created since (its table is now {table_id}); give an offset of the "
+            f"new topic without \"{TABLE_IDS}\", or -2 (earliest) to read it from its start")
 
     def is_explicit(self, topic: TopicName) -> bool:
         """True when the user gave a real offset (not earliest/latest) for this partition."""
@@ -122,13 +141,16 @@ def parse_offsets(option: str, raw: str | None, default: int) -> OffsetSpec:
                       "or -2 (earliest) / -1 (latest)")
         return off
 
-    return OffsetSpec(option, default, _per_partition(text, bad, offset, "offset"))
+    tables: dict[str, dict[int, str]] = {}
+    return OffsetSpec(option, default, _per_partition(text, bad, offset, "offset", tables), tables=tables)
 
 
 def _per_partition(text: str, bad: Callable[[str], InvalidConfiguration],
-                   value: Callable[[str, str, object], int], noun: str) -> dict[str, dict[int, int]]:
+                   value: Callable[[str, str, object], int], noun: str,
+                   tables: dict[str, dict[int, str]] | None = None) -> dict[str, dict[int, int]]:
     """``{"<topic>": {"<partition>": <value>}}``, topics normalised; ``value(topic key, partition
-    key, value)`` checks each value, which messages call ``noun``."""
+    key, value)`` checks each value, which messages call ``noun``. With ``tables``, a topic may
+    also hold ``"tableIds"``, collected there."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -151,10 +173,28 @@ def _per_partition(text: str, bad: Callable[[str], InvalidConfiguration],
             raise bad(f"the value for topic {key!r} must be an object of partition -> {noun}")
         values: dict[int, int] = {}
         for pkey, v in parts.items():
+            if pkey == TABLE_IDS and tables is not None:
+                tables[name] = _table_ids(key, v, bad)
+                continue
             if not (isinstance(pkey, str) and pkey.isascii() and pkey.isdigit()):
                 raise bad(f"partition key {pkey!r} of topic {key!r} is not a non-negative integer")
             values[int(pkey)] = value(key, pkey, v)
         out[name] = values
+    for name, ids in tables.items() if tables is not None else ():
+        unknown = sorted(set(ids) - set(out[name]))
+        if unknown:
+            raise bad(f"{TABLE_IDS} of topic {name} names partition {unknown[0]}, which has no offset there")
+    return out
+
+
+def _table_ids(key: str, ids: object, bad: Callable[[str], InvalidConfiguration]) -> dict[int, str]:
+    if not isinstance(ids, dict):
+        raise bad(f"{TABLE_IDS} of topic {key!r} must be an object of partition -> table id")
+    out: dict[int, str] = {}
+    for pkey, v in ids.items():
+        if not (isinstance(pkey, str) and pkey.isascii() and pkey.isdigit()) or not isinstance(v, str):
+            raise bad(f"{TABLE_IDS} of topic {key!r}: {pkey!r}: {v!r} is not a partition number and a table id")
+        out[int(pkey)] = v
     return out
 
 
@@ -194,4 +234,4 @@ def with_timestamps(spec: OffsetSpec, all_option: str, all_raw: str | None, per_
             raise bad("not a JSON object")
         timestamps = _per_partition(text, bad, time, "time")
     return OffsetSpec(spec.option, spec.default, spec.per_partition, parse_timestamp(all_option, all_raw),
-                      timestamps, per_option, all_option)
+                      timestamps, per_option, all_option, spec.tables)

@@ -88,7 +88,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("startingOffsets", _READS, "`earliest`, `latest` or JSON",
                "Where reading starts: `earliest`, `latest`, or "
                '`{"topic":{"0":23,"1":-2}}` per partition (-2 = earliest, -1 = latest). A stream refuses an '
-               "offset past its partition's end.",
+               "offset past its partition's end. A topic may also hold `\"tableIds\":{\"0\":\"<id>\"}`, as a "
+               "stream's own offsets do: an offset whose partition has another table now (the topic was "
+               "re-created since) is refused.",
                default=None, default_text="read: `earliest`; readStream: `latest`"),
     OptionSpec("endingOffsets", frozenset({READ}), "`latest` or JSON",
                "Where a batch read ends (exclusive), in the same syntax as `startingOffsets`.",

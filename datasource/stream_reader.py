@@ -1,6 +1,9 @@
 """``spark.readStream.format("pulsartx")``: micro-batches over offset ranges.
 
-Offsets are ``{topic: {partition: next offset}}`` JSON with sorted keys. The reader lives in one
+Offsets are ``{topic: {partition: next offset}}`` JSON with sorted keys, each topic also holding
+``"tableIds": {partition: Delta table id}``, the incarnation its offsets belong to, so a restarted
+query tells a re-created topic from the one its checkpoint read (offsets without it, from before it
+was recorded or given by a user, are still accepted). The reader lives in one
 long-lived process per query run (its transaction buffers fold incrementally across batches) but
 ``stop()`` is never called, so it holds no leases or locks.
 
@@ -26,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 from pulsartx.commit_protocol import handoff
+from pulsartx.commit_protocol.handoff import TABLE_IDS, Offsets, positions
 from pulsartx.datasource.batch_reader import (
     OffsetRangePartition,
     PackedPartition,
@@ -59,15 +63,39 @@ from pulsartx.storage import delta
 from pulsartx.subscription.store import shared_store
 
 log = logging.getLogger("pulsartx.datasource")
-Offsets = dict[str, dict[str, int]]
 
 
 def _sorted(offsets: Offsets) -> Offsets:
-    return {t: {p: offsets[t][p] for p in sorted(offsets[t], key=int)} for t in sorted(offsets)}
+    """Partitions in number order, then the topic's table ids (same order): Spark compares offsets
+    by their JSON text."""
+    out: Offsets = {}
+    for t in sorted(offsets):
+        parts = positions(offsets[t])
+        out[t] = {p: parts[p] for p in sorted(parts, key=int)}
+        tables = offsets[t].get(TABLE_IDS)
+        if tables:
+            out[t][TABLE_IDS] = {p: tables[p] for p in sorted(tables, key=int)}
+    return out
+
+
+def _copy(offsets: Offsets) -> Offsets:
+    """A copy whose table ids can be changed without changing ``offsets``'."""
+    return {t: {k: dict(v) if k == TABLE_IDS else v for k, v in ps.items()} for t, ps in offsets.items()}
 
 
 def _get(offsets: Offsets, p: TopicName) -> int | None:
     return offsets.get(p.base.short, {}).get(str(p.partition))
+
+
+def _table(offsets: Offsets, p: TopicName) -> str | None:
+    """The table id ``offsets`` recorded for the partition; None in offsets from before they did."""
+    return offsets.get(p.base.short, {}).get(TABLE_IDS, {}).get(str(p.partition))
+
+
+def _put(offsets: Offsets, p: TopicName, offset: int, table: str) -> None:
+    parts = offsets.setdefault(p.base.short, {})
+    parts[str(p.partition)] = offset
+    parts.setdefault(TABLE_IDS, {})[str(p.partition)] = table
 
 
 def spread(limit: int, backlog: dict[str, int]) -> dict[str, int]:
@@ -104,8 +132,9 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._buffers: dict[str, Any] = {}
         self._logs: dict[str, Any] = {}
         self._available_now: Offsets | None = None
-        # Per partition, the table (incarnation) this run's offsets belong to, and the last offset
-        # found to be the old table's with where it resumed: a topic re-created under the query.
+        # Per partition, the table (incarnation) this run's offsets belong to where they do not
+        # record it (offsets from before they did), and the last offset found to be the old table's
+        # with where it resumed: a topic re-created under the query.
         self._tables: dict[str, str] = {}
         self._moved: dict[str, tuple[int, int]] = {}
 
@@ -159,6 +188,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a partition without a checkpointed offset starts."""
         plog = self._log(p)
         self._tables.setdefault(str(p), plog.table_id)
+        self.opts.read.starting_offsets.check_table(p, plog.table_id)
         spec = self.opts.read.starting_offsets.position(p, plog.offset_at_time)
         if spec == EARLIEST:
             start = plog.refresh().start_offset
@@ -190,25 +220,27 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"option {option}: offset {start} for {p} is past the partition's end {end} (its next offset); "
                 f"give an offset from 0 to {end}, or -1 (latest) to start at its end")
 
-    def _resume_from(self, p: TopicName, offset: int, planning: bool = False) -> int:
-        """``offset`` itself, unless it lies past the partition's end: the topic was deleted and
-        re-created since (its offsets restarted), so the checkpoint's offsets are the old topic's.
-        As Spark's Kafka source: an error with failOnDataLoss (the default), else the new topic
-        from its start."""
+    def _resume_from(self, p: TopicName, offset: int, recorded: str | None, planning: bool = False) -> int:
+        """``offset`` itself, unless the topic was deleted and re-created since (its offsets
+        restarted), so that the offsets are the old topic's: its table is not the one the offsets
+        record (``recorded``), or, in offsets that record none, not the one this run first saw, or
+        the offset lies past the partition's end. As Spark's Kafka source: an error with
+        failOnDataLoss (the default), else the new topic from its start."""
         plog, key = self._log(p), str(p)
         end = plog.end_offset()
-        table = plog.table_id
+        table = plog.table_id  # loaded with the log, checked by its refreshes: no read of its own
         moved = self._moved.get(key)
-        if moved is not None and moved[0] == offset:
+        if moved is not None and moved[0] == offset and recorded != table:
             # Still the old table's offset: the batch planned from the new table's start. Kept
-            # until a batch is planned from it, since a first end that equals the old offset runs
-            # no batch (Spark sees the same offsets) and the next one starts there again.
+            # until a batch is planned from it: offsets that record no table, whose first end equals
+            # the old offset, run no batch (Spark sees the same offsets), and the next one starts
+            # there again. An offset recorded on the current table is that table's own.
             if planning:
                 del self._moved[key]
             return moved[1]
-        # A running query also knows the table its offsets came from: a re-created topic that has
-        # grown past the checkpoint's offset is noticed too, not read on from that offset.
-        recreated = self._tables.setdefault(key, table) != table
+        # The table the offsets came from: a re-created topic that has grown past the offset is
+        # noticed too, not read on from that offset.
+        recreated = (recorded if recorded is not None else self._tables.setdefault(key, table)) != table
         if offset <= end and not recreated:
             return offset
         if self.opts.fail_on_data_loss:
@@ -232,7 +264,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts.read.starting_offsets.check_against(partitions)
         out: Offsets = {}
         for p in partitions:
-            out.setdefault(p.base.short, {})[str(p.partition)] = self._starting(p)
+            _put(out, p, self._starting(p), self._log(p).table_id)
         return _sorted(out)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -253,15 +285,15 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                                      not self._exists(t)]
         if gone:
             log.warning("topics %s were deleted: no longer read", sorted(gone))
-        end: Offsets = {t: dict(ps) for t, ps in start.items() if t not in gone}
+        end = _copy({t: ps for t, ps in start.items() if t not in gone})
         backlog: dict[str, int] = {}
         for p in partitions:
             s = _get(start, p)
             if s is None:  # a partition that appeared since the query started (topicsPattern, growth)
                 s = self._log(p).refresh().start_offset if self.opts.subscription is None else self._starting(p)
-                end.setdefault(p.base.short, {})[str(p.partition)] = s
-            elif s != (s := self._resume_from(p, s)):
-                end[p.base.short][str(p.partition)] = s
+            else:
+                s = self._resume_from(p, s, _table(start, p))
+            _put(end, p, s, self._log(p).table_id)  # the table s belongs to: _resume_from has just compared it
             limit = self._limit(p)
             if self._available_now is not None:
                 cap = _get(self._available_now, p)
@@ -292,7 +324,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> Offsets | None:
         out: Offsets = {}
         for p in self._partitions():
-            out.setdefault(p.base.short, {})[str(p.partition)] = self._limit(p)
+            _put(out, p, self._limit(p), self._log(p).table_id)
         return _sorted(out)
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -302,16 +334,24 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         planned: list[OffsetRangePartition] = []
         for topic, parts in end.items():
-            for part, hi in parts.items():
+            for part, hi in positions(parts).items():
                 p = TopicName.parse(topic).with_partition(int(part))
                 lo = start.get(topic, {}).get(part)
-                if lo == hi:
+                lo_table, hi_table = _table(start, p), _table(end, p)
+                # The end on a table other than the start's: the batch reads the re-created topic
+                # from its start, whatever the offsets' numbers.
+                recreated = hi_table is not None and (lo_table != hi_table if lo_table is not None
+                                                      else str(p) in self._moved)
+                if lo == hi and not recreated:
                     continue  # nothing to read; the topic may even be gone since (a replayed batch)
                 plog = self._log(p)
                 index = plog.refresh()
+                if hi_table is not None and hi_table != plog.table_id:
+                    self._planned_table_gone(p, hi)
+                    continue
                 if lo is None:
                     lo = index.start_offset
-                lo = self._resume_from(p, lo, planning=True)
+                lo = self._resume_from(p, lo, lo_table, planning=True)
                 if lo < index.start_offset:
                     if self.opts.fail_on_data_loss:
                         raise InvalidConfiguration(
@@ -331,6 +371,19 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             handoff.record(self.root, self.opts.subscription, start, end)
         return pack_ranges(planned, self.opts.min_entries_per_task, self.opts.read.max_entries_per_partition)
 
+    def _planned_table_gone(self, p: TopicName, hi: int) -> None:
+        """The batch ends on a table the partition no longer is (the topic was re-created after
+        the batch was planned, or before a restarted query replays it): its offsets cannot be read
+        on the new table, whose messages they would skip or take twice. With failOnDataLoss=false
+        the partition reads nothing in this batch, and the next one reads the new table from its
+        start."""
+        if self.opts.fail_on_data_loss:
+            raise InvalidConfiguration(
+                f"topic partition {p} was deleted and re-created after this micro-batch was planned up to offset "
+                f"{hi} of the old topic; start from a new checkpointLocation, or set option failOnDataLoss=false to "
+                "read the new topic from its start")
+        log.warning("%s was re-created after this micro-batch was planned: nothing read from it in this batch", p)
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, PackedPartition):
             return (b for r in partition.ranges for b in read_partition(self.root, r, self.projection))
@@ -348,7 +401,7 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.subscription is None:
             return
         targets = [(TopicName.parse(topic).with_partition(int(part)), off)
-                   for topic, parts in end.items() for part, off in parts.items() if off > 0]
+                   for topic, parts in end.items() for part, off in positions(parts).items() if off > 0]
         behind = delta.read_each(self.root, self._behind, targets, "pulsartx-source-commit")
         run_beside([partial(self._move, p, off) for (p, off), b in zip(targets, behind, strict=True) if b])
         handoff.forget(self.root, self.opts.subscription, end)

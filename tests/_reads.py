@@ -29,3 +29,11 @@ def drain(consumer: Any, idle_ms: int = 400, ack: bool = False) -> list:
         out.append(m)
         if ack:
             consumer.acknowledge(m)
+
+
+def offset_numbers(offsets: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+    """A stream's offsets without their table ids (``"tableIds"``): Kafka's {topic: {partition:
+    offset}}, as offsets from before the ids were recorded."""
+    if offsets is None:
+        return None
+    return {t: {p: o for p, o in ps.items() if p != "tableIds"} for t, ps in offsets.items()}

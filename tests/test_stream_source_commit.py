@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _reads import offset_numbers
 from pulsartx.datasource.options import parse_stream_options
 from pulsartx.datasource.stream_reader import PulsarTxStreamReader
 from test_consumer import seed
@@ -40,7 +41,7 @@ def test_source_commit_writes_nothing_when_the_sink_already_acknowledged(root: s
     reader = PulsarTxStreamReader(parse_stream_options({"service.url": root, "topic": "in", "subscription": "s",
                                                         "startingOffsets": "earliest"}))
     start = reader.initialOffset()
-    assert start == {"public/default/in": {"0": 0}}
+    assert offset_numbers(start) == {"public/default/in": {"0": 0}}
     reader.commit({"public/default/in": {"0": 3}})  # no sink acknowledged these: the source moves the cursor
     partition = TopicName.parse("in").with_partition(0)
     cached = shared_store(StorageRoot.resolve(root), partition, "s")
@@ -68,7 +69,7 @@ def test_source_commit_moves_every_partition_behind_and_leaves_the_others(root: 
     reader = PulsarTxStreamReader(parse_stream_options({"service.url": root, "topic": "many", "subscription": "s",
                                                         "startingOffsets": "earliest"}))
     start = reader.initialOffset()
-    assert start == {"public/default/many": {str(i): 0 for i in range(4)}}
+    assert offset_numbers(start) == {"public/default/many": {str(i): 0 for i in range(4)}}
     r = StorageRoot.resolve(root)
     parts = [TopicName.parse("many").with_partition(i) for i in range(4)]
     SubscriptionStore(r, parts[1], "s").update(lambda c: c.ack_cumulative(6))  # the sink, past the end

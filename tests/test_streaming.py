@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _reads import offset_numbers
 from stream_jobs.harness import committed_messages, cursor_positions, last_offsets, per_key_sequences
 
 pytestmark = pytest.mark.spark
@@ -83,10 +84,11 @@ def started(start: Callable[[int], Any], ready: Callable[[Any], bool] | None = N
 
 
 def last_end(q: Any) -> dict[str, Any] | None:
-    """The end offsets of the query's latest progress report that has them, parsed."""
+    """The end offsets of the query's latest progress report that has them, parsed, without the
+    partitions' table ids."""
     ends = [p["sources"][0].get("endOffset") for p in q.recentProgress]
     ends = [e for e in ends if e]
-    return json.loads(ends[-1]) if ends else None
+    return offset_numbers(json.loads(ends[-1])) if ends else None
 
 
 def memory_rows(spark: Any, name: str) -> list[Any]:
@@ -127,7 +129,7 @@ def sink_txns(client: Any, key: str) -> list[Any]:
 
 # ---- the source -----------------------------------------------------------------------------------
 def test_offsets_admission_control_and_available_now(spark: Any, client: Any, root: str, tmp_path: Path) -> None:
-    """Offsets are {topic: {partition: offset}} JSON in a stable order; maxEntriesPerTrigger bounds
+    """Offsets are {topic: {partition: offset, "tableIds": {partition: id}}} JSON in a stable order; maxEntriesPerTrigger bounds
     every batch, spread over the partitions; Trigger.AvailableNow stops by itself at the data present
     when it started, although more arrives during the run."""
     client.admin.create_topic("ev", 3)
@@ -176,9 +178,13 @@ def test_offsets_admission_control_and_available_now(spark: Any, client: Any, ro
         end = json.loads(raw)
         assert isinstance(end, dict) and all(isinstance(v, dict) for v in end.values())
         assert list(end) == sorted(end) == ["public/default/aa", "public/default/ev"]
-        for ps in end.values():
+        for ps in end.values():  # partitions, then their tables (incarnations)
+            tables = ps.pop("tableIds")
             assert list(ps) == sorted(ps, key=int) and all(isinstance(o, int) for o in ps.values())
+            assert list(tables) == list(ps) and all(isinstance(t, str) and t for t in tables.values())
+            ps["tableIds"] = tables
         assert json.dumps(end) == raw  # the stable, canonical form Spark logs
+        end = offset_numbers(end)
         assert p["numInputRows"] <= limit
         taken = {(t, part): end[t][part] - prev.get(t, {}).get(part, 0) for t in end for part in end[t]}
         assert sum(taken.values()) == p["numInputRows"]
