@@ -400,11 +400,23 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         as the sink's commit acknowledges them). The hand-off record goes once every one ended."""
         if self.opts.subscription is None:
             return
-        targets = [(TopicName.parse(topic).with_partition(int(part)), off)
-                   for topic, parts in end.items() for part, off in positions(parts).items() if off > 0]
+        targets = [(p, off) for topic, parts in end.items() for part, off in positions(parts).items()
+                   if off > 0 and self._same_table(p := TopicName.parse(topic).with_partition(int(part)), end)]
         behind = delta.read_each(self.root, self._behind, targets, "pulsartx-source-commit")
         run_beside([partial(self._move, p, off) for (p, off), b in zip(targets, behind, strict=True) if b])
         handoff.forget(self.root, self.opts.subscription, end)
+
+    def _same_table(self, p: TopicName, end: Offsets) -> bool:
+        """Whether ``end``'s offset for ``p`` is on the partition's current table (or names none).
+        A batch planned on a topic re-created since read nothing of the new one
+        (:meth:`_planned_table_gone`): moving the new topic's cursor to the old topic's offset would
+        acknowledge messages nobody read."""
+        recorded = _table(end, p)
+        if recorded is None or recorded == self._log(p).table_id:
+            return True
+        log.warning("%s was re-created after offset %s was planned: its subscription is not moved there", p,
+                    _get(end, p))
+        return False
 
     def _behind(self, target: tuple[TopicName, int]) -> bool:
         """Whether the partition's cursor exists and is not yet at ``off - 1``.

@@ -316,3 +316,30 @@ def test_a_pattern_topic_missing_from_one_listing_keeps_its_offsets(tmp_path: Pa
             assert reader.latestOffset(end, ReadAllAvailable()) == end
         _send(c, "pl-1", 1, "x")
         assert _batch(reader, end)[1] == [b"x0"]
+
+
+def test_a_commit_whose_end_names_a_replaced_table_leaves_the_new_topics_subscription(tmp_path: Path,
+                                                                                   monkeypatch: Any) -> None:
+    """failOnDataLoss=false: a batch planned on the old topic (its end names the old table) that ends
+    after the topic was re-created reads nothing of the new one, and its commit must not move the
+    new topic's subscription to the old topic's offset either: that would acknowledge new messages
+    nobody read. Fails before the fix: the subscription lost new0..new2."""
+    monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("rc", 1)
+        _send(c, "rc", 3)
+        reader = _reader(root, topic="rc", subscription="s", startingOffsets="earliest", failOnDataLoss="false")
+        start = reader.initialOffset()
+        end, values = _batch(reader, start)
+        assert values == [b"m0", b"m1", b"m2"]
+        c.admin.delete_topic("rc")
+        c.admin.create_topic("rc", 1)
+        c.subscribe("rc", "s", initial_position=pulsartx.InitialPosition.Earliest).close()
+        _send(c, "rc", 5, "new")
+        assert reader.partitions(start, end) == []  # the batch replayed (its tasks failed): nothing of the new topic
+        reader.commit(end)  # then Spark commits it
+        consumer = c.subscribe("rc", "s")
+        got = [m.data() for m in consumer.batch_receive(10, 2000)]
+        assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
+        consumer.close()
