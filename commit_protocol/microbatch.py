@@ -44,7 +44,9 @@ from pulsartx.coordinator.registry import Coordinators
 from pulsartx.coordinator.state import Subscription, TxnAction, TxnStatus
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidTxnStatusError, NotAllowedError, TransactionNotFound
+from pulsartx.log.partition import partition_segments
 from pulsartx.naming import TopicName
+from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot, read_url_text
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.resolution import pending_keys, resolve_pending
@@ -308,6 +310,7 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list[_AckTarget] | No
     not at the batch's start, i.e. the record belongs to another query."""
     targets = []
     for topic, parts in h.end.items():
+        tables = parts.get(handoff.TABLE_IDS, {})
         for p, end in handoff.positions(parts).items():
             partition = TopicName.parse(topic).with_partition(int(p))
             store = shared_store(root, partition, h.subscription)
@@ -317,6 +320,21 @@ def _ack_targets(root: StorageRoot, h: handoff.Handoff) -> list[_AckTarget] | No
             start = h.start.get(topic, {}).get(p)
             if start is not None and cur.mark_delete + 1 not in (start, end):
                 return None
-            if end - 1 > cur.mark_delete:
+            if end - 1 > cur.mark_delete and _on_current_table(root, partition, tables.get(p)):
                 targets.append(_AckTarget(store, partition, end - 1, cur))
     return targets
+
+
+def _on_current_table(root: StorageRoot, partition: TopicName, recorded: str | None) -> bool:
+    """Whether the batch's offsets for ``partition`` are its current table's (or name none). A
+    batch planned on a topic deleted and re-created since read nothing of the new one: its offsets
+    acknowledged there would be new messages nobody read. One read of the table's first commit,
+    only for a partition with something to acknowledge."""
+    if recorded is None:
+        return True
+    current = delta.LogTail(root, partition_segments(partition)).table_id()
+    if current is None or current == recorded:  # None: version 0 cleaned up after a checkpoint, same table
+        return True
+    log.warning("%s was re-created after this micro-batch was planned: its input there is not acknowledged",
+                partition)
+    return False

@@ -105,3 +105,33 @@ def test_a_failed_partition_ack_fails_the_batch_and_its_replay_acknowledges_ever
     assert _positions(stores) == [(9, None, {})] * PARTITIONS
     assert replay.committed_by(0) is None and MicroBatchTransaction.begin(
         root, "k-ack-2", str(ck), timeout_ms=600_000, connection="run").committed_by(0) == str(replay.job.txn_id)
+
+
+def test_an_input_range_on_a_replaced_table_is_not_acknowledged(tmp_path: Path) -> None:
+    """The source's offsets name each partition's table: a batch planned on a topic deleted and
+    re-created since (read nothing of the new one, with failOnDataLoss=false) must not acknowledge
+    the new topic's messages at the old topic's offsets. Fails before the fix: every new
+    partition's subscription moved to offset 9, messages nobody read."""
+    root, ck, stores = _setup(tmp_path, "query-ack-gone")
+    begin = {TOPIC: {str(p): 0 for p in range(PARTITIONS)}}
+    until = {TOPIC: {**{str(p): 10 for p in range(PARTITIONS)},
+                     handoff.TABLE_IDS: {str(p): "a-table-deleted-since" for p in range(PARTITIONS)}}}
+    (ck / "offsets" / "0").write_text("v1\n{}\n" + json.dumps(until) + "\n")
+    handoff.record(root, "s", begin, until)
+    batch = MicroBatchTransaction.begin(root, "k-ack-gone", str(ck), timeout_ms=600_000, connection="run")
+    batch.commit([], batch_id=0)
+    assert _positions(stores) == [(-1, None, {})] * PARTITIONS
+
+
+def test_an_input_range_on_the_current_table_is_acknowledged(tmp_path: Path) -> None:
+    root, ck, stores = _setup(tmp_path, "query-ack-same")
+    from pulsartx.log.partition import PartitionLog
+
+    ids = {str(p): PartitionLog(root, TopicName.parse(f"in-partition-{p}")).table_id for p in range(PARTITIONS)}
+    begin = {TOPIC: {str(p): 0 for p in range(PARTITIONS)}}
+    until = {TOPIC: {**{str(p): 10 for p in range(PARTITIONS)}, handoff.TABLE_IDS: ids}}
+    (ck / "offsets" / "0").write_text("v1\n{}\n" + json.dumps(until) + "\n")
+    handoff.record(root, "s", begin, until)
+    batch = MicroBatchTransaction.begin(root, "k-ack-same", str(ck), timeout_ms=600_000, connection="run")
+    batch.commit([], batch_id=0)
+    assert _positions(stores) == [(9, None, {})] * PARTITIONS
