@@ -36,6 +36,9 @@ from pulsartx.storage.root import StorageRoot
 
 log = logging.getLogger("pulsartx.commit_protocol")
 DEFAULT_JOB_TIMEOUT_MS = 3_600_000
+# The local property Spark's StreamExecution sets to the query's id (the one kept in
+# <checkpoint>/metadata, not the run id); local properties reach every task of the query.
+SPARK_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 @dataclass
@@ -47,6 +50,10 @@ class TaskReport(WriterCommitMessage):
     rows: int = 0
     attempt: str = ""
     txn: tuple[int, int] | None = None  # the transaction the entries belong to
+    # The Spark streaming query the task ran for ("" in a batch job, and in a report unpickled from a
+    # version without the field, which the class default fills in): a micro-batch's replay check
+    # needs it when the sink has no checkpoint to read it from (commit_protocol/microbatch.py).
+    query_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,14 @@ class JobTransaction:
         if len(txns) > 1:
             raise ValueError(f"task reports name several transactions: {sorted(txns)}")
         return TxnID(*txns.pop()) if txns else None
+
+    @staticmethod
+    def query_id_of(messages: Sequence[WriterCommitMessage | None]) -> str:
+        """The Spark streaming query the tasks wrote for ("" when none reported one)."""
+        ids = {m.query_id for m in messages if isinstance(m, TaskReport) and m.query_id}
+        if len(ids) > 1:
+            raise ValueError(f"task reports name several streaming queries: {sorted(ids)}")
+        return ids.pop() if ids else ""
 
     @staticmethod
     def entries(messages: Sequence[WriterCommitMessage | None]) -> list[tuple[str, int, int]]:

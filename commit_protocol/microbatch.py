@@ -6,10 +6,14 @@
   by the driver JVM (host, pid, start time) and the checkpoint; a new run bumps the key's epoch,
   which aborts the previous run's open transaction and refuses that run forever after (zombie
   fencing: its later commits fail).
-* Replays: the batch id is recorded in the transaction's deciding TC entry. Before committing
-  batch N, the sink looks for a transaction of its key already COMMITTING/COMMITTED for N; if there
-  is one (the batch committed but Spark died before writing ``commits/N``), this attempt's output
-  is aborted instead, so the batch appears once.
+* Replays: the query id and batch id are recorded in the transaction's deciding TC entry. Before
+  committing batch N, the sink looks for a transaction of its key already COMMITTING/COMMITTED for
+  N by the same query; if there is one (the batch committed but Spark died before writing
+  ``commits/N``), this attempt's output is aborted instead, so the batch appears once. The query id
+  is read from ``<checkpoint>/metadata``, else taken from the tasks' reports (Spark gives every task
+  of the query its id as a local property): without a ``checkpointLocation`` option, another query
+  under the same ``transactionKey`` is then not taken for a replay
+  (docs/design/replay-check-by-the-tasks-query-id.md).
 * pyspark calls ``streamWriter()`` twice per batch: in the planner worker, whose writer is pickled
   to the tasks, and again in the sink runner, whose writer only commits or aborts. Only the first
   begins the batch's transaction; the committing side learns it from the tasks' reports
@@ -109,6 +113,20 @@ def query_id(checkpoint: str | None) -> str:
         return ""
 
 
+def same_batch(recorded: str | None, query: str, batch_id: int) -> bool:
+    """Whether a committed transaction's batch token (``<query id>:<batch id>``) is batch
+    ``batch_id`` of query ``query``. Where either query id is unknown ("": a token written by a
+    version that knew none without a checkpoint, or a batch whose tasks reported none), the batch id
+    alone decides, as before query ids were reported: a replay across an upgrade is still written
+    once (a restart after ``stop()`` often replays the last batch)."""
+    if recorded is None:
+        return False
+    recorded_query, _, recorded_batch = recorded.rpartition(":")
+    if recorded_batch != str(batch_id):
+        return False
+    return recorded_query == query or not recorded_query or not query
+
+
 def connection_id(checkpoint: str | None) -> str:
     """This query run's identity for fencing: the driver JVM (host, pid, start time) and the
     checkpoint. Spark refuses two active runs of one checkpoint in one JVM, so a different JVM (or
@@ -192,14 +210,22 @@ class MicroBatchTransaction:
     def _tcs(self):
         return driver_coordinators(self.job.root)
 
-    def batch_token(self, batch_id: int) -> str:
-        """A batch's identity: Spark's query id (kept in ``<checkpoint>/metadata``, new when a
-        checkpoint is recreated) and the batch id. A deleted checkpoint restarts batch ids at 0, and
-        those batches are new work, not replays."""
-        return f"{query_id(self.checkpoint)}:{batch_id}"
+    def query_of(self, messages: Sequence[WriterCommitMessage | None]) -> str:
+        """Spark's query id for this batch: ``<checkpoint>/metadata``'s, else the one its tasks
+        report (the sink gets no checkpoint when it comes from spark.sql.streaming.checkpointLocation;
+        Spark's tasks still see the query id). "" when neither knows it: no task reported (only
+        outside Spark: Spark runs one task even for an empty batch), or tasks of an earlier version."""
+        return query_id(self.checkpoint) or JobTransaction.query_id_of(messages)
 
-    def committed_by(self, batch_id: int) -> str | None:
-        """The transaction of this key that already committed ``batch_id``, if any.
+    def batch_token(self, batch_id: int, query: str | None = None) -> str:
+        """A batch's identity: Spark's query id (kept in ``<checkpoint>/metadata``, new when a
+        checkpoint is recreated; ``query`` when given) and the batch id. A deleted checkpoint restarts
+        batch ids at 0, and those batches are new work, not replays."""
+        return f"{query_id(self.checkpoint) if query is None else query}:{batch_id}"
+
+    def committed_by(self, batch_id: int, query: str | None = None) -> str | None:
+        """The transaction of this key that already committed ``batch_id`` for the same query
+        (``query``, else the checkpoint's), if any: :func:`same_batch`.
 
         Only the key's latest committed transaction can have: Spark replays only its latest batch,
         and a key has one open transaction at a time, so its transactions commit in the order the
@@ -208,7 +234,7 @@ class MicroBatchTransaction:
         the list), the TC logs the key used are searched: their compaction always keeps the key's
         latest committed transaction, and the key row keeps naming every TC it used."""
         tcs = self._tcs()
-        token = self.batch_token(batch_id)
+        query = query_id(self.checkpoint) if query is None else query
         listed = tcs.key_store_of(full_key(OWNER, self.key)).txn_ids(OWNER, self.key)
         refreshed: set[int] = set()
         for t in reversed(listed):
@@ -217,10 +243,10 @@ class MicroBatchTransaction:
             meta = self._lookup(t, refresh=t.most_bits not in refreshed)
             refreshed.add(t.most_bits)
             if meta is not None and self._committed_of_key(meta):
-                return str(t) if meta.properties.get(BATCH_PROPERTY) == token else None
+                return str(t) if same_batch(meta.properties.get(BATCH_PROPERTY), query, batch_id) else None
         for tc_id in sorted({tcs.pick(full_key(OWNER, self.key))} | {t.most_bits for t in listed}):
             for meta in tcs.tc(tc_id).transactions(refresh=True):
-                if self._committed_of_key(meta) and meta.properties.get(BATCH_PROPERTY) == token:
+                if self._committed_of_key(meta) and same_batch(meta.properties.get(BATCH_PROPERTY), query, batch_id):
                     return str(meta.txn_id)
         return None
 
@@ -235,7 +261,8 @@ class MicroBatchTransaction:
                 and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
-        done = self.committed_by(batch_id)
+        query = self.query_of(messages)
+        done = self.committed_by(batch_id, query)
         if done is not None:
             log.warning("batch %d was already committed by transaction %s: discarding this replay's output (%s)",
                         batch_id, done, self.job.txn_id)
@@ -247,14 +274,14 @@ class MicroBatchTransaction:
         entries = JobTransaction.entries(messages)
         requested = now_ms()
         meta = tc.end_transaction(self.job.txn_id, TxnAction.COMMIT, commit_entries=entries,
-                                  properties={BATCH_PROPERTY: self.batch_token(batch_id),
+                                  properties={BATCH_PROPERTY: self.batch_token(batch_id, query),
                                               COMMIT_REQUESTED_PROPERTY: str(requested)})
         log.info("batch %d committed as transaction %s (%d entries, key %s, epoch %d, status %s, commit %d ms)",
                  batch_id, self.job.txn_id, len(entries), self.key, self.epoch, meta.status.value,
                  now_ms() - requested)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
-        if self.committed_by(batch_id) is not None:
+        if self.committed_by(batch_id, self.query_of(messages)) is not None:
             log.warning("abort of batch %d ignored: the batch already committed", batch_id)
         try:
             self.job.abort(messages)

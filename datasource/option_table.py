@@ -134,8 +134,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "The key that fences an older run of the same query. When absent: `query-<id>`, Spark's query id "
                "(`StreamingQuery.id`, kept in the checkpoint), the same for every spelling of the checkpoint's path; "
                "a query that already ran under the older key, derived from its checkpoint's path as written, "
-               "keeps that one while its query-id key is unused. Give `checkpointLocation` with it: without one, a batch is known by its id alone, "
-               "so another query's first batch under the key can be taken for a replay and discarded.",
+               "keeps that one while its query-id key is unused. Given without `checkpointLocation` (the "
+               "checkpoint then comes from the session's `spark.sql.streaming.checkpointLocation`), the sink learns "
+               "the query id from its tasks, so a replayed batch is still told from another query's batch of the "
+               "same id under the key; the input's acknowledgement (`subscription`) joins the batch's transaction "
+               "only with `checkpointLocation`.",
                default_text="Spark's query id"),
     OptionSpec("checkpointLocation", frozenset({WRITE_STREAM}), "path",
                "Spark's query checkpoint; the sink needs it for exactly-once. Give it on `writeStream`: "

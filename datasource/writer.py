@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pulsartx.commit_protocol.job import JobTransaction, TaskReport
+from pulsartx.commit_protocol.job import SPARK_QUERY_ID_PROPERTY, JobTransaction, TaskReport
 from pulsartx.commit_protocol.task import TaskAppender
 from pulsartx.datasource.errors import spark_facing
 from pulsartx.datasource.options import PARTITIONS, TRANSACTION_KEEP_ALIVE, TRANSACTION_TIMEOUT_MS
@@ -182,10 +182,13 @@ class TaskWriting:
         from pyspark import TaskContext
 
 
+        ctx = TaskContext.get()
+        # Spark sets it on every task of a streaming query; the streaming sink's driver side cannot
+        # learn it otherwise without a checkpointLocation option.
+        query = (ctx.getLocalProperty(SPARK_QUERY_ID_PROPERTY) if ctx is not None else None) or ""
         if self.skip:
             collections.deque(iterator, maxlen=0)  # saveMode=ignore on an existing topic: write nothing
-            return TaskReport()
-        ctx = TaskContext.get()
+            return TaskReport(query_id=query)
         task_id, attempt, unique = ((ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId())
                                     if ctx is not None else (0, 0, None))
         appender = TaskAppender(self.job, self.topic, self.counts, self.create_partitions, task_id, attempt,
@@ -194,7 +197,9 @@ class TaskWriting:
         for batch in iterator:
             if batch.num_rows:
                 appender.add(batch)
-        return appender.finish()
+        report = appender.finish()
+        report.query_id = query
+        return report
 
 
 @spark_facing

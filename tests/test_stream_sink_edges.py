@@ -21,8 +21,12 @@ class _Context:
     """What pyspark's TaskContext.get() gives a task: its partition, its attempt number (counted
     per stage attempt) and its task attempt id (unique in the Spark context)."""
 
-    def __init__(self, task_attempt_id: int, attempt: int) -> None:
-        self.id, self.attempt = task_attempt_id, attempt
+    def __init__(self, task_attempt_id: int, attempt: int, query_id: str | None = None) -> None:
+        self.id, self.attempt, self.query_id = task_attempt_id, attempt, query_id
+
+    def getLocalProperty(self, key: str) -> str | None:  # noqa: N802
+        """Spark's streaming query id, the one local property the sink reads."""
+        return self.query_id if key == "sql.streaming.queryId" else None
 
     def partitionId(self) -> int:  # noqa: N802 (Spark's names)
         return 0
@@ -90,47 +94,64 @@ def test_a_sink_without_the_checkpoint_option_names_the_session_setting_it_canno
         prepare_stream_write({"service.url": root, "topic": "out", "queryName": "q"}, schema, False)
 
 
-@pytest.mark.xfail(strict=True, reason="without a checkpointLocation option (an explicit transactionKey alone, the "
-                   "checkpoint from spark.sql.streaming.checkpointLocation) the sink has no Spark query id, so a "
-                   "batch token is ':<batch id>' only: a new query (or a deleted checkpoint) under the key whose "
-                   "first batch id equals the key's last committed one is taken for its replay and its output "
-                   "discarded; refusing transactionKey without checkpointLocation would fix it")
 def test_a_new_query_under_an_explicit_key_without_a_checkpoint_is_not_taken_for_a_replay(tmp_path: Path) -> None:
-    from pulsartx.commit_protocol.microbatch import MicroBatchTransaction
-    from pulsartx.commit_protocol.task import TaskAppender
-
-    from pulsartx.naming import TopicName
-    from pulsartx.storage.root import StorageRoot
-
+    """Two queries under one ``transactionKey``, neither given ``checkpointLocation`` (their
+    checkpoints come from spark.sql.streaming.checkpointLocation, which pyspark does not pass to data
+    sources), each commit their batch 0: both outputs are kept. Fails before the fix: with no query
+    id, a batch was known by its id alone, so the second query's batch 0 was taken for a replay of
+    the first's and its output discarded."""
     root = str(tmp_path / "root")
     with pulsartx.Client(root) as c:
         c.admin.create_topic("out", 1)
-    r, topic = StorageRoot.resolve(root), TopicName.parse("out")
+    _sink_batch(root, None, 0, ["first-query"], query_id="6f1c2a9e-0000-4000-8000-00000000000a", transactionKey="k")
+    _sink_batch(root, None, 0, ["second-query"], query_id="6f1c2a9e-0000-4000-8000-00000000000b",
+                transactionKey="k")
+    assert _output(root) == [b"first-query", b"second-query"]
 
-    def batch_zero(connection: str, value: str) -> None:
-        mbt = MicroBatchTransaction.begin(r, "k", None, timeout_ms=600_000, connection=connection)
-        appender = TaskAppender(mbt.job, topic, {str(topic): 1}, None, 0, 0)
-        appender.add(_rows([value]))
-        mbt.commit([appender.finish()], 0)
 
-    batch_zero("run-1", "first-query")
-    batch_zero("run-2", "second-query")  # another query under the same key: its own batch 0
+def test_a_replay_under_an_explicit_key_without_a_checkpoint_is_written_once(tmp_path: Path) -> None:
+    """The same query (same Spark query id) replaying its last batch after a restart is still
+    recognised without a checkpoint; so is a batch whose tasks, or whose committed transaction, have
+    no query id (an earlier version's): then the batch id alone decides, as it did before."""
+    root = str(tmp_path / "root")
     with pulsartx.Client(root) as c:
-        reader = c.create_reader("out", pulsartx.MessageId.earliest)
-        got = []
-        while reader.has_message_available():
-            got.append(reader.read_next(1000).data())
-    assert got == [b"first-query", b"second-query"]
+        c.admin.create_topic("out", 1)
+    query = "6f1c2a9e-0000-4000-8000-00000000000c"
+    _sink_batch(root, None, 0, ["b0"], query_id=query, transactionKey="k")
+    _sink_batch(root, None, 0, ["b0"], query_id=query, transactionKey="k")  # the restart's replay
+    _sink_batch(root, None, 1, ["b1"], query_id=query, transactionKey="k")
+    _sink_batch(root, None, 1, ["b1"], query_id=None, transactionKey="k")  # tasks that report no query id
+    _sink_batch(root, None, 2, ["b2"], query_id=None, transactionKey="k")  # committed by an earlier version
+    _sink_batch(root, None, 2, ["b2"], query_id=query, transactionKey="k")  # replayed after the upgrade
+    assert _output(root) == [b"b0", b"b1", b"b2"]
 
 
-def _sink_batch(root: str, checkpoint: str, batch_id: int, values: list[str], **options: str) -> None:
-    """One micro-batch through the sink as pyspark drives it: begin, one task's write, commit."""
+def test_a_task_report_from_a_version_without_the_query_id_reads_as_none_known() -> None:
+    """Reports are pickled by the tasks' version and unpickled by the driver's."""
+    import pickle
+
+    from pulsartx.commit_protocol.job import JobTransaction, TaskReport
+
+    old = TaskReport(rows=1, txn=(0, 1))
+    del old.__dict__["query_id"]  # the shape an earlier version pickles
+    report = pickle.loads(pickle.dumps(old))
+    assert report.query_id == "" and JobTransaction.query_id_of([report, None]) == ""
+    assert JobTransaction.query_id_of([report, TaskReport(query_id="q")]) == "q"
+    with pytest.raises(ValueError, match="several streaming queries"):
+        JobTransaction.query_id_of([TaskReport(query_id="q"), TaskReport(query_id="r")])
+
+
+def _sink_batch(root: str, checkpoint: str | None, batch_id: int, values: list[str], query_id: str | None = None,
+                **options: str) -> None:
+    """One micro-batch through the sink as pyspark drives it: begin, one task's write, commit.
+    ``query_id``: the Spark query id the task sees (Spark sets it on every task of a streaming query)."""
     import pyspark
 
     schema = StructType([StructField("value", BinaryType())])
-    writer = prepare_stream_write({"service.url": root, "topic": "out", "checkpointLocation": checkpoint,
-                                   "transactionKeepAlive": "false", **options}, schema, False)
-    task = _Context(batch_id, 0)
+    given = {"checkpointLocation": checkpoint} if checkpoint is not None else {}
+    writer = prepare_stream_write({"service.url": root, "topic": "out", "transactionKeepAlive": "false", **given,
+                                   **options}, schema, False)
+    task = _Context(batch_id, 0, query_id)
     original = pyspark.TaskContext.get
     pyspark.TaskContext.get = staticmethod(lambda: task)
     try:

@@ -587,6 +587,48 @@ def test_a_batch_replayed_under_another_spelling_of_its_checkpoint_is_written_on
     assert Counter(m[3] for m in committed_messages(root, "sout")) == Counter(f"m{i}" for i in range(12))
 
 
+def test_queries_under_one_transaction_key_with_the_sessions_checkpoint_each_keep_their_output(
+        spark: Any, client: Any, root: str, tmp_path: Path) -> None:
+    """Two queries share a ``transactionKey`` and take their checkpoints from the session's
+    spark.sql.streaming.checkpointLocation, which pyspark does not pass to data sources: the sink
+    learns each one's query id from its tasks (Spark's local property ``sql.streaming.queryId``).
+    Fails before the fix: the second query's batch 0 was taken for a replay of the first's batch 0
+    and its output discarded. A restart of the second query that replays its last batch (as if the
+    driver died right after the sink's commit) still writes it once."""
+    from pulsartx.commit_protocol.microbatch import BATCH_PROPERTY
+
+    for topic in ("kin1", "kin2", "kout"):
+        client.admin.create_topic(topic, 1)
+    send(client, "kin1", [f"a{i}" for i in range(5)])
+    send(client, "kin2", [f"b{i}" for i in range(5)])
+    expected = Counter([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])
+    session_ck = tmp_path / "session-ck"
+    spark.conf.set("spark.sql.streaming.checkpointLocation", str(session_ck))
+
+    def query(name: str, topic: str) -> Callable[[int], Any]:
+        def go(attempt: int) -> Any:
+            return (stream(spark, root, topic=topic, startingOffsets="earliest").select(as_string("value"))
+                    .writeStream.format("pulsartx").option("service.url", root).option("topic", "kout")
+                    .option("transactionKey", "shared").queryName(name).trigger(availableNow=True).start())
+        return go
+
+    try:
+        first = run_to_end(query("key_a", "kin1"))
+        second = run_to_end(query("key_b", "kin2"))
+        assert first.id != second.id
+        assert Counter(m[3] for m in committed_messages(root, "kout")) == expected
+        last = max(p["batchId"] for p in second.recentProgress if p["numInputRows"])
+        for name in (str(last), f".{last}.crc"):
+            (session_ck / "key_b" / "commits" / name).unlink(missing_ok=True)
+        again = run_to_end(query("key_b", "kin2"))
+        assert again.id == second.id and any(p["batchId"] == last for p in again.recentProgress)
+        assert Counter(m[3] for m in committed_messages(root, "kout")) == expected
+        tokens = {m.properties.get(BATCH_PROPERTY) for m in sink_txns(client, "shared") if m.status.value == "COMMITTED"}
+        assert {f"{first.id}:0", f"{second.id}:0"} <= tokens, tokens
+    finally:
+        spark.conf.unset("spark.sql.streaming.checkpointLocation")
+
+
 _OPEN_AND_WAIT = """
 import sys, time
 import pulsartx
