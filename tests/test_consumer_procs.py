@@ -79,6 +79,35 @@ def test_shared_distribution_across_two_processes(root, tmp_path):
     _assert_at_end(root, TOPIC, "shared", 300)
 
 
+def test_shared_consumers_in_two_processes_follow_a_growth(root, tmp_path):
+    """Both processes subscribed before the topic grew from 2 to 4 partitions; the messages a
+    producer then spreads over all 4 are each processed once, and the subscription ends at the end
+    of every partition, the new ones included."""
+    import pulsartx
+
+    seed(root, TOPIC, 0, partitions=2)
+    go = _go(tmp_path)
+    args = {"root": root, "topic": TOPIC, "sub": "grow", "type": "Shared", "go_file": go, "queue": 10,
+            "first_timeout_ms": 10_000, "idle_ms": 2500, "update_ms": 100}
+    a, b = Proc("consume", **args), Proc("consume", **args)
+    a.wait_event("subscribed")
+    b.wait_event("subscribed")
+    c = pulsartx.Client(root)
+    c.admin.update_partitioned_topic(TOPIC, 4)
+    p = c.create_producer(TOPIC)
+    for i in range(200):
+        p.send_async(f"g{i}".encode(), None)
+    p.flush()
+    c.close()
+    open(go, "w").close()
+    got_a, got_b = a.result()["acked"], b.result()["acked"]
+    assert len(got_a) + len(got_b) == 200
+    assert set(got_a) | set(got_b) == {f"g{i}" for i in range(200)}
+    _assert_at_end(root, TOPIC, "grow", 200)
+    with pulsartx.Client(root) as c:
+        assert len(c.admin.transactions.get_pending_ack_stats(TOPIC, "grow")) == 4
+
+
 def test_failover_standby_takes_over_after_kill_9(root, tmp_path):
     expected = seed(root, TOPIC, 200)
     go = _go(tmp_path)
@@ -178,16 +207,18 @@ def _assert_at_end(root: str, topic: str, sub: str, total: int) -> None:
 
 def consume(root: str, topic: str, sub: str, type: str, go_file: str, first_timeout_ms: int, idle_ms: int,
             delay_ms: int = 0, queue: int = 1000, lease_ms: int = 10_000, ack_limit: int | None = None,
-            hold: int = 0, group_ms: int = 0) -> dict:
+            hold: int = 0, group_ms: int = 0, update_ms: int | None = None) -> dict:
     """Subscribe, wait for ``go_file``, then receive and acknowledge (each ack durable before the
     ``acked`` event unless ``group_ms``) until nothing comes for ``idle_ms``. With
-    ``ack_limit``: after that many acks, receive ``hold`` more without acking and wait to be killed."""
+    ``ack_limit``: after that many acks, receive ``hold`` more without acking and wait to be killed.
+    ``update_ms``: the consumer's ``auto_update_partitions_interval_ms``."""
     import pulsartx
     from pulsartx import ConsumerType, InitialPosition
 
     client = pulsartx.Client(root)
     c = client.subscribe(topic, sub, consumer_type=ConsumerType[type], initial_position=InitialPosition.Earliest,
-                         receiver_queue_size=queue, lease_ms=lease_ms, acknowledgment_group_time_ms=group_ms)
+                         receiver_queue_size=queue, lease_ms=lease_ms, acknowledgment_group_time_ms=group_ms,
+                         auto_update_partitions_interval_ms=update_ms)
     emit("EVENT", "subscribed", {"active": c._active})
     _wait_for(go_file)
     acked: list[str] = []

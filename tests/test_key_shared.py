@@ -156,3 +156,17 @@ def test_cumulative_ack_and_other_types_refused(client):
     with pytest.raises(InvalidConfiguration, match="KeyShared"):
         client.subscribe(TOPIC, "ks", consumer_type=ConsumerType.Shared)
     c.close()
+
+
+def test_messages_of_a_partitioned_topic_carry_their_partitions_name(client):
+    """As on every other subscription type (pulsar-client's ``topic_name()``)."""
+    client.admin.create_topic("ksp", 2)
+    p = client.create_producer("ksp")
+    for i in range(6):
+        p.send(b"x", partition_key=f"k{i}")
+    c = client.subscribe("ksp", "s", consumer_type=ConsumerType.KeyShared, initial_position=InitialPosition.Earliest)
+    got = _drain(c)
+    assert len(got) == 6
+    assert all(m.topic_name() == f"persistent://public/default/ksp-partition-{m.message_id().partition()}"
+               for m in got)
+    c.close()

@@ -209,11 +209,11 @@ def test_a_live_producer_takes_on_new_partitions_within_its_update_interval(
     all 4. A named producer's name is taken on the new partitions too."""
     import time
 
-    import pulsartx.client.producer as producer_mod
+    import pulsartx.client.partition_updates as updates_mod
     from pulsartx.client.routing import partition_for_key
     from pulsartx.exceptions import ProducerBusy
 
-    monkeypatch.setattr(producer_mod, "PARTITIONS_UPDATE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(updates_mod, "PARTITIONS_UPDATE_INTERVAL_S", 0.05)
     client.admin.create_topic("g", 2)
     producer = client.create_producer("g", producer_name="live")
     keys = [f"k{i}" for i in range(20)]
@@ -337,3 +337,245 @@ def test_markers_live_under_the_topic_and_go_with_it(client: Any, root: str) -> 
     assert len(os.listdir(folder)) == 1 and os.listdir(folder)[0].startswith("2-")
     client.admin.delete_topic("g")
     assert not os.path.exists(folder)
+
+
+# ---- open consumers and readers follow growth (auto_update_partitions) ----------------------------
+FAST = {"auto_update_partitions_interval_ms": 50}
+
+
+def _grow_and_send(client: Any, n: int, per_partition: int, tag: str) -> list[bytes]:
+    """Grow ``g`` to ``n`` partitions and send ``per_partition`` messages to each through its
+    partition's name, at once (before any open client's next count read)."""
+    client.admin.update_partitioned_topic("g", n)
+    sent = []
+    for i in range(n):
+        producer = client.create_producer(f"g-partition-{i}")
+        for j in range(per_partition):
+            data = f"{tag}-{i}-{j}".encode()
+            producer.send(data, partition_key=f"k{j}")
+            sent.append(data)
+        producer.close()
+    return sent
+
+
+def _receive_all(consumers: list[Any], want: int, timeout_s: float = 15.0, ack: bool = True) -> list[Any]:
+    """Every message the consumers receive (each acknowledged unless ``ack`` is False), one thread
+    per consumer, until ``want`` came or ``timeout_s`` passed, then 300 ms more to catch any
+    duplicate."""
+    import time
+
+    from pulsartx import Timeout
+
+    got: list[Any] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def run(consumer: Any) -> None:
+        while not stop.is_set():
+            try:
+                m = consumer.receive(timeout_millis=100)
+            except Timeout:
+                continue
+            if ack:
+                consumer.acknowledge(m)
+            with lock:
+                got.append(m)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in consumers]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with lock:
+            if len(got) >= want:
+                break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    stop.set()
+    for th in threads:
+        th.join()
+    return got
+
+
+@pytest.mark.parametrize("kind", ["Exclusive", "Failover", "Shared", "KeyShared"])
+def test_an_open_consumer_receives_from_new_partitions_exactly_once(client: Any, kind: str) -> None:
+    """A consumer subscribed at Latest before the growth: the messages sent to the new partitions
+    before it noticed them are received too (the new partitions' subscription starts at their first
+    message), once each, and acknowledged for good: a later subscriber gets nothing more. Shared and
+    Key_Shared with two consumers, which share the new partitions."""
+    from pulsartx import ConsumerType
+
+    client.admin.create_topic("g", 2)
+    ctype = ConsumerType[kind]
+    count = 2 if ctype in (ConsumerType.Shared, ConsumerType.KeyShared) else 1
+    consumers = [client.subscribe("g", "s", consumer_type=ctype, **FAST) for _ in range(count)]
+    sent = _grow_and_send(client, 4, 10, "a")
+    got = _receive_all(consumers, len(sent))
+    assert sorted(m.data() for m in got) == sorted(sent)
+    assert {m.message_id().partition() for m in got} == {0, 1, 2, 3}
+    assert {m.topic_name() for m in got} == {f"{T}-partition-{i}" for i in range(4)}
+    for c in consumers:
+        c.close()
+    again = client.subscribe("g", "s", consumer_type=ctype, initial_position=InitialPosition.Earliest)
+    assert drain(again, idle_ms=300) == []
+    assert client.admin.list_subscriptions("g-partition-3") == ["s"]
+
+
+def test_a_failover_standby_takes_over_the_new_partitions_too(client: Any) -> None:
+    """The standby follows the growth while it waits; once the active consumer leaves, it goes on
+    from where the active one acknowledged, on the old and the new partitions alike."""
+    from pulsartx import ConsumerType
+
+    client.admin.create_topic("g", 2)
+    active = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
+    standby = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
+    first = _grow_and_send(client, 3, 2, "f")
+    assert sorted(m.data() for m in _receive_all([active], len(first))) == sorted(first)
+    active.close()
+    second = _grow_and_send(client, 4, 2, "s")
+    assert sorted(m.data() for m in _receive_all([standby], len(second))) == sorted(second)
+    standby.close()
+
+
+def test_a_topic_of_one_partition_grown_under_a_consumer_names_partitions_from_then_on(client: Any) -> None:
+    """Subscribed by its name, a topic of one partition counts as non-partitioned (messages carry
+    the topic's name); once grown, every message fetched after carries its partition's name."""
+    import time
+
+    client.admin.create_topic("g", 1)
+    consumer = client.subscribe("g", "s", **FAST)
+    client.create_producer("g").send(b"before")
+    assert consumer.receive(timeout_millis=5000).topic_name() == T
+    client.admin.update_partitioned_topic("g", 2)
+    deadline = time.monotonic() + 5
+    while len(consumer._parts) < 2:
+        assert time.monotonic() < deadline, "the consumer did not take on the new partition"
+        time.sleep(0.02)
+    sent = [f"n-{i}-{j}".encode() for i in range(2) for j in range(2)]
+    for data in sent:
+        client.create_producer(f"g-partition-{data.decode().split('-')[1]}").send(data)
+    got = _receive_all([consumer], len(sent))
+    assert sorted(m.data() for m in got) == sorted(sent)
+    assert {m.topic_name() for m in got} == {f"{T}-partition-0", f"{T}-partition-1"}
+
+
+def test_transactional_acks_and_sends_on_new_partitions_of_an_open_consumer(client: Any) -> None:
+    """Consume-transform-produce across a growth: the acks of messages from a new partition are
+    pending in the transaction, and its abort gives them back (once), its commit settles them."""
+    client.admin.create_topic("g", 1)
+    client.admin.create_topic("out", 1)
+    consumer = client.subscribe("g", "s", consumer_type=pulsartx.ConsumerType.Shared, **FAST)
+    sent = _grow_and_send(client, 2, 3, "t")
+    out = client.create_producer("out")
+    got = _receive_all([consumer], len(sent), ack=False)
+    assert sorted(m.data() for m in got) == sorted(sent)
+    txn = client.new_transaction()
+    for m in got:
+        out.send(m.data(), txn=txn)
+        consumer.acknowledge(m, txn=txn)
+    txn.abort()
+    consumer.redeliver_unacknowledged_messages()
+    back = drain(consumer, idle_ms=400)
+    assert sorted(m.data() for m in back) == sorted(sent)
+    txn = client.new_transaction()
+    for m in back:
+        out.send(m.data(), txn=txn)
+        consumer.acknowledge(m, txn=txn)
+    txn.commit()
+    assert sorted(committed_values(client, "out")) == sorted(sent)
+    consumer.close()
+    assert drain(client.subscribe("g", "s", consumer_type=pulsartx.ConsumerType.Shared), idle_ms=300) == []
+
+
+def test_an_open_reader_reads_new_partitions_from_their_first_message(client: Any) -> None:
+    from pulsartx import MessageId
+
+    client.admin.create_topic("g", 1)
+    client.create_producer("g").send(b"old")
+    reader = client.create_reader("g", MessageId.latest, **FAST)
+    idle = client.create_reader("g", MessageId.latest, auto_update_partitions=False)
+    sent = _grow_and_send(client, 3, 4, "r")
+    got = []
+    for _ in sent:
+        got.append(reader.read_next(timeout_millis=5000))
+    assert sorted(m.data() for m in got) == sorted(sent)
+    assert {m.message_id().partition() for m in got} == {0, 1, 2}
+    assert not reader.has_message_available()
+    assert sorted(m.data() for m in iter(idle)) == sorted(d for d in sent if d.startswith(b"r-0-"))
+    assert len(idle._fetchers) == 1
+
+
+def test_a_reader_seek_after_a_growth_positions_the_new_partitions_too(client: Any) -> None:
+    from pulsartx import MessageId
+
+    client.admin.create_topic("g", 1)
+    reader = client.create_reader("g", MessageId.earliest, auto_update_partitions_interval_ms=3_600_000)
+    _grow_and_send(client, 2, 3, "s")
+    reader.seek(MessageId.latest)
+    assert not reader.has_message_available()
+    client.create_producer("g-partition-1").send(b"after")
+    assert reader.read_next(timeout_millis=5000).data() == b"after"
+
+
+def test_a_consumer_with_auto_update_partitions_off_keeps_its_partitions(client: Any) -> None:
+    """It receives nothing of the new partition; re-subscribed at Latest, it receives what was sent
+    there since the growth, which made the subscription on the new partition at its first message
+    (as Pulsar's update does), and nothing it had received before."""
+    import time
+
+    client.admin.create_topic("g", 1)
+    consumer = client.subscribe("g", "s", auto_update_partitions=False, auto_update_partitions_interval_ms=50)
+    sent = _grow_and_send(client, 2, 3, "o")
+    time.sleep(0.3)
+    got = drain(consumer, idle_ms=300, ack=True)
+    assert sorted(m.data() for m in got) == sorted(d for d in sent if d.startswith(b"o-0-"))
+    assert len(consumer._parts) == 1
+    consumer.close()
+    again = client.subscribe("g", "s", auto_update_partitions=False)
+    assert len(again._parts) == 2
+    assert sorted(m.data() for m in drain(again, idle_ms=300)) == sorted(d for d in sent if d.startswith(b"o-1-"))
+
+
+def test_a_growth_makes_the_topics_subscriptions_on_its_new_partitions(client: Any) -> None:
+    """Pulsar's update does: a subscription made before the growth, with no consumer open across
+    it, still gets every message sent to a new partition after the growth."""
+    client.admin.create_topic("g", 2)
+    client.subscribe("g", "s").close()
+    client.subscribe("g-partition-1", "only-one").close()
+    client.admin.update_partitioned_topic("g", 3)
+    assert client.admin.list_subscriptions("g-partition-2") == ["only-one", "s"]
+    client.create_producer("g-partition-2").send(b"early")
+    for name in ("s", "only-one"):
+        consumer = client.subscribe("g", name)
+        assert [m.data() for m in drain(consumer, idle_ms=300)] == [b"early"]
+        consumer.close()
+
+
+def test_a_topic_deleted_and_created_again_is_not_taken_for_a_growth(client: Any) -> None:
+    """Re-created with more partitions, the topic is another one: an open consumer or reader of the
+    old one takes none of its partitions (no subscription made on them), and a producer neither."""
+    import time
+
+    from pulsartx import MessageId
+
+    client.admin.create_topic("g", 1)
+    consumer = client.subscribe("g", "s", **FAST)
+    reader = client.create_reader("g", MessageId.earliest, **FAST)
+    producer = client.create_producer("g", **FAST)
+    client.admin.delete_topic("g")
+    client.admin.create_topic("g", 3)
+    time.sleep(0.4)
+    assert not reader.has_message_available()
+    assert len(consumer._parts) == 1 and len(reader._fetchers) == 1 and len(producer._partitions) == 1
+    assert [client.admin.list_subscriptions(f"g-partition-{i}") for i in range(3)] == [[], [], []]
+    for c in (consumer, reader):
+        c.close()
+    producer.close()
+
+
+def test_auto_update_partitions_options_are_checked(client: Any) -> None:
+    client.admin.create_topic("g", 1)
+    with pytest.raises(InvalidConfiguration, match="auto_update_partitions_interval_ms=0"):
+        client.subscribe("g", "s", auto_update_partitions_interval_ms=0)
+    with pytest.raises(InvalidConfiguration, match="auto_update_partitions='yes'"):
+        client.create_reader("g", pulsartx.MessageId.earliest, auto_update_partitions="yes")

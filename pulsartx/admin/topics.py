@@ -31,7 +31,7 @@ from pulsartx.observe.stats import partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.root import StorageRoot
-from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores
+from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores, shared_store
 
 log = logging.getLogger(__name__)
 TOPIC_META = "_topic.json"
@@ -158,9 +158,20 @@ class TopicsAdmin:
 
     def partitions_of(self, topic: str | TopicName) -> list[TopicName]:
         """The partition names to read or write for a topic, or the one partition it names."""
+        return self.partitions_and_incarnation(topic)[0]
+
+    def partitions_and_incarnation(self, topic: str | TopicName) -> tuple[list[TopicName], str]:
+        """:meth:`partitions_of`, with the incarnation of the topic they were read from (from one
+        read of ``_topic.json``): a client that follows growth compares it with the one it opened,
+        so a topic deleted and re-created with more partitions is never taken for a growth."""
         t = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        n = self.get_partitions(str(t))
-        return [t] if t.partition is not None else [t.with_partition(i) for i in range(n)]
+        text = self.root.read_text(*_topic_dir(t.base), TOPIC_META)
+        if text is None:
+            raise self._not_found(t.base)
+        n = self._count(t.base, text)
+        if t.partition is not None and t.partition >= n:
+            raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")
+        return ([t] if t.partition is not None else [t.with_partition(i) for i in range(n)]), _incarnation(text)
 
     def update_partitioned_topic(self, topic: str, partitions: int) -> int:
         """Grow the topic to ``partitions`` partitions (``pulsar-admin topics
@@ -192,6 +203,14 @@ class TopicsAdmin:
             # False: made by a concurrent update, or by one that failed before its marker (empty).
             delta.create_table(self.root, RECORD_SCHEMA, *partition_segments(t.with_partition(i)),
                                configuration=properties, name=f"{t.short}-partition-{i}")
+        # As Pulsar's update does, the topic's subscriptions are made on the new partitions before
+        # anyone can see them, at their first message: a consumer that subscribes at Latest later
+        # then finds the subscription's cursor there, rather than making it at the end and skipping
+        # what producers sent to the partition since the growth.
+        subscriptions = subscription_names(self.root, [t.with_partition(i) for i in range(current)])
+        for i in range(current, partitions):
+            for name in subscriptions:
+                shared_store(self.root, t.with_partition(i), name).create(-1)
         incarnation = _incarnation(text)
         marker = {"partitions": partitions, "from": current, "created_ms": int(time.time() * 1000)}
         self.root.write_text(json.dumps(marker), *_topic_dir(t), GROWTH_DIR, f"{partitions}-{incarnation}.json")

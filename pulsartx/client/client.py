@@ -208,6 +208,11 @@ class Client:
             initial_sequence_id=None: the sequence id to count from; None: the last persisted one of
                 ``producer_name``, else -1.
             compression_type=CompressionType.NONE: the parquet codec of the payload column.
+            auto_update_partitions=True: a producer of a whole topic takes on the partitions a growth
+                adds (``update_partitioned_topic``) within ``auto_update_partitions_interval_ms``;
+                False: it keeps the partitions it was made with.
+            auto_update_partitions_interval_ms=None: how often the partition count is read again
+                (one small read and one listing); None: every 60 s, pulsar-client's default.
         """
         self._auto_create(topic)
         return self._track(Producer(self, topic, producer_name=producer_name, batching_max_messages=batching_max_messages,
@@ -234,6 +239,12 @@ class Client:
                 first 1 ms after finding nothing, then at intervals doubling up to this many
                 milliseconds (1 to 10000): it bounds how late a new message is noticed. None: 10 on
                 a local disk, 100 on an object store. Raise it to spend less while idle.
+            auto_update_partitions=True: a reader of a whole topic takes on the partitions a growth
+                adds (``update_partitioned_topic``) within ``auto_update_partitions_interval_ms``
+                and reads each from its first message; False: it keeps the partitions it was made
+                with.
+            auto_update_partitions_interval_ms=None: how often the partition count is read again
+                (one small read and one listing); None: every 60 s, pulsar-client's default.
         """
         self._auto_create(topic)
         return self._track(Reader(self, topic, start_message_id, reader_name=reader_name,
@@ -273,6 +284,14 @@ class Client:
                 more than its ``max_redeliver_count`` times is moved to its dead-letter topic
                 (default ``<topic>-<subscription>-DLQ``) and acknowledged here, in one
                 transaction; None: redeliver without limit.
+            auto_update_partitions=True: a consumer of a whole topic subscribes to the partitions a
+                growth adds (``update_partitioned_topic``) within
+                ``auto_update_partitions_interval_ms``, as pulsar-client's consumers do; on a new
+                partition the subscription starts at its first message whatever
+                ``initial_position`` says, so nothing sent to it is missed. False: it keeps the
+                partitions it subscribed to.
+            auto_update_partitions_interval_ms=None: how often the partition count is read again
+                (one small read and one listing); None: every 60 s, pulsar-client's default.
         """
         if not isinstance(topic, str):
             # pulsar-client also takes a list of topics or a compiled pattern here; say which is missing.

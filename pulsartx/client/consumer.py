@@ -25,6 +25,7 @@ from pulsartx.client.consumer_state import CLAIMING, ConsumerType, InitialPositi
 from pulsartx.client.dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.key_shared import KeySharedDispatch
+from pulsartx.client.partition_updates import PartitionUpdates
 from pulsartx.client.receiving import Receiving
 from pulsartx.client.redelivery import Redelivery
 from pulsartx.client.tables import TableConsumer
@@ -54,7 +55,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                  negative_ack_redelivery_delay_ms: int = 60000, consumer_name: str | None = None,
                  lease_ms: int = 10_000, acknowledgment_group_time_ms: int = 100,
                  idle_poll_max_interval_ms: int | None = None,
-                 dead_letter_policy: ConsumerDeadLetterPolicy | None = None):
+                 dead_letter_policy: ConsumerDeadLetterPolicy | None = None,
+                 auto_update_partitions: bool = True, auto_update_partitions_interval_ms: int | None = None):
         """Made by :meth:`Client.subscribe`, whose docstring lists the keywords."""
         check_subscription_name(subscription_name)
         self._made = forks.stamp()
@@ -90,10 +92,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         self._id = f"{self._name}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
+        self._growing = threading.Lock()
         self._closed = False
         # Before any lease: a missing topic must fail as TopicNotFound, not leave an Exclusive lease
         # behind that makes the retry fail with ConsumerBusy until the lease expires.
-        partitions = client.admin.partitions_of(topic)
+        self._updates = PartitionUpdates(client.admin, topic, auto_update_partitions, auto_update_partitions_interval_ms)
+        partitions = self._updates.partitions
         self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type in CLAIMING
@@ -136,6 +140,35 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation,
                               reset_epoch=cur.reset_epoch)
 
+    def _follow_growth(self) -> None:
+        """Subscribe to the partitions a growth of the topic added, as pulsar-client's consumers do
+        (``autoUpdatePartitions``). Each joins the subscription as subscribe's partitions did: the
+        leases, Shared membership and Key_Shared hash ranges are the topic's, so they cover it
+        already. Its cursor is the one the growth made (``update_partitioned_topic`` makes the
+        topic's subscriptions on its new partitions) or, for a subscription it did not see, one
+        made now at the partition's first message: its messages were all sent after the
+        subscription began (the partition did not exist), and up to an interval may have passed
+        since (docs/design/consumers-follow-growth.md)."""
+        with self._growing:  # the background thread's check and a seek's
+            self._follow_growth_once()
+
+    def _follow_growth_once(self) -> None:
+        added = self._updates.added(len(self._parts))
+        if not added or self._closed or self._leases.ended:
+            return
+        opened = [self._open_partition(p, InitialPosition.Earliest) for p in added]
+        with self._lock:
+            if self._closed:
+                return
+            parts = self._parts + opened
+            named = is_partitioned(self._topic, len(parts))
+            for part in parts:
+                part.message_topic = message_topic(part.topic, named)
+            self._parts = parts
+        self._local_change.set()  # an idle receive() starts watching the new partitions now
+        log.info("consumer %s: %s grew to %d partitions; subscription %r now receives from all of them",
+                 self._name, self._topic, len(parts), self._subscription)
+
     def topic(self) -> str:
         return self._topic
 
@@ -160,6 +193,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if not by_time and not isinstance(message_id, MessageId):
             raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
                                        "MessageId.latest or a message's id) or a publish time in epoch milliseconds")
+        if self._updates.enabled:  # a growth not seen yet: its partitions are positioned by this seek too
+            self._follow_growth()
         self._flush_acks()
         for part in self._parts:
             if by_time:
@@ -302,5 +337,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                                 part.queue.clear()
                                 part.held.clear()
                 self._expire_unacked()
+                if self._updates.due():
+                    self._follow_growth()
             except Exception as e:  # the loop must survive storage hiccups
                 log.warning("consumer %s background work failed: %s", self._name, e)

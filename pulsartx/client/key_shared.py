@@ -92,7 +92,8 @@ class KeySharedDispatch:
         end = min(limit, start + WINDOW)
         if not mine or start >= end:
             return [], []
-        records = Records(part.visible.visible(part.visible.log.read(start, end)), str(part.topic.base), part.index)
+        records = Records(part.visible.visible(part.visible.log.read(start, end)), part.message_topic or str(part.topic.base),
+                          part.index)
         hash_of = {o: sticky_key_hash(k) for o, k in zip(records.offsets, records.column("key"), strict=True)}
         t = now_ms()
         claims = part.store.claims(refresh=False)

@@ -10,9 +10,11 @@ A keyed message goes to its key's partition; unkeyed messages go round-robin by 
 default router does with batching: all of one batch to one partition, the next batch to the next
 (so consecutive ``send()`` calls, each its own batch, rotate message by message).
 
-A producer of a whole topic re-reads its partition count every ``PARTITIONS_UPDATE_INTERVAL_S``
-(60 s, pulsar-client's default) and, once the topic has grown, routes over every partition: keys
-then go to ``hash mod`` the new count (they move, as in Pulsar).
+A producer of a whole topic re-reads its partition count every
+``auto_update_partitions_interval_ms`` (default
+:data:`~pulsartx.client.partition_updates.PARTITIONS_UPDATE_INTERVAL_S`, 60 s, pulsar-client's)
+and, once the topic has grown, routes over every partition: keys then go to ``hash mod`` the new
+count (they move, as in Pulsar). ``auto_update_partitions=False`` keeps the partitions it opened with.
 
 A producer stays with the process that made it: in a forked child it raises ForkedProcessError
 (its name and sequence ids would name two writers, and Pulsar refuses a second producer of one
@@ -32,6 +34,10 @@ import pyarrow.compute as pc
 
 from pulsartx import forks
 from pulsartx.client.fields import check_message_fields
+from pulsartx.client.partition_updates import (
+    PARTITIONS_UPDATE_INTERVAL_S as PARTITIONS_UPDATE_INTERVAL_S,  # re-export
+)
+from pulsartx.client.partition_updates import PartitionUpdates
 from pulsartx.client.result import Result
 from pulsartx.client.routing import RoundRobin, partition_for_key
 from pulsartx.client.table_sending import TableSending
@@ -57,9 +63,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SendCallback = Callable[[Result, MessageId | None], None]
-# How often a producer of a whole topic re-reads the partition count (pulsar-client's
-# ``partitionsUpdateInterval``): a count read costs one small read and one listing.
-PARTITIONS_UPDATE_INTERVAL_S = 60.0
 
 
 def _resend_hint(e: BaseException, txn: Any, records: Any) -> str:
@@ -127,7 +130,8 @@ class Producer(TableSending):
     def __init__(self, client: Client, topic: str, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_publish_delay_ms: int = 10,
                  initial_sequence_id: int | None = None,
-                 compression_type: CompressionType | str = DEFAULT_COMPRESSION):
+                 compression_type: CompressionType | str = DEFAULT_COMPRESSION,
+                 auto_update_partitions: bool = True, auto_update_partitions_interval_ms: int | None = None):
         """Made by :meth:`Client.create_producer`, whose docstring lists the keywords."""
         if batching_max_messages < 1:
             raise InvalidConfiguration(f"batching_max_messages={batching_max_messages}: must be at least 1")
@@ -136,7 +140,8 @@ class Producer(TableSending):
         self._compression = CompressionType.parse(compression_type)
         self._client = client
         self._made = forks.stamp()
-        self._partitions: list[TopicName] = client.admin.partitions_of(topic)
+        self._updates = PartitionUpdates(client.admin, topic, auto_update_partitions, auto_update_partitions_interval_ms)
+        self._partitions: list[TopicName] = self._updates.partitions
         self._topic = str(TopicName.parse(topic))
         self._name = producer_name or f"pulsartx-{uuid.uuid4().hex[:12]}"
         self._live_keys = _claim_name(self, client.root.url)
@@ -193,8 +198,6 @@ class Producer(TableSending):
         else:  # a generated name is new: nothing of it is persisted
             self._last_seq = -1
             self._floors = dict.fromkeys(self._logs, -1)
-        self._whole_topic = TopicName.parse(self._topic).partition is None
-        self._counted_at = time.monotonic()
         self._timer = threading.Thread(target=self._flush_loop, name=f"pulsartx-producer-{self._name}", daemon=True)
         self._wake = threading.Event()
         self._timer.start()
@@ -575,24 +578,18 @@ class Producer(TableSending):
                 due = [k for k, t0 in self._first_enqueued.items() if now - t0 >= self._delay]
             for key in due:
                 self._flush_queue(key)
-            if self._whole_topic and now - self._counted_at >= PARTITIONS_UPDATE_INTERVAL_S:
-                self._counted_at = now
+            if self._updates.due(now):
                 self._update_partitions()
 
     def _update_partitions(self) -> None:
         """Take on the partitions a growth of the topic added (pulsar-client's producers do, every
         minute by default). A failed count read is left for the next interval: the partitions known
         stay valid, since a count never falls while the topic lives."""
-        try:
-            n = self._client.admin.get_partitions(self._topic)
-        except Exception as e:  # a deleted topic, a storage fault: the sends report their own errors
-            log.debug("producer %s: partition count of %s not read: %s", self._name, self._topic, e)
-            return
         have = len(self._partitions)
-        if n <= have or self._closed:
+        added = self._updates.added(have)
+        if not added or self._closed:
             return
-        base = TopicName.parse(self._topic)
-        added = [base.with_partition(i) for i in range(have, n)]
+        n = have + len(added)
         try:
             keys = _claim_name(self, self._client.root.url, added)
         except ProducerBusy as e:

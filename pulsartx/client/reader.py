@@ -17,6 +17,7 @@ from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.message import Message, messages_from_table
+from pulsartx.client.partition_updates import PartitionUpdates
 from pulsartx.exceptions import AlreadyClosed, InvalidConfiguration, Timeout
 from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
@@ -86,7 +87,8 @@ class Reader:
     @checked_keywords()
     def __init__(self, client: Client, topic: str, start_message_id: MessageId, reader_name: str | None = None,
                  start_message_id_inclusive: bool = False, isolation_level: str = "READ_COMMITTED",
-                 idle_poll_max_interval_ms: int | None = None):
+                 idle_poll_max_interval_ms: int | None = None, auto_update_partitions: bool = True,
+                 auto_update_partitions_interval_ms: int | None = None):
         """Made by :meth:`Client.create_reader`, whose docstring lists the keywords."""
         self._made = forks.stamp()
         self._idle = IdleWait(idle_poll_max_interval_ms, client.root)
@@ -98,14 +100,30 @@ class Reader:
         self._topic = str(TopicName.parse(topic))
         self._name = reader_name
         self._isolation = check_isolation(isolation_level)
-        parts = client.admin.partitions_of(topic)
+        self._updates = PartitionUpdates(client.admin, topic, auto_update_partitions, auto_update_partitions_interval_ms)
+        parts = self._updates.partitions
         partitioned = is_partitioned(topic, len(parts))
         self._fetchers = [PartitionFetcher(client, p, self._isolation, message_topic(p, partitioned)) for p in parts]
         self._closed = False
         self._inclusive = start_message_id_inclusive
         if len(self._fetchers) > 1 and not (start_message_id.is_earliest or start_message_id.is_latest):
             raise InvalidConfiguration(self._one_partitions_start(start_message_id))
-        self.seek(start_message_id)
+        self._position(start_message_id)
+
+    def _follow_growth(self) -> None:
+        """Read the partitions a growth of the topic added, each from its first message: they were
+        all sent after this reader began (the partition did not exist), whatever position it
+        started at. Called by the reading thread (a reader is used by one at a time)."""
+        added = self._updates.added(len(self._fetchers))
+        if not added:
+            return
+        fetchers = self._fetchers + [PartitionFetcher(self._client, p, self._isolation, message_topic(p, True))
+                                     for p in added]
+        if len(self._fetchers) == 1 and not is_partitioned(self._topic, 1):
+            # One partition addressed by the topic's name was "non-partitioned"; from now on every
+            # message carries its partition's name, as all of a partitioned topic's do.
+            self._fetchers[0].message_topic = message_topic(self._fetchers[0].topic, True)
+        self._fetchers = fetchers
 
     def _one_partitions_start(self, message_id: MessageId) -> str:
         """Why a reader of several partitions does not start at one message's id, and what to do.
@@ -135,6 +153,11 @@ class Reader:
         and leaves the others where they are, as Pulsar's multi-topic seek to a ``TopicMessageId``
         does: an id says nothing about where the other partitions should be."""
         forks.check(self._made, self._describe)
+        if self._updates.enabled:  # a growth not seen yet: its partitions are positioned by this seek too
+            self._follow_growth()
+        self._position(message_id)
+
+    def _position(self, message_id: MessageId | int) -> None:
         by_time = isinstance(message_id, int) and not isinstance(message_id, bool)
         if not by_time and not isinstance(message_id, MessageId):
             raise InvalidConfiguration(f"seek({message_id!r}): give a MessageId (MessageId.earliest, "
@@ -160,10 +183,14 @@ class Reader:
 
     def has_message_available(self) -> bool:
         self._check_open()
+        if self._updates.due():
+            self._follow_growth()
         return any(f.buffer for f in self._fetchers) or any(f.fill() for f in self._fetchers)
 
     def _ready(self) -> list[PartitionFetcher]:
         """Fetchers with a message buffered. When none has one, every partition is checked."""
+        if self._updates.due():
+            self._follow_growth()
         ready = [f for f in self._fetchers if f.buffer]
         now = time.monotonic()
         for f in self._fetchers:
