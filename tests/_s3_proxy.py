@@ -38,33 +38,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def moto_server(timeout_s: float = 30.0) -> Iterator[str]:
-    """A moto S3 server on a free local port for the duration; yields its URL. moto enforces
-    conditional puts (``If-None-Match: *`` answers 412 on an existing key), which Delta commits on
-    S3 rely on."""
-    port = free_port()
+def start_moto(port: int, timeout_s: float = 30.0) -> subprocess.Popen:
+    """A moto S3 server on ``port``, once it answers. moto enforces conditional puts
+    (``If-None-Match: *`` answers 412 on an existing key), which Delta commits on S3 rely on, and
+    keeps data in memory only: started again on the same port, it is a store that lost everything."""
     server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1)
+            return server
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise
+            time.sleep(0.1)
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
+
+
+@contextlib.contextmanager
+def moto_server(timeout_s: float = 30.0) -> Iterator[str]:
+    """A moto S3 server (:func:`start_moto`) on a free local port for the duration; yields its URL."""
+    port = free_port()
+    server = start_moto(port, timeout_s)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(server)
 
 
 @dataclass

@@ -16,12 +16,10 @@ import io
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -243,36 +241,15 @@ SECRET = f"pulsartxSECRET{uuid.uuid4().hex}"
 TOKEN = f"pulsartxTOKEN{uuid.uuid4().hex}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto():
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        import boto3
+    import boto3
+    from _s3_proxy import moto_server
 
+    with moto_server() as url:
         boto3.client("s3", endpoint_url=url, aws_access_key_id="AKIDPULSARTX", aws_secret_access_key=SECRET,
                      region_name="us-east-1").create_bucket(Bucket="sec")
         yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def _options(endpoint: str) -> dict[str, str]:

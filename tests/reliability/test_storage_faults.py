@@ -18,12 +18,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from _procs import BIG_RETENTION_MS  # tests/ is on sys.path (conftest)
@@ -262,18 +259,9 @@ def test_missing_bucket_is_a_clear_error(rgw_server):
 
 
 def _moto(port: int) -> subprocess.Popen:
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1)
-            return server
-        except OSError:
-            if time.monotonic() > deadline:
-                server.kill()
-                raise
-            time.sleep(0.1)
+    from _s3_proxy import start_moto
+
+    return start_moto(port)
 
 
 def test_bucket_lost_under_a_live_client_is_a_clear_error():
