@@ -412,7 +412,13 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         (:meth:`_planned_table_gone`): moving the new topic's cursor to the old topic's offset would
         acknowledge messages nobody read."""
         recorded = _table(end, p)
-        if recorded is None or recorded == self._log(p).table_id:
+        if recorded is None:
+            return True
+        try:
+            current = self._log(p).table_id
+        except TopicNotFound:  # deleted since, in a process that never loaded it: no subscription to move
+            return False
+        if recorded == current:
             return True
         log.warning("%s was re-created after offset %s was planned: its subscription is not moved there", p,
                     _get(end, p))

@@ -343,3 +343,28 @@ def test_a_commit_whose_end_names_a_replaced_table_leaves_the_new_topics_subscri
         got = [m.data() for m in consumer.batch_receive(10, 2000)]
         assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
         consumer.close()
+
+
+def test_a_restarted_source_commits_a_batch_whose_end_names_a_deleted_topic(tmp_path: Path) -> None:
+    """On a restart Spark commits the last batch's end (``commit`` of batch N while constructing
+    N+1) in a source process that never loaded its partitions. A topic the pattern read and that was
+    deleted since has nothing to move (its subscription went with it); its table id, which the end
+    records, must not make the commit load the deleted partition and fail the query with
+    TopicNotFound."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("pd-1", 1)
+        c.admin.create_topic("pd-2", 1)
+        _send(c, "pd-1", 3)
+        _send(c, "pd-2", 3)
+        reader = _reader(root, topicsPattern="pd-.*", subscription="s", startingOffsets="earliest")
+        end, values = _batch(reader, reader.initialOffset())
+        assert sorted(values) == [b"m0", b"m0", b"m1", b"m1", b"m2", b"m2"]
+        assert "tableIds" in end["public/default/pd-1"]
+        c.admin.delete_topic("pd-1")
+        restarted = _reader(root, topicsPattern="pd-.*", subscription="s", startingOffsets="earliest")
+        restarted.latestOffset(end, ReadAllAvailable())  # batch N+1 is planned, then N committed
+        restarted.commit(end)
+        consumer = c.subscribe("pd-2", "s")
+        assert consumer.batch_receive(10, 500) == []  # the live topic's subscription moved past the batch
+        consumer.close()
