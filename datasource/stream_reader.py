@@ -57,7 +57,7 @@ from pulsartx.buffer.reads import resolved_filter
 from pulsartx.client.transaction import run_beside
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import InvalidConfiguration, StorageError, TopicNotFound
-from pulsartx.log.partition import PartitionLog
+from pulsartx.log.partition import PartitionLog, partition_segments
 from pulsartx.naming import TopicName
 from pulsartx.storage import delta
 from pulsartx.subscription.store import shared_store
@@ -400,9 +400,9 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         as the sink's commit acknowledges them). The hand-off record goes once every one ended."""
         if self.opts.subscription is None:
             return
-        targets = [(p, off) for topic, parts in end.items() for part, off in positions(parts).items()
-                   if off > 0 and self._same_table(p := TopicName.parse(topic).with_partition(int(part)), end)]
-        behind = delta.read_each(self.root, self._behind, targets, "pulsartx-source-commit")
+        targets = [(TopicName.parse(topic).with_partition(int(part)), off)
+                   for topic, parts in end.items() for part, off in positions(parts).items() if off > 0]
+        behind = delta.read_each(self.root, partial(self._behind, end=end), targets, "pulsartx-source-commit")
         run_beside([partial(self._move, p, off) for (p, off), b in zip(targets, behind, strict=True) if b])
         handoff.forget(self.root, self.opts.subscription, end)
 
@@ -410,16 +410,28 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Whether ``end``'s offset for ``p`` is on the partition's current table (or names none).
         A batch planned on a topic re-created since read nothing of the new one
         (:meth:`_planned_table_gone`): moving the new topic's cursor to the old topic's offset would
-        acknowledge messages nobody read."""
+        acknowledge messages nobody read. The id is read from the table's first commit, not taken
+        from the partition's log: that one is checked at most every INCARNATION_CHECK_S, and a topic
+        re-created while the batch ran is committed within that. Asked only of a partition whose
+        cursor is to move (one small read beside the cursor's, as the sink's acknowledgement does)."""
         recorded = _table(end, p)
-        if recorded is None or recorded == self._log(p).table_id:
+        if recorded is None:
+            return True
+        current = delta.LogTail(self.root, partition_segments(p)).table_id()
+        if current is None:  # no version 0: cleaned up after a checkpoint (the log knows the id), or deleted
+            try:
+                current = self._log(p).table_id
+            except TopicNotFound:  # deleted since, in a process that never loaded it: no subscription to move
+                return False
+        if recorded == current:
             return True
         log.warning("%s was re-created after offset %s was planned: its subscription is not moved there", p,
                     _get(end, p))
         return False
 
-    def _behind(self, target: tuple[TopicName, int]) -> bool:
-        """Whether the partition's cursor exists and is not yet at ``off - 1``.
+    def _behind(self, target: tuple[TopicName, int], end: Offsets | None = None) -> bool:
+        """Whether the partition's cursor exists and is not yet at ``off - 1`` (and, given the
+        batch's ``end``, whether that offset is the partition's current table's: :meth:`_same_table`).
 
         The cursor is read fresh: the sink acknowledged the batch in another process, so this
         process's cached state is stale, and an update planned on it attempts a write (a data
@@ -429,7 +441,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not store.exists():
             return False
         cursor = store.cursor()
-        return cursor is None or cursor.deleted or cursor.mark_delete < off - 1
+        behind = cursor is None or cursor.deleted or cursor.mark_delete < off - 1
+        return behind and (end is None or self._same_table(p, end))
 
     def _move(self, p: TopicName, off: int) -> None:
         self._store(p).update(lambda c: c.ack_cumulative(off - 1))

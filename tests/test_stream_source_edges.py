@@ -343,3 +343,52 @@ def test_a_commit_whose_end_names_a_replaced_table_leaves_the_new_topics_subscri
         got = [m.data() for m in consumer.batch_receive(10, 2000)]
         assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
         consumer.close()
+
+
+def test_a_restarted_source_commits_a_batch_whose_end_names_a_deleted_topic(tmp_path: Path) -> None:
+    """On a restart Spark commits the last batch's end (``commit`` of batch N while constructing
+    N+1) in a source process that never loaded its partitions. A topic the pattern read and that was
+    deleted since has nothing to move (its subscription went with it); its table id, which the end
+    records, must not make the commit load the deleted partition and fail the query with
+    TopicNotFound."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("pd-1", 1)
+        c.admin.create_topic("pd-2", 1)
+        _send(c, "pd-1", 3)
+        _send(c, "pd-2", 3)
+        reader = _reader(root, topicsPattern="pd-.*", subscription="s", startingOffsets="earliest")
+        end, values = _batch(reader, reader.initialOffset())
+        assert sorted(values) == [b"m0", b"m0", b"m1", b"m1", b"m2", b"m2"]
+        assert "tableIds" in end["public/default/pd-1"]
+        c.admin.delete_topic("pd-1")
+        restarted = _reader(root, topicsPattern="pd-.*", subscription="s", startingOffsets="earliest")
+        restarted.latestOffset(end, ReadAllAvailable())  # batch N+1 is planned, then N committed
+        restarted.commit(end)
+        consumer = c.subscribe("pd-2", "s")
+        assert consumer.batch_receive(10, 500) == []  # the live topic's subscription moved past the batch
+        consumer.close()
+
+
+def test_a_commit_right_after_a_recreation_leaves_the_new_topics_subscription(tmp_path: Path) -> None:
+    """As above, with the partition log's own incarnation check at its default interval: the topic
+    is re-created while the batch runs, and Spark commits it at once. A table id the log checked up
+    to INCARNATION_CHECK_S ago still names the old table, and the commit moved the new topic's
+    subscription to the old topic's offset: new0..new2 acknowledged, never read."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic("rn", 1)
+        _send(c, "rn", 3)
+        reader = _reader(root, topic="rn", subscription="s", startingOffsets="earliest", failOnDataLoss="false")
+        start = reader.initialOffset()
+        end, values = _batch(reader, start)
+        assert values == [b"m0", b"m1", b"m2"]
+        c.admin.delete_topic("rn")
+        c.admin.create_topic("rn", 1)
+        c.subscribe("rn", "s", initial_position=pulsartx.InitialPosition.Earliest).close()
+        _send(c, "rn", 5, "new")
+        reader.commit(end)
+        consumer = c.subscribe("rn", "s")
+        got = [m.data() for m in consumer.batch_receive(10, 2000)]
+        assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
+        consumer.close()
