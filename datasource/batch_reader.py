@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from pulsartx.storage.root import StorageRoot
 # rather than by maxEntriesPerPartition, while thousands of tiny files still cost few calls.
 READ_GROUP_BYTES = 64 * 1024 * 1024
 READ_GROUP_RECORDS = 100_000
+
+log = logging.getLogger("pulsartx.datasource")
 
 
 @dataclass
@@ -97,16 +100,36 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
     return [g[0] if len(g) == 1 else PackedPartition(tuple(g)) for g in groups if g]
 
 
+def skip_deleted(p: TopicName, lo: int, first: int, fail_on_data_loss: bool, asked: str) -> int:
+    """Where a read of ``p`` asked to start at ``lo`` (``asked`` says who asked) starts, when
+    retention has deleted the partition's offsets below ``first``: an error naming the partition,
+    the lost offsets and failOnDataLoss, or with failOnDataLoss=false ``first``, with a warning.
+    Batch reads and streams alike, as Spark's Kafka source: clamped in silence, a read returns
+    fewer messages than asked for with nothing to say so."""
+    if lo >= first:
+        return lo
+    if fail_on_data_loss:
+        raise InvalidConfiguration(
+            f"data loss on {p}: offsets {lo}..{first - 1} were deleted (retention) before {asked}; the partition "
+            f"now starts at {first}: set option failOnDataLoss=false to skip them")
+    log.warning("data loss on %s: skipping deleted offsets %d..%d", p, lo, first - 1)
+    return first
+
+
 def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, earliest: int,
-                  latest: int, offset_at_time: Callable[[int], int]) -> tuple[int, int]:
+                  latest: int, offset_at_time: Callable[[int], int], fail_on_data_loss: bool = True
+                  ) -> tuple[int, int]:
     """The offsets to read on one partition, clamped to what exists now. Offsets past the end are
-    clamped rather than waited for: a batch read is a snapshot. ``offset_at_time`` resolves a
-    publish time (``startingTimestamp`` and its kin) to an offset."""
+    clamped rather than waited for: a batch read is a snapshot. A start below ``earliest`` (deleted
+    by retention) is data loss: :func:`skip_deleted`. ``offset_at_time`` resolves a publish time
+    (``startingTimestamp`` and its kin) to an offset."""
     s, e = starting.position(topic, offset_at_time), ending.position(topic, offset_at_time)
     if s >= 0 and e >= 0 and s > e:
         raise InvalidConfiguration(
             f"options {starting.source(topic)}/{ending.source(topic)}: partition {topic} starts at {s}, after its "
             f"end {e}; the start must not be after the end")
+    if s >= 0 and s != e:  # an empty range asks for nothing, deleted or not
+        s = skip_deleted(topic, s, earliest, fail_on_data_loss, f"this read (option {starting.source(topic)} starts it at {s})")
     start = earliest if s == EARLIEST else latest if s == LATEST else s
     end = latest if e == LATEST else earliest if e == EARLIEST else e
     start = min(max(start, earliest), latest)
@@ -166,7 +189,7 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
             spec.check_table(p, plogs[str(p)].table_id)
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
         start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit,
-                                   plogs[str(p)].offset_at_time)
+                                   plogs[str(p)].offset_at_time, opts.fail_on_data_loss)
         if pushed is not None:
             start, end = pushed.clamp(start, end)
         ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition,
