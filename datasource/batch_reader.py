@@ -23,10 +23,11 @@ from pulsartx.datasource.offsets import EARLIEST, LATEST, OffsetSpec
 from pulsartx.datasource.options import PulsarTxOptions
 from pulsartx.datasource.pushdown import Pushed, push
 from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
-from pulsartx.datasource.topics import partitions_to_read
+from pulsartx.datasource.topics import load_listed, partitions_to_read
 from pulsartx.datasource.visibility import READ_COMMITTED, Visibility, plan_visibility, visible_records
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, StorageError
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.partition import PartitionLog, partition_segments, read_files
@@ -176,10 +177,25 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     # the filtered read would return rows the same query without pushdown does not
     # (docs/design/pushed-filters-keep-the-cut.md).
     plogs = {str(p): PartitionLog(root, p) for p in partitions}
+    listed = partitions
     if pushed is not None:
         partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     planned: list[OffsetRangePartition] = []
-    indexes = {str(p): plogs[str(p)].refresh() for p in partitions}
+    # Every log the plan reads is loaded here, the cut's too: a topic a pattern matched that was
+    # deleted since it was listed is left out whole, as partitions_to_read leaves it out a moment
+    # earlier, instead of failing the read.
+    admin, gone = TopicsAdmin(root), set()
+    indexes: dict[str, FileIndex] = {}
+    for p in listed if opts.isolation_level == READ_COMMITTED else partitions:
+        if p.base not in gone:
+            index = load_listed(admin, opts.selection, p, plogs[str(p)].refresh)
+            if index is None:
+                log.info("topic %s was deleted while this read was planned: it is left out", p.base)
+                gone.add(p.base)
+            else:
+                indexes[str(p)] = index
+    partitions = [p for p in partitions if p.base not in gone]
+    plogs = {k: v for k, v in plogs.items() if v.topic.base not in gone}
     cut = plogs if opts.isolation_level == READ_COMMITTED else {str(p): plogs[str(p)] for p in partitions}
     visibilities = plan_visibility(root, cut, opts.isolation_level)
     for p in partitions:

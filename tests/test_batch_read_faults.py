@@ -284,3 +284,57 @@ def test_a_starting_offset_deleted_by_retention_is_skipped_without_fail_on_data_
     for start in ("earliest", '{"t":{"0":10}}', '{"t":{"0":-2}}'):
         r, parts = plan(root, startingOffsets=start)
         assert values(r, parts) == sorted(b"new%d" % i for i in range(5)), start
+
+
+def _delete_when_its_log_is_first_loaded(monkeypatch: pytest.MonkeyPatch, client: Client, topic: str) -> list[str]:
+    """Deletes ``topic`` just before the planner first loads one of its partitions' logs: after the
+    partition listing, before the load. Returns the topics deleted so far (for the test to check)."""
+    from pulsartx.log.partition import PartitionLog
+
+    original = PartitionLog.refresh
+    deleted: list[str] = []
+
+    def refresh(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        if self.topic.base.local_name == topic and not deleted:
+            deleted.append(topic)
+            client.admin.delete_topic(topic)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionLog, "refresh", refresh)
+    return deleted
+
+
+@pytest.mark.parametrize("isolation", ["READ_COMMITTED", "READ_UNCOMMITTED"])
+def test_a_topic_a_pattern_matched_deleted_before_its_log_is_loaded_is_left_out(
+        monkeypatch: pytest.MonkeyPatch, client: Client, root: str, isolation: str) -> None:
+    """A ``topicsPattern`` read lists the topics and their partitions, then loads each partition's
+    log. A topic deleted in between failed the whole read ("topic partition ... does not exist"),
+    though one deleted a moment earlier is left out: it is now left out here too."""
+    for name in ("pa", "pb"):
+        client.admin.create_topic(name, 2)
+        with client.create_producer(name) as p:
+            p.send(name.encode())
+    assert client.flush()
+    deleted = _delete_when_its_log_is_first_loaded(monkeypatch, client, "pb")
+    r = PulsarTxBatchReader(parse_options({"service.url": root, "topicsPattern": "p[ab]",
+                                           "isolationLevel": isolation}))
+    parts = r.partitions()
+    assert deleted == ["pb"]
+    assert {(p.topic, p.partition) for p in parts} == {("persistent://public/default/pa", 0),
+                                                       ("persistent://public/default/pa", 1)}
+    assert values(r, parts) == [b"pa"]
+
+
+def test_a_named_topic_deleted_before_its_log_is_loaded_fails_the_read(
+        monkeypatch: pytest.MonkeyPatch, client: Client, root: str) -> None:
+    """``topics`` names its topics: one deleted while the read is planned fails it as one deleted
+    just before would (TopicNotFound), rather than returning the others as if it were complete."""
+    from pulsartx.exceptions import TopicNotFound
+
+    for name in ("pa", "pb"):
+        client.admin.create_topic(name, 1)
+    deleted = _delete_when_its_log_is_first_loaded(monkeypatch, client, "pb")
+    r = PulsarTxBatchReader(parse_options({"service.url": root, "topics": "pa,pb"}))
+    with pytest.raises(TopicNotFound, match="pb"):
+        r.partitions()
+    assert deleted == ["pb"]

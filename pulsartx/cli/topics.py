@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 
+from pulsartx.admin.topics import unless_deleted
 from pulsartx.cli.common import emit, emit_tables, get_client
-from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import TopicName
 from pulsartx.observe.render import FORMATS, write
 from pulsartx.observe.timeline import DEFAULT_LAST, partition_timeline
@@ -58,10 +59,9 @@ def topics_list(ctx: click.Context, namespace: str | None) -> None:
     admin = get_client(ctx).admin
     rows = []
     for t in admin.list_topics(namespace):
-        try:
-            rows.append({"topic": t, "partitions": admin.get_partitions(t)})
-        except TopicNotFound:  # deleted by another process since it was listed
-            continue
+        n = unless_deleted(admin, t, partial(admin.get_partitions, t))
+        if n is not None:  # else deleted by another process since it was listed
+            rows.append({"topic": t, "partitions": n})
     emit(ctx, rows, ["topic", "partitions"])
 
 
