@@ -34,9 +34,11 @@ from pulsartx.log.partition import forget_shared, partition_segments, partition_
 from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.maintenance.merging import wait_for_background_writes
 from pulsartx.naming import TopicName, parse_namespace
-from pulsartx.observe.stats import partition_stats, subscription_extras
+from pulsartx.observe.failures import one_line, unreadable_row
+from pulsartx.observe.stats import PARTITION_STATS_KEYS, partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.cli_command import cli_command
+from pulsartx.storage.retry import StorageUnavailable
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores, shared_store
 
@@ -284,27 +286,44 @@ class TopicsAdmin:
         included), messages and markers apart, files and bytes, maxReadPosition and the transaction
         holding it back, the transaction buffer's counts, producers, publish/consume rates, and
         each subscription's cursor, backlog (``end offset - (markDeletePosition + 1)`` minus the
-        offsets acknowledged individually above it), type, consumers and unacked messages."""
+        offsets acknowledged individually above it), type, consumers and unacked messages.
+
+        A partition whose table cannot be read (a damaged or missing commit file) is a row with
+        the same fields, empty (no producers, no subscriptions), and an ``error`` naming it,
+        logged at WARNING: the other partitions are still returned, as the coordinator views
+        list the readable TCs beside an unreadable one. An unreachable store still raises."""
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
         now = int(time.time() * 1000)
         out = []
         for p in parts:
-            row = partition_stats(self.root, p, self._stats_coordinators, now)
-            subs: dict[str, dict[str, Any]] = {}
-            for name in names:
-                store = SubscriptionStore(self.root, p, name)
-                c = live_cursor(store)
-                if c is None:
-                    continue
-                subs[name] = {"markDeletePosition": c.mark_delete,
-                              "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
-                              "backlog": cursor_backlog(c, row["startOffset"], row["endOffset"]),
-                              **subscription_extras(self.root, p, name, store, c, now)}
-            row["msgRateOut"] = round(sum(s["msgRateOut"] for s in subs.values()), 3)
-            row["subscriptions"] = subs
+            try:
+                row = self._partition_stats(p, names, now)
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # one damaged partition must not hide the others
+                error = one_line(e)
+                log.warning("partition %s cannot be read; topic stats list it without figures: %s", p, error)
+                row = unreadable_row((*PARTITION_STATS_KEYS, "msgRateOut"), error, partition=str(p), producers=[],
+                                     subscriptions={})
             out.append(row)
         return out
+
+    def _partition_stats(self, p: TopicName, names: list[str], now: int) -> dict[str, Any]:
+        row = partition_stats(self.root, p, self._stats_coordinators, now)
+        subs: dict[str, dict[str, Any]] = {}
+        for name in names:
+            store = SubscriptionStore(self.root, p, name)
+            c = live_cursor(store)
+            if c is None:
+                continue
+            subs[name] = {"markDeletePosition": c.mark_delete,
+                          "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
+                          "backlog": cursor_backlog(c, row["startOffset"], row["endOffset"]),
+                          **subscription_extras(self.root, p, name, store, c, now)}
+        row["msgRateOut"] = round(sum(s["msgRateOut"] for s in subs.values()), 3)
+        row["subscriptions"] = subs
+        return row
 
     def _stats_coordinators(self) -> Coordinators:
         """The TCs that name a blocking transaction: the client's when there is one."""
