@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +23,11 @@ from pulsartx.datasource.offsets import EARLIEST, LATEST, OffsetSpec
 from pulsartx.datasource.options import PulsarTxOptions
 from pulsartx.datasource.pushdown import Pushed, push
 from pulsartx.datasource.schema import FULL, Projection, spark_batches, to_spark_table
-from pulsartx.datasource.topics import partitions_to_read
+from pulsartx.datasource.topics import load_listed, partitions_to_read
 from pulsartx.datasource.visibility import READ_COMMITTED, Visibility, plan_visibility, visible_records
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import CorruptedLog, InvalidConfiguration, StorageError
 from pulsartx.log.index import DataFile, FileIndex
 from pulsartx.log.partition import PartitionLog, partition_segments, read_files
@@ -37,6 +39,8 @@ from pulsartx.storage.root import StorageRoot
 # rather than by maxEntriesPerPartition, while thousands of tiny files still cost few calls.
 READ_GROUP_BYTES = 64 * 1024 * 1024
 READ_GROUP_RECORDS = 100_000
+
+log = logging.getLogger("pulsartx.datasource")
 
 
 @dataclass
@@ -97,16 +101,36 @@ def pack_ranges(ranges: Sequence[OffsetRangePartition], min_entries: int, max_en
     return [g[0] if len(g) == 1 else PackedPartition(tuple(g)) for g in groups if g]
 
 
+def skip_deleted(p: TopicName, lo: int, first: int, fail_on_data_loss: bool, asked: str) -> int:
+    """Where a read of ``p`` asked to start at ``lo`` (``asked`` says who asked) starts, when
+    retention has deleted the partition's offsets below ``first``: an error naming the partition,
+    the lost offsets and failOnDataLoss, or with failOnDataLoss=false ``first``, with a warning.
+    Batch reads and streams alike, as Spark's Kafka source: clamped in silence, a read returns
+    fewer messages than asked for with nothing to say so."""
+    if lo >= first:
+        return lo
+    if fail_on_data_loss:
+        raise InvalidConfiguration(
+            f"data loss on {p}: offsets {lo}..{first - 1} were deleted (retention) before {asked}; the partition "
+            f"now starts at {first}: set option failOnDataLoss=false to skip them")
+    log.warning("data loss on %s: skipping deleted offsets %d..%d", p, lo, first - 1)
+    return first
+
+
 def resolve_range(topic: TopicName, starting: OffsetSpec, ending: OffsetSpec, earliest: int,
-                  latest: int, offset_at_time: Callable[[int], int]) -> tuple[int, int]:
+                  latest: int, offset_at_time: Callable[[int], int], fail_on_data_loss: bool = True
+                  ) -> tuple[int, int]:
     """The offsets to read on one partition, clamped to what exists now. Offsets past the end are
-    clamped rather than waited for: a batch read is a snapshot. ``offset_at_time`` resolves a
-    publish time (``startingTimestamp`` and its kin) to an offset."""
+    clamped rather than waited for: a batch read is a snapshot. A start below ``earliest`` (deleted
+    by retention) is data loss: :func:`skip_deleted`. ``offset_at_time`` resolves a publish time
+    (``startingTimestamp`` and its kin) to an offset."""
     s, e = starting.position(topic, offset_at_time), ending.position(topic, offset_at_time)
     if s >= 0 and e >= 0 and s > e:
         raise InvalidConfiguration(
             f"options {starting.source(topic)}/{ending.source(topic)}: partition {topic} starts at {s}, after its "
             f"end {e}; the start must not be after the end")
+    if s >= 0 and s != e:  # an empty range asks for nothing, deleted or not
+        s = skip_deleted(topic, s, earliest, fail_on_data_loss, f"this read (option {starting.source(topic)} starts it at {s})")
     start = earliest if s == EARLIEST else latest if s == LATEST else s
     end = latest if e == LATEST else earliest if e == EARLIEST else e
     start = min(max(start, earliest), latest)
@@ -153,10 +177,25 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
     # the filtered read would return rows the same query without pushdown does not
     # (docs/design/pushed-filters-keep-the-cut.md).
     plogs = {str(p): PartitionLog(root, p) for p in partitions}
+    listed = partitions
     if pushed is not None:
         partitions = [p for p in partitions if pushed.allows_partition(str(p.base), p.partition)]
     planned: list[OffsetRangePartition] = []
-    indexes = {str(p): plogs[str(p)].refresh() for p in partitions}
+    # Every log the plan reads is loaded here, the cut's too: a topic a pattern matched that was
+    # deleted since it was listed is left out whole, as partitions_to_read leaves it out a moment
+    # earlier, instead of failing the read.
+    admin, gone = TopicsAdmin(root), set()
+    indexes: dict[str, FileIndex] = {}
+    for p in listed if opts.isolation_level == READ_COMMITTED else partitions:
+        if p.base not in gone:
+            index = load_listed(admin, opts.selection, p, plogs[str(p)].refresh)
+            if index is None:
+                log.info("topic %s was deleted while this read was planned: it is left out", p.base)
+                gone.add(p.base)
+            else:
+                indexes[str(p)] = index
+    partitions = [p for p in partitions if p.base not in gone]
+    plogs = {k: v for k, v in plogs.items() if v.topic.base not in gone}
     cut = plogs if opts.isolation_level == READ_COMMITTED else {str(p): plogs[str(p)] for p in partitions}
     visibilities = plan_visibility(root, cut, opts.isolation_level)
     for p in partitions:
@@ -166,7 +205,7 @@ def plan_partitions(root: StorageRoot, opts: PulsarTxOptions, pushed: Pushed | N
             spec.check_table(p, plogs[str(p)].table_id)
         limit = index.end_offset if visibility.read_limit is None else min(index.end_offset, visibility.read_limit)
         start, end = resolve_range(p, opts.starting_offsets, opts.ending_offsets, index.start_offset, limit,
-                                   plogs[str(p)].offset_at_time)
+                                   plogs[str(p)].offset_at_time, opts.fail_on_data_loss)
         if pushed is not None:
             start, end = pushed.clamp(start, end)
         ranges = range_partitions(p, index, visibility, start, end, opts.max_entries_per_partition,

@@ -119,9 +119,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("minEntriesPerTask", frozenset({READ_STREAM}), "integer >= 0",
                "A micro-batch's smaller partition ranges share a task of about this many entries; `0`: one "
                "task per partition range.", default=50_000, minimum=0),
-    OptionSpec("failOnDataLoss", frozenset({READ_STREAM}), "boolean",
+    OptionSpec("failOnDataLoss", _READS, "boolean",
                "Fail when offsets the query has not read were deleted (retention) or its topic was "
-               "re-created; `false` skips to what is there.", default=True),
+               "re-created; `false` skips to what is there, with a warning. A batch read fails (or skips) "
+               "when a `startingOffsets` offset lies below its partition's first offset, as in Spark's "
+               "Kafka source.", default=True),
     OptionSpec("isolationLevel", _READS, "`READ_COMMITTED` or `READ_UNCOMMITTED`",
                "`READ_COMMITTED` returns only committed messages; `READ_UNCOMMITTED` also open and aborted "
                "ones.", default="READ_COMMITTED"),

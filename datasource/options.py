@@ -55,6 +55,7 @@ STARTING_OFFSETS_BY_TIMESTAMP = spec("startingOffsetsByTimestamp").name
 ENDING_TIMESTAMP = spec("endingTimestamp").name
 ISOLATION_LEVEL = spec("isolationLevel").name
 MAX_ENTRIES_PER_PARTITION = spec("maxEntriesPerPartition").name
+FAIL_ON_DATA_LOSS = spec("failOnDataLoss").name
 PATHS = "paths"  # what Spark sets for load([a, b])
 
 ISOLATION_LEVELS = ("READ_COMMITTED", "READ_UNCOMMITTED")
@@ -84,6 +85,8 @@ class PulsarTxOptions:
     ending_offsets: OffsetSpec
     isolation_level: str
     max_entries_per_partition: int
+    # Offsets asked for but deleted by retention fail the read (True) or are skipped with a warning.
+    fail_on_data_loss: bool = True
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -218,6 +221,7 @@ def parse_options(options: Mapping[str, str], *, require_topic: bool = True, use
                                        ENDING_TIMESTAMP, opts.get(ENDING_TIMESTAMP.lower())),
         isolation_level=parse_isolation(opts),
         max_entries_per_partition=table_int(opts, MAX_ENTRIES_PER_PARTITION, use),
+        fail_on_data_loss=table_bool(opts, FAIL_ON_DATA_LOSS, use),
     )
 
 
@@ -293,7 +297,6 @@ def parse_write_options(options: Mapping[str, str], use: str = WRITE) -> WriteOp
 
 # ---- streaming options --------------------------------------------------------------------------
 MAX_ENTRIES_PER_TRIGGER = spec("maxEntriesPerTrigger").name
-FAIL_ON_DATA_LOSS = spec("failOnDataLoss").name
 SUBSCRIPTION = spec("subscription").name
 TRANSACTION_KEY = spec("transactionKey").name
 CHECKPOINT_LOCATION = spec("checkpointLocation").name
@@ -334,6 +337,6 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     return StreamOptions(
         read=read,
         max_entries_per_trigger=None if limit is None else parse_positive_int(opts, MAX_ENTRIES_PER_TRIGGER, 1),
-        fail_on_data_loss=table_bool(opts, FAIL_ON_DATA_LOSS, READ_STREAM),
+        fail_on_data_loss=read.fail_on_data_loss,
         subscription=sub,
         min_entries_per_task=table_int(opts, MIN_ENTRIES_PER_TASK, READ_STREAM))

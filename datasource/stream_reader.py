@@ -36,6 +36,7 @@ from pulsartx.datasource.batch_reader import (
     pack_ranges,
     range_partitions,
     read_partition,
+    skip_deleted,
 )
 from pulsartx.datasource.errors import spark_facing
 from pulsartx.datasource.offsets import EARLIEST, LATEST
@@ -352,13 +353,8 @@ class PulsarTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if lo is None:
                     lo = index.start_offset
                 lo = self._resume_from(p, lo, lo_table, planning=True)
-                if lo < index.start_offset:
-                    if self.opts.fail_on_data_loss:
-                        raise InvalidConfiguration(
-                            f"data loss on {p}: offsets {lo}..{index.start_offset - 1} were deleted (retention) "
-                            "before this query read them; set option failOnDataLoss=false to skip them")
-                    log.warning("data loss on %s: skipping deleted offsets %d..%d", p, lo, index.start_offset - 1)
-                    lo = index.start_offset
+                lo = skip_deleted(p, lo, index.start_offset, self.opts.fail_on_data_loss,
+                                  "this query read them")
                 if hi <= lo:
                     continue
                 if self.opts.read.isolation_level == "READ_COMMITTED":

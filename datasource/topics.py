@@ -5,15 +5,20 @@ Runs on the driver (planner workers) only: it reads topic metadata from the stor
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 from pulsartx.datasource.options import TopicSelection
 
-from pulsartx.admin.topics import TopicsAdmin
+from pulsartx.admin.topics import TopicsAdmin, unless_deleted
 from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import DEFAULT_NAMESPACE, DEFAULT_TENANT, TopicName
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.presence import root_missing
 from pulsartx.storage.root import StorageRoot
+
+T = TypeVar("T")
 
 
 def pattern_matches(pattern: re.Pattern[str], topic: TopicName) -> bool:
@@ -59,13 +64,15 @@ def partitions_to_read(root: StorageRoot, selection: TopicSelection) -> list[Top
     admin = TopicsAdmin(root)
     out: dict[TopicName, None] = {}
     for t in selected_topics(root, selection):
-        try:
-            parts = admin.partitions_of(t)
-        except TopicNotFound:
-            if selection.pattern is None:
-                raise
-            continue
-        for p in parts:
+        parts = load_listed(admin, selection, t, partial(admin.partitions_of, t))
+        for p in parts or ():
             out[p] = None
     return list(out)
+
+
+def load_listed(admin: TopicsAdmin, selection: TopicSelection, topic: TopicName, load: Callable[[], T]) -> T | None:
+    """``load()`` of a topic the read selected, or None for one a pattern matched that was deleted
+    since it was listed (:func:`~pulsartx.admin.topics.unless_deleted`). A topic named by ``topic``
+    or ``topics`` fails instead, as it would had it been deleted before the read began."""
+    return load() if selection.pattern is None else unless_deleted(admin, topic, load)
 

@@ -18,11 +18,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
-from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.observe.failures import RepeatedFailures, one_line
 from pulsartx.storage.retry import StorageUnavailable
@@ -190,6 +190,7 @@ class PulsarTxCollector:
     def _partitions(self, metas_by_tc):
         from prometheus_client.core import GaugeMetricFamily
 
+        from pulsartx.admin.topics import unless_deleted  # a module-level import would be circular
 
         entries = GaugeMetricFamily("pulsartx_partition_entries", "Offsets in the partition log",
                                     labels=["topic", "partition"])
@@ -199,13 +200,14 @@ class PulsarTxCollector:
                                    "Age of the oldest transaction open in the partition", labels=["topic", "partition"])
         starts = {(m.txn_id.most_bits, m.txn_id.least_bits): m.start_ms for ms in metas_by_tc.values() for m in ms}
         now = int(time.time() * 1000)
-        for topic in self.topics if self.topics is not None else self.client.admin.list_topics():
+        admin = self.client.admin
+        for topic in self.topics if self.topics is not None else admin.list_topics():
             try:
-                parts = self.client.admin.partitions_of(topic)
-            except TopicNotFound as e:  # deleted since it was listed; one named in ``topics`` is worth a warning
-                if self.topics is not None:
-                    self._unreadable(f"topic {topic}", e)
-                continue
+                # One named in ``topics`` is missing: worth a warning (below); one listed was deleted since.
+                parts = admin.partitions_of(topic) if self.topics is not None else \
+                    unless_deleted(admin, topic, partial(admin.partitions_of, topic))
+                if parts is None:
+                    continue
             except StorageUnavailable:
                 raise
             except Exception as e:  # its metadata unreadable: the other topics are still reported
@@ -215,10 +217,10 @@ class PulsarTxCollector:
             for p in parts:
                 try:
                     plog = PartitionLog(self.client.root, p)
-                    index = plog.refresh()
-                    state = TransactionBuffer(plog).state()
-                except TopicNotFound:
-                    continue
+                    loaded = unless_deleted(admin, p, lambda plog=plog: (plog.refresh(), TransactionBuffer(plog).state()))
+                    if loaded is None:
+                        continue  # deleted since its topic was listed
+                    index, state = loaded
                 except StorageUnavailable:
                     raise
                 except Exception as e:  # one damaged partition must not fail the whole scrape

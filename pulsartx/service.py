@@ -14,11 +14,12 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from pulsartx.admin.topics import unless_deleted
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import settle
-from pulsartx.exceptions import TopicNotFound
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import merge_small_files
@@ -70,11 +71,12 @@ class CoordinatorService:
             if self._stop.is_set():
                 return
         compact = self.compact_every_passes and self.stats.passes % self.compact_every_passes == 0
-        for topic in self.client.admin.list_topics():
+        admin = self.client.admin
+        for topic in admin.list_topics():
             try:
-                parts = self.client.admin.partitions_of(topic)
-            except TopicNotFound:
-                continue  # deleted since it was listed: nothing of it is left to maintain
+                parts = unless_deleted(admin, topic, partial(admin.partitions_of, topic))
+                if parts is None:
+                    continue  # deleted since it was listed: nothing of it is left to maintain
             except StorageUnavailable:
                 raise
             except Exception as e:  # its metadata unreadable: the topics after it are still maintained

@@ -239,3 +239,102 @@ def test_a_failed_reader_side_abort_while_planning_never_shows_the_expired_trans
     faults.clear()
     r2, parts2 = plan(root)
     assert values(r2, parts2) == [b"a0", b"a1", b"b0", b"b1"]
+
+
+def _retention_removed_offsets_0_to_9(client: Client) -> None:
+    """Topic t, 1 partition: offsets 0..9 in one file, 10..14 in another; retention deletes the first."""
+    from pulsartx.maintenance.retention import apply_retention
+    from pulsartx.naming import TopicName
+
+    client.admin.create_topic("t", 1)
+    with client.create_producer("t") as p:
+        for i in range(10):
+            p.send_async(b"old%d" % i, None)
+        p.flush()
+        for i in range(5):
+            p.send_async(b"new%d" % i, None)
+        p.flush()
+    res = apply_retention(client.root, TopicName.parse("t").with_partition(0), max_age_ms=0, force=True)
+    assert res.new_start_offset == 10
+
+
+def test_a_starting_offset_deleted_by_retention_fails_the_batch_read(client: Client, root: str) -> None:
+    """startingOffsets below the partition's log start was clamped to it in silence: the read
+    returned fewer messages than asked for, with nothing to say so. As Spark's Kafka source (and
+    this source's streams), failOnDataLoss (true by default) fails the read, naming the partition,
+    the offsets and the option."""
+    from pulsartx.exceptions import InvalidConfiguration
+
+    _retention_removed_offsets_0_to_9(client)
+    with pytest.raises(InvalidConfiguration) as ei:
+        plan(root, startingOffsets='{"t":{"0":3}}')
+    msg = str(ei.value)
+    assert "data loss on persistent://public/default/t-partition-0" in msg, msg
+    assert "3..9" in msg and "startingOffsets" in msg and "failOnDataLoss=false" in msg, msg
+
+
+def test_a_starting_offset_deleted_by_retention_is_skipped_without_fail_on_data_loss(
+        client: Client, root: str, caplog: pytest.LogCaptureFixture) -> None:
+    _retention_removed_offsets_0_to_9(client)
+    with caplog.at_level("WARNING", logger="pulsartx.datasource"):
+        r, parts = plan(root, startingOffsets='{"t":{"0":3}}', failOnDataLoss="false")
+    assert values(r, parts) == sorted(b"new%d" % i for i in range(5))
+    assert any("data loss" in m and "3..9" in m for m in caplog.messages), caplog.messages
+    # earliest, or an offset still there, is no data loss either way.
+    for start in ("earliest", '{"t":{"0":10}}', '{"t":{"0":-2}}'):
+        r, parts = plan(root, startingOffsets=start)
+        assert values(r, parts) == sorted(b"new%d" % i for i in range(5)), start
+
+
+def _delete_when_its_log_is_first_loaded(monkeypatch: pytest.MonkeyPatch, client: Client, topic: str) -> list[str]:
+    """Deletes ``topic`` just before the planner first loads one of its partitions' logs: after the
+    partition listing, before the load. Returns the topics deleted so far (for the test to check)."""
+    from pulsartx.log.partition import PartitionLog
+
+    original = PartitionLog.refresh
+    deleted: list[str] = []
+
+    def refresh(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        if self.topic.base.local_name == topic and not deleted:
+            deleted.append(topic)
+            client.admin.delete_topic(topic)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionLog, "refresh", refresh)
+    return deleted
+
+
+@pytest.mark.parametrize("isolation", ["READ_COMMITTED", "READ_UNCOMMITTED"])
+def test_a_topic_a_pattern_matched_deleted_before_its_log_is_loaded_is_left_out(
+        monkeypatch: pytest.MonkeyPatch, client: Client, root: str, isolation: str) -> None:
+    """A ``topicsPattern`` read lists the topics and their partitions, then loads each partition's
+    log. A topic deleted in between failed the whole read ("topic partition ... does not exist"),
+    though one deleted a moment earlier is left out: it is now left out here too."""
+    for name in ("pa", "pb"):
+        client.admin.create_topic(name, 2)
+        with client.create_producer(name) as p:
+            p.send(name.encode())
+    assert client.flush()
+    deleted = _delete_when_its_log_is_first_loaded(monkeypatch, client, "pb")
+    r = PulsarTxBatchReader(parse_options({"service.url": root, "topicsPattern": "p[ab]",
+                                           "isolationLevel": isolation}))
+    parts = r.partitions()
+    assert deleted == ["pb"]
+    assert {(p.topic, p.partition) for p in parts} == {("persistent://public/default/pa", 0),
+                                                       ("persistent://public/default/pa", 1)}
+    assert values(r, parts) == [b"pa"]
+
+
+def test_a_named_topic_deleted_before_its_log_is_loaded_fails_the_read(
+        monkeypatch: pytest.MonkeyPatch, client: Client, root: str) -> None:
+    """``topics`` names its topics: one deleted while the read is planned fails it as one deleted
+    just before would (TopicNotFound), rather than returning the others as if it were complete."""
+    from pulsartx.exceptions import TopicNotFound
+
+    for name in ("pa", "pb"):
+        client.admin.create_topic(name, 1)
+    deleted = _delete_when_its_log_is_first_loaded(monkeypatch, client, "pb")
+    r = PulsarTxBatchReader(parse_options({"service.url": root, "topics": "pa,pb"}))
+    with pytest.raises(TopicNotFound, match="pb"):
+        r.partitions()
+    assert deleted == ["pb"]

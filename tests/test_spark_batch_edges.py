@@ -171,3 +171,26 @@ def test_job_failing_before_its_write_stage_leaves_no_open_transaction(spark: An
     assert open_txns(client) == []
     assert {m.status.value for m in txns(root).values()} <= {"ABORTED"}
     assert data_count(root, "fs") == 0
+
+
+def test_a_starting_offset_deleted_by_retention_fails_the_read_or_is_skipped(spark: Any, client: Any,
+                                                                              root: str) -> None:
+    """``startingOffsets`` below what retention left was clamped in silence: a batch read returned
+    fewer rows than asked for. As Spark's Kafka source, failOnDataLoss (default true) fails it,
+    naming the partition, the deleted offsets and the option; false reads from what is left."""
+    from pulsartx.maintenance.retention import apply_retention
+    from pulsartx.naming import TopicName
+
+    client.admin.create_topic("dl", 1)
+    with client.create_producer("dl") as p:
+        for batch in ("old", "new"):
+            for i in range(4):
+                p.send_async(f"{batch}{i}".encode(), None)
+            p.flush()
+    assert apply_retention(client.root, TopicName.parse("dl").with_partition(0), max_age_ms=0,
+                           force=True).new_start_offset == 4
+    msg = error_of(lambda: read(spark, root, topic="dl", startingOffsets='{"dl":{"0":1}}').collect())
+    assert "data loss on persistent://public/default/dl-partition-0: offsets 1..3" in msg, msg[-2000:]
+    assert "failOnDataLoss=false" in msg, msg[-2000:]
+    df = read(spark, root, topic="dl", startingOffsets='{"dl":{"0":1}}', failOnDataLoss="false")
+    assert sorted(bytes(r[0]) for r in df.select("value").collect()) == [b"new0", b"new1", b"new2", b"new3"]

@@ -318,3 +318,32 @@ def test_a_marker_not_found_by_a_lagging_listing_is_retried_not_skipped(tmp_path
         assert missed == ["persistent://public/default/t-partition-0"]
         assert committed_values(c, "t") == [b"m"]
         assert [s["markers"] for s in c.admin.topic_stats("t")] == [1]
+
+
+def test_a_load_is_skipped_only_when_its_topic_was_deleted_since_it_was_listed(tmp_path):
+    """``unless_deleted`` is what every listing walker (topicsPattern reads, the coordinator
+    service, metrics, the CLI) uses to go on past a topic deleted under it. A partition table
+    missing under a topic that still exists is damage, not a delete: it must still fail, or a
+    read would return the other partitions as if they were the whole topic."""
+    import shutil
+
+    from pulsartx.admin.topics import unless_deleted
+    from pulsartx.exceptions import TopicNotFound
+    from pulsartx.log.partition import PartitionLog, partition_segments
+
+    client = pulsartx.Client(str(tmp_path / "root"))
+    admin = client.admin
+    for name in ("gone", "damaged"):
+        admin.create_topic(name, 2)
+    gone = admin.partitions_of("gone")
+    admin.delete_topic("gone")
+    assert unless_deleted(admin, gone[1], PartitionLog(client.root, gone[1]).refresh) is None
+    assert unless_deleted(admin, "gone", lambda: admin.partitions_of("gone")) is None
+    damaged = admin.partitions_of("damaged")[1]
+    shutil.rmtree(tmp_path / "root" / "/".join(partition_segments(damaged)))
+    with pytest.raises(TopicNotFound, match="damaged-partition-1"):
+        unless_deleted(admin, damaged, PartitionLog(client.root, damaged).refresh)
+    with pytest.raises(TopicNotFound, match="0..1"):  # a partition index past the count is no delete
+        unless_deleted(admin, "damaged-partition-5", lambda: admin.partitions_of("damaged-partition-5"))
+    assert unless_deleted(admin, "damaged", lambda: 42) == 42
+    client.close()

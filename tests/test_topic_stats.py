@@ -161,3 +161,73 @@ def test_a_blocking_transaction_whose_tc_log_cannot_be_read_says_so(tmp_path) ->
     table = CliRunner().invoke(cli, ["--service-url", root, "topics", "stats", "st"]).stdout.splitlines()
     heads = next(line for line in table if line.startswith("PARTITION  ONGOING_TXN_COUNT"))
     assert heads.split()[-1] == "ERROR", table
+
+
+def _damage(root: str, partition: int, how: str) -> str:
+    """Damage partition ``partition`` of topic dm: its last ``_delta_log`` commit cut in half
+    ("truncated") or removed ("missing"). Returns the damaged commit file's name."""
+    import glob
+    import os
+
+    commits = sorted(glob.glob(os.path.join(root, "topics", "public", "default", "dm", f"partition-{partition}",
+                                            "_delta_log", "*.json")))
+    assert len(commits) > 1, commits
+    if how == "truncated":
+        with open(commits[-1], "r+b") as f:
+            f.truncate(os.path.getsize(commits[-1]) // 2)
+    else:
+        os.remove(commits[-2])
+    return os.path.basename(commits[-1] if how == "truncated" else commits[-2])
+
+
+@pytest.fixture(params=["truncated", "missing"])
+def damaged(request, tmp_path) -> Any:
+    """Topic dm, 3 partitions with two messages each (a commit each), a subscription; partition 1's
+    Delta log damaged, read by a client that never loaded it."""
+    root = str(tmp_path / "root")
+    with pulsartx.Client(root, num_coordinators=1) as c:
+        c.admin.create_topic("dm", 3)
+        c.subscribe("dm", "audit", initial_position=InitialPosition.Earliest).close()
+        for i in range(3):
+            with c.create_producer(f"dm-partition-{i}") as p:
+                p.send(b"first")
+                p.send(b"second")
+    _damage(root, 1, request.param)
+    return root
+
+
+def test_stats_of_a_topic_with_a_damaged_partition_show_the_others_and_name_it(damaged, caplog) -> None:
+    """One partition whose Delta log cannot be read (a commit file cut short or gone) failed
+    ``topic_stats`` as a whole, hiding the healthy partitions from the operator who needs them
+    then. The others are returned as usual; the damaged one is a row with the same fields, empty,
+    and an ``error`` naming it, and a warning names it."""
+    with pulsartx.Client(damaged) as c, caplog.at_level("WARNING"):
+        stats = c.admin.topic_stats("dm")
+    assert [s["partition"] for s in stats] == [f"persistent://public/default/dm-partition-{i}" for i in range(3)]
+    good, bad = [stats[0], stats[2]], stats[1]
+    for s in good:
+        assert (s["messages"], s["endOffset"], "error" in s) == (2, 2, False), s
+        assert list(s["subscriptions"]) == ["audit"]
+    assert set(bad) == set(good[0]) | {"error"}  # the same fields, so tables and JSON line up
+    assert bad["messages"] is None and bad["endOffset"] is None and bad["subscriptions"] == {}
+    assert "dm" in bad["error"] and "partition-1" in bad["error"], bad["error"]
+    assert any("dm-partition-1" in r.getMessage() for r in caplog.records if r.levelname == "WARNING"), caplog.records
+
+
+def test_cli_stats_with_a_damaged_partition_print_the_others_and_exit_non_zero(damaged) -> None:
+    """The CLI prints every table with the healthy partitions and an ERROR column for the damaged
+    one, then says on stderr which partition it could not read and exits with code 2, as before
+    for a script that checks it; ``--json`` stays one JSON document."""
+    import json
+
+    r = CliRunner().invoke(cli, ["--service-url", damaged, "topics", "stats", "dm"])
+    assert r.exit_code == 2, (r.stdout, r.stderr, r.exception)
+    table = r.stdout.splitlines()
+    assert table[0].split()[0] == "PARTITION" and table[0].split()[-1] == "ERROR", table
+    rows = {line.split()[0]: line for line in table[1:4]}
+    assert set(rows) == {"0", "1", "2"} and "partition-1" in rows["1"] and rows["0"].split()[1] == "2", table
+    assert r.stderr.startswith("error: 1 of 3 partitions of dm cannot be read"), r.stderr
+    assert "dm-partition-1" in r.stderr, r.stderr
+    r = CliRunner().invoke(cli, ["--service-url", damaged, "--json", "topics", "stats", "dm"])
+    assert r.exit_code == 2, (r.stdout, r.stderr, r.exception)
+    assert [("error" in s) for s in json.loads(r.stdout)] == [False, True, False]

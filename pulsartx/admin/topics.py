@@ -16,20 +16,29 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pulsartx import forks
 from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
-from pulsartx.exceptions import InvalidConfiguration, StorageError, TopicAlreadyExists, TopicNotFound
+from pulsartx.exceptions import (
+    CorruptedLog,
+    InvalidConfiguration,
+    StorageError,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from pulsartx.log.partition import forget_shared, partition_segments, partition_table_properties
 from pulsartx.log.schema import RECORD_SCHEMA
 from pulsartx.maintenance.merging import wait_for_background_writes
 from pulsartx.naming import TopicName, parse_namespace
-from pulsartx.observe.stats import partition_stats, subscription_extras
+from pulsartx.observe.failures import one_line, unreadable_row
+from pulsartx.observe.stats import PARTITION_STATS_KEYS, partition_stats, subscription_extras
 from pulsartx.storage import delta
 from pulsartx.storage.cli_command import cli_command
+from pulsartx.storage.retry import StorageUnavailable
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import SubscriptionStore, forget_shared_stores, shared_store
 
@@ -41,6 +50,7 @@ MAX_PARTITIONS = 10_000
 # behind a marker (a store whose listings are not read-after-write) never shows this process a
 # count below one it already acted on. One int per incarnation seen.
 _SEEN_COUNTS: forks.ProcessCache[tuple[str, str], int] = forks.ProcessCache()
+T = TypeVar("T")
 
 
 def _topic_dir(t: TopicName) -> tuple[str, ...]:
@@ -276,29 +286,68 @@ class TopicsAdmin:
         included), messages and markers apart, files and bytes, maxReadPosition and the transaction
         holding it back, the transaction buffer's counts, producers, publish/consume rates, and
         each subscription's cursor, backlog (``end offset - (markDeletePosition + 1)`` minus the
-        offsets acknowledged individually above it), type, consumers and unacked messages."""
+        offsets acknowledged individually above it), type, consumers and unacked messages.
+
+        A partition whose table cannot be read (a damaged or missing commit file) is a row with
+        the same fields, empty (no producers, no subscriptions), and an ``error`` naming it,
+        logged at WARNING: the other partitions are still returned, as the coordinator views
+        list the readable TCs beside an unreadable one. An unreachable store still raises."""
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
         now = int(time.time() * 1000)
         out = []
         for p in parts:
-            row = partition_stats(self.root, p, self._stats_coordinators, now)
-            subs: dict[str, dict[str, Any]] = {}
-            for name in names:
-                store = SubscriptionStore(self.root, p, name)
-                c = live_cursor(store)
-                if c is None:
-                    continue
-                subs[name] = {"markDeletePosition": c.mark_delete,
-                              "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
-                              "backlog": cursor_backlog(c, row["startOffset"], row["endOffset"]),
-                              **subscription_extras(self.root, p, name, store, c, now)}
-            row["msgRateOut"] = round(sum(s["msgRateOut"] for s in subs.values()), 3)
-            row["subscriptions"] = subs
+            try:
+                row = self._partition_stats(p, names, now)
+            except StorageUnavailable:
+                raise
+            except Exception as e:  # one damaged partition must not hide the others
+                error = one_line(e)
+                log.warning("partition %s cannot be read; topic stats list it without figures: %s", p, error)
+                row = unreadable_row((*PARTITION_STATS_KEYS, "msgRateOut"), error, partition=str(p), producers=[],
+                                     subscriptions={})
             out.append(row)
         return out
+
+    def _partition_stats(self, p: TopicName, names: list[str], now: int) -> dict[str, Any]:
+        row = partition_stats(self.root, p, self._stats_coordinators, now)
+        subs: dict[str, dict[str, Any]] = {}
+        for name in names:
+            store = SubscriptionStore(self.root, p, name)
+            c = live_cursor(store)
+            if c is None:
+                continue
+            subs[name] = {"markDeletePosition": c.mark_delete,
+                          "individuallyAckedCount": len(c.acked), "pendingAckCount": c.pending_count(),
+                          "backlog": cursor_backlog(c, row["startOffset"], row["endOffset"]),
+                          **subscription_extras(self.root, p, name, store, c, now)}
+        row["msgRateOut"] = round(sum(s["msgRateOut"] for s in subs.values()), 3)
+        row["subscriptions"] = subs
+        return row
 
     def _stats_coordinators(self) -> Coordinators:
         """The TCs that name a blocking transaction: the client's when there is one."""
         client = getattr(self, "client", None)
         return client._coordinators() if client is not None else Coordinators.shared(self.root)
+
+
+def unless_deleted(admin: TopicsAdmin, topic: str | TopicName, load: Callable[[], T]) -> T | None:
+    """``load()``, which reads ``topic``'s metadata or one of its partitions' logs, or None when it
+    failed because the topic was deleted after the caller listed it: every caller that walks a
+    listing (a ``topicsPattern`` read, the coordinator service, metrics, the CLI) goes on as if the
+    listing had come after the delete, rather than failing for a topic nobody asked for by name.
+
+    A delete removes the topic's metadata first, then its tables, so a load racing it finds the
+    table gone (TopicNotFound) or a log file gone while reading it (CorruptedLog). Either is taken
+    for a delete only when the metadata is gone too, asked again here: a partition table missing or
+    damaged under a topic that still exists, or a partition index past the topic's count, still
+    fails."""
+    try:
+        return load()
+    except (TopicNotFound, CorruptedLog):
+        name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        try:
+            admin.get_partitions(str(name.base))
+        except TopicNotFound:
+            return None
+        raise

@@ -16,7 +16,7 @@ from pulsartx.coordinator.tclog import FENCE_PROPERTY, tc_segments
 from pulsartx.coordinator.txnid import TxnID
 from pulsartx.exceptions import InvalidConfiguration, PulsarException, TransactionNotFound
 from pulsartx.log.partition import PartitionLog
-from pulsartx.observe.failures import one_line
+from pulsartx.observe.failures import one_line, unreadable_row
 from pulsartx.subscription.cursor import CursorState
 from pulsartx.subscription.store import SubscriptionStore, end_transaction
 
@@ -322,8 +322,8 @@ META_KEYS = ("txn_id", "coordinator_id", "status", "open_duration_ms", "timeout_
 
 def _unreadable_row(keys: Iterable[str], tc_id: int, state_key: str, error: str) -> dict[str, Any]:
     """A row with the columns of the others, empty, for a TC whose log cannot be read."""
-    return {**dict.fromkeys(keys), "coordinator_id": tc_id,
-            state_key: UNREADABLE if state_key == "state" else UNREADABLE_STATUS, "error": error}
+    return unreadable_row(keys, error, coordinator_id=tc_id,
+                          **{state_key: UNREADABLE if state_key == "state" else UNREADABLE_STATUS})
 
 
 def _coordinator_stats(tc: Any) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import click
 
+from pulsartx.admin.topics import unless_deleted
 from pulsartx.cli.common import PulsarTxError, emit, get_client
 from pulsartx.coordinator.coordinator import CoordinatorConfig
-from pulsartx.exceptions import TopicNotFound
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
 from pulsartx.metrics import start_metrics_server
@@ -20,11 +21,9 @@ def _partitions(client, topic: str | None):
     if topic:
         return client.admin.partitions_of(topic)
     out = []
-    for t in client.admin.list_topics():
-        try:
-            out.extend(client.admin.partitions_of(t))
-        except TopicNotFound:
-            continue
+    admin = client.admin
+    for t in admin.list_topics():
+        out.extend(unless_deleted(admin, t, partial(admin.partitions_of, t)) or ())
     return out
 
 

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 
-from pulsartx.cli.common import emit, emit_tables, get_client
-from pulsartx.exceptions import TopicNotFound
+from pulsartx.admin.topics import unless_deleted
+from pulsartx.cli.common import PulsarTxError, emit, emit_tables, get_client
 from pulsartx.naming import TopicName
 from pulsartx.observe.render import FORMATS, write
 from pulsartx.observe.timeline import DEFAULT_LAST, partition_timeline
@@ -58,10 +59,9 @@ def topics_list(ctx: click.Context, namespace: str | None) -> None:
     admin = get_client(ctx).admin
     rows = []
     for t in admin.list_topics(namespace):
-        try:
-            rows.append({"topic": t, "partitions": admin.get_partitions(t)})
-        except TopicNotFound:  # deleted by another process since it was listed
-            continue
+        n = unless_deleted(admin, t, partial(admin.get_partitions, t))
+        if n is not None:  # else deleted by another process since it was listed
+            rows.append({"topic": t, "partitions": n})
     emit(ctx, rows, ["topic", "partitions"])
 
 
@@ -83,9 +83,13 @@ def _index(partition: str) -> int:
 @click.pass_context
 def topics_stats(ctx: click.Context, topic: str) -> None:
     """Per partition: messages and markers, files, offsets, maxReadPosition and the transaction
-    holding it back, producers, rates (last 60 s), subscriptions."""
+    holding it back, producers, rates (last 60 s), subscriptions.
+
+    A partition that cannot be read is a row with an ERROR column; the others are printed as
+    usual, then the command fails naming it (exit code 2), so a script sees the damage."""
     stats = get_client(ctx).admin.topic_stats(topic)
-    parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"])} for s in stats]
+    parts = [{**{k: s[k] for k in PARTITION_COLUMNS}, "partition": _index(s["partition"]),
+              **({"error": s["error"]} if "error" in s else {})} for s in stats]  # a partition not read
     txns = [{"partition": _index(s["partition"]), "ongoingTxnCount": s["ongoingTxnCount"],
              "abortedTxnCount": s["abortedTxnCount"],
              **({} if s["blockingTxn"] is None else {**s["blockingTxn"], "blockingTxn": s["blockingTxn"]["txnId"]}),
@@ -101,6 +105,10 @@ def topics_stats(ctx: click.Context, topic: str) -> None:
             for s in stats for name, sub in s["subscriptions"].items()]
     emit_tables(ctx, stats, [(None, parts, PARTITION_COLUMNS), ("Transactions:", txns, TRANSACTION_COLUMNS),
                              ("Producers:", producers, PRODUCER_COLUMNS), ("Subscriptions:", subs, SUBSCRIPTION_COLUMNS)])
+    bad = [s for s in stats if "error" in s]
+    if bad:
+        raise PulsarTxError(f"{len(bad)} of {len(stats)} partitions of {topic} cannot be read (the others' stats are "
+                            "above): " + "; ".join(f"{s['partition']}: {s['error']}" for s in bad))
 
 
 @topics.command("timeline")

@@ -3,6 +3,17 @@ WARNING when it starts or changes, then DEBUG while it lasts, not a WARNING per 
 coordinator service and the metrics collector."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+
+def unreadable_row(keys: Iterable[str], error: str, **known: Any) -> dict[str, Any]:
+    """A view's row for one thing (a TC, a partition) that cannot be read: the fields of the
+    others, empty but for ``known`` (what names it), and its ``error``. One damaged table must not
+    hide the others from the views an operator needs then, and with the same fields the table
+    and JSON still line up."""
+    return {**dict.fromkeys(keys), **known, "error": error}
+
 
 def one_line(e: BaseException) -> str:
     """``e``'s text on one line: a view's row, a table cell or a repeated log line holds one line

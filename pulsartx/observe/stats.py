@@ -78,6 +78,12 @@ def subscription_extras(root: StorageRoot, p: TopicName, name: str, store: Subsc
             "msgRateOut": round(consume_rate(root, store.segments, now_ms=now_ms), 3)}
 
 
+# The fields of a partition_stats row: a partition that cannot be read gets them all, empty.
+PARTITION_STATS_KEYS = ("partition", "entries", "messages", "markers", "fileCount", "bytes", "startOffset",
+                        "endOffset", "maxReadPosition", "ongoingTxnCount", "abortedTxnCount", "blockingTxn",
+                        "msgRateIn", "producers")
+
+
 def partition_stats(root: StorageRoot, p: TopicName, coordinators: Callable[[], Coordinators],
                     now_ms: int | None = None) -> dict[str, Any]:
     """The partition-wide figures ``topics stats`` shows for ``p`` (its subscriptions are the
