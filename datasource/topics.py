@@ -11,9 +11,10 @@ from typing import TypeVar
 
 from pulsartx.datasource.options import TopicSelection
 
-from pulsartx.admin.topics import TopicsAdmin, unless_deleted
+from pulsartx.admin.topics import TopicsAdmin
 from pulsartx.exceptions import TopicNotFound
 from pulsartx.naming import DEFAULT_NAMESPACE, DEFAULT_TENANT, TopicName
+from pulsartx.observe.listings import unless_deleted
 from pulsartx.storage.cli_command import cli_command
 from pulsartx.storage.presence import root_missing
 from pulsartx.storage.root import StorageRoot
@@ -72,7 +73,7 @@ def partitions_to_read(root: StorageRoot, selection: TopicSelection) -> list[Top
 
 def load_listed(admin: TopicsAdmin, selection: TopicSelection, topic: TopicName, load: Callable[[], T]) -> T | None:
     """``load()`` of a topic the read selected, or None for one a pattern matched that was deleted
-    since it was listed (:func:`~pulsartx.admin.topics.unless_deleted`). A topic named by ``topic``
+    since it was listed (:func:`~pulsartx.observe.listings.unless_deleted`). A topic named by ``topic``
     or ``topics`` fails instead, as it would had it been deleted before the read began."""
     return load() if selection.pattern is None else unless_deleted(admin, topic, load)
 

@@ -25,6 +25,7 @@ from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.state import key_txn
 from pulsartx.log.partition import PartitionLog
 from pulsartx.observe.failures import RepeatedFailures, one_line
+from pulsartx.observe.listings import unless_deleted
 from pulsartx.storage.retry import StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,6 @@ class PulsarTxCollector:
     def _partitions(self, metas_by_tc):
         from prometheus_client.core import GaugeMetricFamily
 
-        from pulsartx.admin.topics import unless_deleted  # a module-level import would be circular
 
         entries = GaugeMetricFamily("pulsartx_partition_entries", "Offsets in the partition log",
                                     labels=["topic", "partition"])

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pulsartx.admin.topics import unless_deleted
 from pulsartx.buffer.buffer import TransactionBuffer
 from pulsartx.buffer.reads import settle
 from pulsartx.log.partition import PartitionLog
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.merging import merge_small_files
 from pulsartx.observe.failures import RepeatedFailures
+from pulsartx.observe.listings import unless_deleted
 from pulsartx.storage.delta import StorageUnavailable
 
 log = logging.getLogger("pulsartx.service")

@@ -327,9 +327,9 @@ def test_a_load_is_skipped_only_when_its_topic_was_deleted_since_it_was_listed(t
     read would return the other partitions as if they were the whole topic."""
     import shutil
 
-    from pulsartx.admin.topics import unless_deleted
     from pulsartx.exceptions import TopicNotFound
     from pulsartx.log.partition import PartitionLog, partition_segments
+    from pulsartx.observe.listings import unless_deleted
 
     client = pulsartx.Client(str(tmp_path / "root"))
     admin = client.admin

@@ -16,15 +16,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from pulsartx import forks
 from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscription_names, tombstone_topic
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import (
-    CorruptedLog,
     InvalidConfiguration,
     StorageError,
     TopicAlreadyExists,
@@ -50,7 +48,6 @@ MAX_PARTITIONS = 10_000
 # behind a marker (a store whose listings are not read-after-write) never shows this process a
 # count below one it already acted on. One int per incarnation seen.
 _SEEN_COUNTS: forks.ProcessCache[tuple[str, str], int] = forks.ProcessCache()
-T = TypeVar("T")
 
 
 def _topic_dir(t: TopicName) -> tuple[str, ...]:
@@ -329,25 +326,3 @@ class TopicsAdmin:
         """The TCs that name a blocking transaction: the client's when there is one."""
         client = getattr(self, "client", None)
         return client._coordinators() if client is not None else Coordinators.shared(self.root)
-
-
-def unless_deleted(admin: TopicsAdmin, topic: str | TopicName, load: Callable[[], T]) -> T | None:
-    """``load()``, which reads ``topic``'s metadata or one of its partitions' logs, or None when it
-    failed because the topic was deleted after the caller listed it: every caller that walks a
-    listing (a ``topicsPattern`` read, the coordinator service, metrics, the CLI) goes on as if the
-    listing had come after the delete, rather than failing for a topic nobody asked for by name.
-
-    A delete removes the topic's metadata first, then its tables, so a load racing it finds the
-    table gone (TopicNotFound) or a log file gone while reading it (CorruptedLog). Either is taken
-    for a delete only when the metadata is gone too, asked again here: a partition table missing or
-    damaged under a topic that still exists, or a partition index past the topic's count, still
-    fails."""
-    try:
-        return load()
-    except (TopicNotFound, CorruptedLog):
-        name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        try:
-            admin.get_partitions(str(name.base))
-        except TopicNotFound:
-            return None
-        raise

@@ -6,12 +6,12 @@ from functools import partial
 
 import click
 
-from pulsartx.admin.topics import unless_deleted
 from pulsartx.cli.common import PulsarTxError, emit, get_client
 from pulsartx.coordinator.coordinator import CoordinatorConfig
 from pulsartx.maintenance.compaction import compact_partition
 from pulsartx.maintenance.retention import apply_retention, vacuum
 from pulsartx.metrics import start_metrics_server
+from pulsartx.observe.listings import unless_deleted
 from pulsartx.service import CoordinatorService
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from pulsartx.admin.topics import unless_deleted
 from pulsartx.cli.common import PulsarTxError, emit, emit_tables, get_client
 from pulsartx.naming import TopicName
+from pulsartx.observe.listings import unless_deleted
 from pulsartx.observe.render import FORMATS, write
 from pulsartx.observe.timeline import DEFAULT_LAST, partition_timeline
 
