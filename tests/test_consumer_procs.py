@@ -40,14 +40,15 @@ class Proc(Child):
         return [json.loads(line.split(" ", 2)[2]) for line in self.lines if line.startswith(f"@@EVENT {name} ")]
 
 
-def seed(root: str, topic: str, n: int, partitions: int = 1) -> list[str]:
+def seed(root: str, topic: str, n: int, partitions: int = 1, keyed: bool = False) -> list[str]:
+    """``keyed``: each message with its own key, so that they spread over the partitions."""
     import pulsartx
 
     c = pulsartx.Client(root)
     c.admin.create_topic(topic, partitions=partitions)
     p = c.create_producer(topic)
     for i in range(n):
-        p.send_async(f"m{i}".encode(), None)
+        p.send_async(f"m{i}".encode(), None, partition_key=f"k{i}" if keyed else None)
     p.flush()
     c.close()
     return [f"m{i}" for i in range(n)]
@@ -134,6 +135,38 @@ def test_failover_standby_takes_over_after_kill_9(root, tmp_path):
     _assert_at_end(root, TOPIC, "fo", 200)
 
 
+def test_failover_partitions_of_a_killed_consumer_go_to_the_other_after_its_leases(root, tmp_path):
+    """Two Failover consumers split a 4-partition topic by Pulsar's rule (``a``: 0 and 2, ``b``: 1
+    and 3). ``a`` is SIGKILLed holding unacknowledged messages: once its leases run out ``b`` takes
+    its partitions, receives what ``a`` held, and nothing is lost or acknowledged twice."""
+    expected = seed(root, TOPIC, 200, partitions=4, keyed=True)
+    go = _go(tmp_path)
+    common = {"root": root, "topic": TOPIC, "sub": "fo4", "type": "Failover", "lease_ms": 1500, "go_file": go,
+              "delay_ms": 2}
+    a = Proc("consume", **common, name="a", ack_limit=40, hold=4, first_timeout_ms=10_000, idle_ms=2000)
+    a.wait_event("subscribed")
+    b = Proc("consume", **common, name="b", first_timeout_ms=20_000, idle_ms=5000)
+    b.wait_event("subscribed")
+    time.sleep(2.0)  # a hands partitions 1 and 3 to b (a renewal of each, a third of the lease apart)
+    open(go, "w").close()
+    holding = a.wait_event("holding")
+    a.sigkill()
+    killed_at = time.time()
+    acked_a = a.all_events("acked")
+    assert {e["partition"] for e in acked_a} | set(holding["partitions"]) <= {0, 2}
+    r = b.result()
+    acked_b = r["acked"]
+    before = {p for p, at in zip(r["partitions"], [e["at"] for e in b.all_events("acked")], strict=True)
+              if at < killed_at}
+    assert before <= {1, 3}  # b delivered nothing of a's partitions while a lived
+    assert set(r["partitions"]) == {0, 1, 2, 3}
+    values_a = [e["value"] for e in acked_a]
+    assert not set(values_a) & set(acked_b) and len(acked_b) == len(set(acked_b))
+    assert set(values_a) | set(acked_b) == set(expected)
+    assert set(holding["held"]) <= set(acked_b)  # received by a, never acknowledged: redelivered
+    _assert_at_end(root, TOPIC, "fo4", 200)
+
+
 def test_shared_claims_of_a_killed_consumer_expire(root, tmp_path):
     expected = seed(root, TOPIC, 40)
     go = _go(tmp_path)
@@ -207,28 +240,30 @@ def _assert_at_end(root: str, topic: str, sub: str, total: int) -> None:
 
 def consume(root: str, topic: str, sub: str, type: str, go_file: str, first_timeout_ms: int, idle_ms: int,
             delay_ms: int = 0, queue: int = 1000, lease_ms: int = 10_000, ack_limit: int | None = None,
-            hold: int = 0, group_ms: int = 0, update_ms: int | None = None) -> dict:
+            hold: int = 0, group_ms: int = 0, update_ms: int | None = None, name: str | None = None) -> dict:
     """Subscribe, wait for ``go_file``, then receive and acknowledge (each ack durable before the
     ``acked`` event unless ``group_ms``) until nothing comes for ``idle_ms``. With
     ``ack_limit``: after that many acks, receive ``hold`` more without acking and wait to be killed.
-    ``update_ms``: the consumer's ``auto_update_partitions_interval_ms``."""
+    ``update_ms``: the consumer's ``auto_update_partitions_interval_ms``; ``name``: its consumer name."""
     import pulsartx
     from pulsartx import ConsumerType, InitialPosition
 
     client = pulsartx.Client(root)
     c = client.subscribe(topic, sub, consumer_type=ConsumerType[type], initial_position=InitialPosition.Earliest,
                          receiver_queue_size=queue, lease_ms=lease_ms, acknowledgment_group_time_ms=group_ms,
-                         auto_update_partitions_interval_ms=update_ms)
+                         auto_update_partitions_interval_ms=update_ms, consumer_name=name)
     emit("EVENT", "subscribed", {"active": c._active})
     _wait_for(go_file)
     acked: list[str] = []
+    partitions: list[int] = []
     first_time = None
     max_redelivery = 0
     timeout = first_timeout_ms
     while True:
         if ack_limit is not None and len(acked) == ack_limit:
-            held = [c.receive(timeout_millis=5000).data().decode() for _ in range(hold)]
-            emit("EVENT", "holding", {"held": held})
+            msgs = [c.receive(timeout_millis=5000) for _ in range(hold)]
+            emit("EVENT", "holding", {"held": [m.data().decode() for m in msgs],
+                                      "partitions": [m.message_id().partition() for m in msgs]})
             hang()
         try:
             m = c.receive(timeout_millis=timeout)
@@ -242,9 +277,10 @@ def consume(root: str, topic: str, sub: str, type: str, go_file: str, first_time
             time.sleep(delay_ms / 1000)
         c.acknowledge(m)
         acked.append(m.data().decode())
-        emit("EVENT", "acked", {"value": acked[-1]})
+        partitions.append(m.message_id().partition())
+        emit("EVENT", "acked", {"value": acked[-1], "partition": partitions[-1], "at": time.time()})
     c.close()
-    return {"acked": acked, "first_receive_time": first_time, "max_redelivery": max_redelivery}
+    return {"acked": acked, "partitions": partitions, "first_receive_time": first_time, "max_redelivery": max_redelivery}
 
 
 def even_odd(root: str, step: int, lease_ms: int = 1500) -> dict:

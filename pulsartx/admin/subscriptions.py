@@ -280,7 +280,7 @@ class SubscriptionsAdmin:
         base = stores[0][0].partition.base
         if not force and self.client.root.exists(*subscription_dir(base, subscription), "consumers", "_delta_log"):
             leases = LeaseStore(self.client.root, base, subscription)
-            live = [h for h in [leases.holder()] if h] + leases._live_shared()
+            live = leases.live_consumers()
             if live:
                 raise NotAllowedError(
                     f"subscription {subscription!r} on {base} has {len(live)} live consumer(s) ({', '.join(live)}): "

@@ -34,7 +34,7 @@ from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name, is_partitioned, message_topic
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import LeaseStore
+from pulsartx.subscription.leases import ACTIVE, LeaseStore, failover_order, partition_lease
 from pulsartx.subscription.store import shared_store
 from pulsartx.suggest import checked_keywords
 
@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     from pulsartx.client.client import Client
 
 __all__ = ["Consumer", "ConsumerDeadLetterPolicy", "ConsumerType", "InitialPosition"]
+
+# Failover on a partitioned topic: the share of a lease period, from the start of its last take or
+# renewal, during which a partition's messages may go out. Renewals come every third of the period;
+# the rest is margin for a slow renewal and for clocks that disagree between processes, since another
+# consumer takes the partition once the lease's expiry has passed by its own clock.
+DELIVERY_SHARE = 0.75
 
 
 class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
@@ -98,12 +104,19 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         # behind that makes the retry fail with ConsumerBusy until the lease expires.
         self._updates = PartitionUpdates(client.admin, topic, auto_update_partitions, auto_update_partitions_interval_ms)
         partitions = self._updates.partitions
-        self._leases = LeaseStore(client.root, TopicName.parse(topic), subscription_name)
+        named_topic = TopicName.parse(topic)
+        # Failover: one active consumer per partition on a partitioned topic, as Pulsar's broker picks
+        # (docs/design/failover-per-partition.md); one for the subscription on a topic of one partition.
+        self._per_partition = consumer_type is ConsumerType.Failover and named_topic.partition is None and \
+            len(partitions) > 1
+        self._lease_key = partition_lease(named_topic.partition) if consumer_type is ConsumerType.Failover else ACTIVE
+        self._reconciling = threading.Lock()
+        self._leases = LeaseStore(client.root, named_topic, subscription_name)
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type in CLAIMING
         self._key_shared = None
         try:
-            if consumer_type in CLAIMING:
+            if consumer_type in CLAIMING or self._per_partition:
                 self._leases.join_shared(self._id, lease_ms, consumer_type.name)
             if consumer_type is ConsumerType.KeyShared:
                 self._key_shared = KeySharedDispatch(client.root, TopicName.parse(topic), subscription_name,
@@ -112,12 +125,14 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             if consumer_type is ConsumerType.Exclusive:
                 self._leases.acquire_exclusive(self._id, lease_ms)
                 self._active = True
-            elif consumer_type is ConsumerType.Failover:
-                self._active = self._leases.try_acquire(self._id, lease_ms)
+            elif consumer_type is ConsumerType.Failover and not self._per_partition:
+                self._active = self._leases.try_acquire(self._id, lease_ms, self._lease_key)
             self._parts = [self._open_partition(p, initial_position) for p in partitions]
             named = is_partitioned(topic, len(partitions))
             for part in self._parts:
                 part.message_topic = message_topic(part.topic, named)
+            if self._per_partition:
+                self._reconcile()  # the partitions that are this consumer's now, taken before it returns
         except BaseException:
             # A subscribe that failed half-way (a storage error after the lease was taken, or one
             # whose outcome is unknown) must not leave a lease that makes the retry ConsumerBusy.
@@ -137,8 +152,10 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if cur is None or cur.deleted:
             start = -1 if initial is InitialPosition.Earliest else vis.end_position() - 1
             cur = store.create(start)
-        return PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation,
-                              reset_epoch=cur.reset_epoch)
+        part = PartitionState(p, store, vis, cursor=cur, incarnation=cur.incarnation, reset_epoch=cur.reset_epoch)
+        if self._per_partition:  # active on it once its lease is taken (_reconcile)
+            part.owned, part.lease_until = False, 0.0
+        return part
 
     def _follow_growth(self) -> None:
         """Subscribe to the partitions a growth of the topic added, as pulsar-client's consumers do
@@ -157,6 +174,10 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if not added or self._closed or self._leases.ended:
             return
         opened = [self._open_partition(p, InitialPosition.Earliest) for p in added]
+        failover = self._type is ConsumerType.Failover and TopicName.parse(self._topic).partition is None
+        if failover:  # nothing of them goes out before their leases are taken
+            for part in opened:
+                part.owned, part.lease_until = False, 0.0
         with self._lock:
             if self._closed:
                 return
@@ -165,9 +186,97 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             for part in parts:
                 part.message_topic = message_topic(part.topic, named)
             self._parts = parts
+        if failover:
+            if not self._per_partition:
+                self._go_per_partition()
+            self._reconcile()  # the new partitions go by the rule the others went by
         self._local_change.set()  # an idle receive() starts watching the new partitions now
         log.info("consumer %s: %s grew to %d partitions; subscription %r now receives from all of them",
                  self._name, self._topic, len(parts), self._subscription)
+
+    def _go_per_partition(self) -> None:
+        """A Failover consumer of a topic of one partition that grew: from now on an active
+        consumer per partition, as for a consumer that subscribed after the growth. Partition 0's
+        lease is the ``active`` row this consumer held or waited for, so it stays with whoever
+        holds it until the rule moves it (a renewal, or a hand-off, in ``_reconcile``)."""
+        self._leases.join_shared(self._id, self._lease_ms, self._type.name)
+        with self._lock:
+            first = self._parts[0]
+            first.owned, first.lease_until = self._active, 0.0  # delivers again once renewed
+            if not first.owned:
+                first.queue.clear()
+                first.held.clear()
+            self._per_partition = True
+            self._active = False
+
+    def _reconcile(self) -> None:
+        """Failover on a partitioned topic: renew this consumer's presence, then take, keep or hand
+        off each partition by Pulsar's rule (partition ``i`` goes to the consumer at ``i mod n`` of
+        the live Failover consumers in name order). Each partition changes hands only through its
+        lease, a compare-and-set in storage, so two consumers whose views of who is live differ
+        never both deliver it: the one the rule now names takes it once the other let it go
+        (handed off, or its lease ran out). docs/design/failover-per-partition.md"""
+        with self._reconciling:  # the background thread's and a seek's (growth)
+            if self._closed:
+                return
+            if not self._leases.join_shared(self._id, self._lease_ms, self._type.name):
+                log.warning("consumer %s: subscription %r was deleted; it receives nothing more, close it",
+                            self._name, self._subscription)
+                for part in self._parts:
+                    if part.owned:
+                        self._drop_partition(part)
+                return
+            members = failover_order([*self._leases.live_members(self._type.name), self._id])
+            gained = False
+            for part in list(self._parts):
+                key = partition_lease(part.index)
+                chosen = members[part.index % len(members)]
+                if chosen != self._id:
+                    if part.owned:
+                        self._hand_off(part, key, chosen)
+                    continue
+                start = time.monotonic()
+                if self._leases.try_acquire(self._id, self._lease_ms, key):
+                    with self._lock:
+                        gained = gained or not part.owned or part.lease_until <= time.monotonic()
+                        if not part.owned:
+                            part.owned, part.cursor = True, None
+                            log.info("consumer %s is now the active consumer of %s on subscription %r", self._name,
+                                     part.topic, self._subscription)
+                        part.lease_until = start + self._lease_ms * DELIVERY_SHARE / 1000.0
+                elif part.owned:
+                    log.warning("consumer %s lost its lease on %s (subscription %r); now standby there", self._name,
+                                part.topic, self._subscription)
+                    self._drop_partition(part)
+            if gained:
+                self._local_change.set()  # a waiting receive() looks at what it may deliver now
+
+    def _drop_partition(self, part: PartitionState) -> None:
+        """Stop being ``part``'s active consumer: nothing of it goes out from here on, and what was
+        fetched or delivered and not acknowledged is the next active consumer's to deliver (Pulsar
+        redelivers it to the new active consumer). A fetch under way finishes first."""
+        with part.fetching, self._lock:
+            part.owned, part.lease_until = False, 0.0
+            part.queue.clear()
+            part.held.clear()
+            part.nacked.clear()
+            part.cursor = None
+
+    def _hand_off(self, part: PartitionState, key: str, to: str) -> None:
+        """Give ``part`` up to the consumer the rule names: delivery stops, the acknowledgements
+        made so far land, and only then the lease is released, so the next active consumer's first
+        read of the cursor has them (no acknowledged message goes out twice). When they cannot land
+        now, the lease is left to run out, and the flushes go on meanwhile."""
+        self._drop_partition(part)
+        self._flush_acks()
+        with self._lock:
+            pending = bool(part.acks or part.redeliver or part.cumulative is not None)
+        if pending:
+            log.warning("consumer %s: acknowledgements on %s not stored yet; its lease runs out instead of being "
+                        "handed to %s", self._name, part.topic, to)
+            return
+        self._leases.release(self._id, key)
+        log.info("consumer %s hands %s (subscription %r) to %s", self._name, part.topic, self._subscription, to)
 
     def topic(self) -> str:
         return self._topic
@@ -281,8 +390,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 self._key_shared.leave()  # after the claims' release in close(): keys move with nothing held
             if self._type in CLAIMING:
                 self._leases.leave_shared(self._id)
+            elif self._per_partition:
+                for key in self._leases.held_by(self._id):
+                    self._leases.release(self._id, key)
+                self._leases.leave_shared(self._id)
             else:
-                self._leases.release(self._id)
+                self._leases.release(self._id, self._lease_key)
         except PulsarException as e:
             log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
 
@@ -322,10 +435,13 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 if self._type in CLAIMING and time.monotonic() - last_claims >= claims_every:
                     last_claims = time.monotonic()
                     self._renew_claims()
-                if self._type not in CLAIMING and self._active and \
+                if self._per_partition and not self._leases.ended and time.monotonic() - last_renew >= renew_every:
+                    last_renew = time.monotonic()
+                    self._reconcile()
+                elif self._type not in CLAIMING and self._active and not self._per_partition and \
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
-                    if not self._leases.try_acquire(self._id, self._lease_ms):
+                    if not self._leases.try_acquire(self._id, self._lease_ms, self._lease_key):
                         if self._leases.ended:
                             log.warning("consumer %s: subscription %r was deleted; it receives nothing more, close it",
                                         self._name, self._subscription)

@@ -8,6 +8,7 @@ redelivery, the unacked timeout). They work on the state declared here, set up b
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -83,6 +84,11 @@ class PartitionState:
     # The cursor's reset epoch as this consumer last read it: what ``acks``, ``cumulative`` and
     # ``redeliver`` were made against (CursorState.reset_epoch).
     reset_epoch: int = 0
+    # Failover on a partitioned topic: whether this consumer is the partition's active consumer, and
+    # until when (``time.monotonic()``) its lease lets it deliver without a renewal. Every other
+    # consumer type owns each of its partitions for good.
+    owned: bool = True
+    lease_until: float = math.inf
 
     def owns(self, cursor: CursorState) -> bool:
         """Whether ``cursor`` is still the subscription this consumer opened. A subscription deleted
@@ -129,6 +135,10 @@ class ConsumerCore:
     _closed: bool
     _made: int  # forks.stamp() when made: a forked child must not receive or ack as this consumer
     _active: bool
+    # Failover on a partitioned topic: an active consumer per partition (its lease
+    # ``partition_lease(i)``), not one for the subscription (docs/design/failover-per-partition.md).
+    _per_partition: bool
+    _lease_key: str  # Exclusive, and Failover on a topic of one partition: the lease it takes
     _leases: LeaseStore
     _parts: list[PartitionState]
     _rr: int
@@ -137,6 +147,12 @@ class ConsumerCore:
     # Shared, Key_Shared: when claims kept for a pending redelivery (its count not stored yet, its
     # negative-ack delay not over) are due to be released; None when none are kept.
     _release_at: float | None
+
+    def _may_deliver(self, part: PartitionState) -> bool:
+        """Whether a message of ``part`` may go out now: not while another consumer may be the
+        partition's active one (Failover on a partitioned topic). Called under the lock, which a
+        hand-off holds while it drops what was queued."""
+        return part.owned and (part.lease_until == math.inf or time.monotonic() < part.lease_until)
 
     def _check_open(self) -> None:
         if self._made != forks.generation:

@@ -106,11 +106,16 @@ class Receiving(ConsumerCore):
     def _watches(self) -> list[NextCommit]:
         """The logs whose next commit can make a message deliverable: each partition, the TC logs
         of its undecided transactions, and the subscription's cursor log. None for a standby
-        (Failover) consumer, whose only way in is the lease the full check tries to take."""
-        if not self._active:
+        (Failover) consumer, whose only way in is the lease the full check tries to take; on a
+        partitioned topic, only the partitions it is active on (taking one wakes it)."""
+        if self._per_partition:
+            parts = [p for p in self._parts if p.owned]
+        elif not self._active:
             return []
+        else:
+            parts = self._parts
         out: list[NextCommit] = []
-        for part in self._parts:
+        for part in parts:
             out.extend(part.visible.next_commits())
             if part.cursor_commit is not None:
                 out.append(part.cursor_commit)
@@ -127,7 +132,7 @@ class Receiving(ConsumerCore):
             n = len(self._parts)
             for i in range(n):
                 part = self._parts[(self._rr + i) % n]
-                if part.queue:
+                if part.queue and self._may_deliver(part):
                     self._rr = (self._rr + i + 1) % n
                     msg = part.queue.popleft()
                     part.held[msg._offset] = time.monotonic()
@@ -151,7 +156,7 @@ class Receiving(ConsumerCore):
                 if any(p.queue for p in self._parts):
                     break
         with self._lock:
-            ready = [p for p in self._parts if p.queue]
+            ready = [p for p in self._parts if p.queue and self._may_deliver(p)]
             if not ready:
                 if failed is not None:
                     raise failed
@@ -165,9 +170,11 @@ class Receiving(ConsumerCore):
             return msg
 
     def _ensure_active(self) -> bool:
+        if self._per_partition:  # the background thread takes and hands off partitions
+            return any(p.owned for p in self._parts)
         if self._active:
             return True
-        if self._leases.try_acquire(self._id, self._lease_ms):
+        if self._leases.try_acquire(self._id, self._lease_ms, self._lease_key):
             log.info("consumer %s is now the active consumer of %r", self._name, self._subscription)
             self._active = True
             for part in self._parts:
@@ -190,6 +197,10 @@ class Receiving(ConsumerCore):
         read from storage, at most ``max_messages`` (default: what the receiver queue takes, up to
         FETCH_MAX); None when nothing is. The caller holds ``part.fetching`` until it has queued or
         held what it takes."""
+        if not part.owned or time.monotonic() >= part.lease_until:
+            # Another consumer's partition (Failover), or its lease is due for renewal: nothing to
+            # take. A hand-off waits for a fetch under way (``part.fetching``).
+            return None
         most = min(self._queue_size, FETCH_MAX) if max_messages is None else max_messages
         # Local state first, the cursor after: an ack or redelivery-count bump that leaves the local
         # lists before this snapshot has landed in storage, so the cursor read below includes it.

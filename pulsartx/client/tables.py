@@ -164,7 +164,7 @@ class TableConsumer(ConsumerCore):
             for i in range(n):
                 part = self._parts[(self._rr + i) % n]
                 q = part.queue
-                if not q:
+                if not q or not self._may_deliver(part):
                     continue
                 k = min(len(q), limit - len(out))
                 if k == len(q):

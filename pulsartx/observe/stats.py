@@ -24,7 +24,7 @@ from pulsartx.observe.rates import consume_rate, publish_rate
 from pulsartx.storage import delta
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import LEASE_SCHEMA, SHARED
+from pulsartx.subscription.leases import LEASE_SCHEMA, SHARED, is_lease
 from pulsartx.subscription.ranges import RangeSet
 from pulsartx.subscription.store import SubscriptionStore, subscription_dir
 
@@ -52,8 +52,13 @@ def consumers_of(root: StorageRoot, topic: TopicName, subscription: str, now_ms:
         if r["key"] not in rows or r["seq"] > rows[r["key"]]["seq"]:
             rows[r["key"]] = r
     ctype = rows["meta"]["consumer_type"] if "meta" in rows else None
-    live = [{"name": r["consumer"], "leaseExpiresMs": r["expires_ms"]} for k, r in sorted(rows.items())
-            if (k == "active" or k.startswith(SHARED)) and r["consumer"] and (r["expires_ms"] or 0) > now_ms]
+    # A partitioned Failover subscription's consumer has a presence row and a lease per partition it
+    # is active on: listed once, with its latest expiry.
+    expiry: dict[str, int] = {}
+    for k, r in sorted(rows.items()):
+        if (is_lease(k) or k.startswith(SHARED)) and r["consumer"] and (r["expires_ms"] or 0) > now_ms:
+            expiry[r["consumer"]] = max(expiry.get(r["consumer"], 0), r["expires_ms"])
+    live = [{"name": c, "leaseExpiresMs": e} for c, e in expiry.items()]
     return ctype, live
 
 

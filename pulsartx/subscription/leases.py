@@ -2,9 +2,11 @@
 
 ``<root>/subscriptions/<tenant>/<namespace>/<topic>/<subscription>/consumers`` is a KeyedLog with
   * ``meta``: the subscription's consumer type (set by its first consumer);
-  * ``active``: the Exclusive or Failover owner, with a lease expiry;
-  * ``shared:<consumer>``: each live Shared or Key_Shared consumer, with a lease expiry (renewed like
-    ``active``);
+  * ``active``: the Exclusive or Failover owner, with a lease expiry; on a partitioned topic, the
+    Failover owner of partition 0, and ``active:<i>`` the Failover owner of partition ``i``
+    (:func:`partition_lease`);
+  * ``shared:<consumer>``: each live Shared or Key_Shared consumer, and each Failover consumer of a
+    partitioned topic, with a lease expiry (renewed like ``active``);
   * ``incarnation``: the subscription's current life, a random id in its ``consumer`` column.
 Taking or renewing the lease is a compare-and-set on ``active``. An owner renews well before
 expiry; a crashed owner's lease simply runs out, so a standby (Failover) or a new consumer
@@ -33,7 +35,9 @@ from pulsartx.storage.keyed_log import KeyedLog
 from pulsartx.storage.root import StorageRoot
 from pulsartx.subscription.store import subscription_dir
 
-SHARED = "shared:"  # key prefix of Shared and Key_Shared consumers' presence rows
+SHARED = "shared:"  # key prefix of consumers' presence rows (Shared, Key_Shared, partitioned Failover)
+ACTIVE = "active"  # key of the Exclusive or Failover owner's lease (partition 0's, partitioned)
+PARTITION_ACTIVE = "active:"  # key prefix of the Failover owner's lease of one partition above 0
 INCARNATION = "incarnation"  # key of the row naming the subscription's current life (``consumer``)
 MEMBER_TYPES = ("Shared", "KeyShared")  # the types whose consumers are present side by side
 LEASE_SCHEMA = pa.schema([
@@ -58,6 +62,25 @@ def _new_incarnation() -> dict[str, Any]:
 
 class SubscriptionEnded(Exception):
     """A lease write refused because the subscription was deleted after its consumer opened it."""
+
+
+def partition_lease(index: int | None) -> str:
+    """The key of the Failover lease of partition ``index`` (None: a topic addressed as one). Partition
+    0's is ``active``, the one lease a consumer of a one-partition topic takes: when the topic grows,
+    that consumer and those that subscribed after the growth contend for partition 0 on one row,
+    whichever way each assigns partitions (docs/design/failover-per-partition.md)."""
+    return ACTIVE if not index else f"{PARTITION_ACTIVE}{index}"
+
+
+def is_lease(key: str) -> bool:
+    return key == ACTIVE or key.startswith(PARTITION_ACTIVE)
+
+
+def failover_order(consumers: list[str]) -> list[str]:
+    """Pulsar's order for picking a partition's active consumer: by consumer name (a consumer id
+    here is its name, a dash and 8 hex digits), then id so that equal names still sort the same in
+    every process."""
+    return sorted(set(consumers), key=lambda c: (c[:-9] if len(c) > 9 and c[-9] == "-" else c, c))
 
 
 def consumers_table(topic: TopicName, subscription: str) -> tuple[str, ...]:
@@ -141,7 +164,7 @@ class LeaseStore:
                 return False
             # Rows written before the new incarnation landed: every later write of an old consumer is refused.
             for key, row in list(self.log.rows.items()):
-                if (key == "active" or key.startswith(SHARED)) and row["consumer"]:
+                if (is_lease(key) or key.startswith(SHARED)) and row["consumer"]:
                     self._cas(key, lambda r: (None if r is None or not r["consumer"] else
                                               {"consumer": None, "consumer_type": r["consumer_type"], "expires_ms": 0},
                                               None))
@@ -153,9 +176,7 @@ class LeaseStore:
         def change(row):
             if row is None or row["consumer_type"] == consumer_type:
                 return ({"consumer_type": consumer_type} if row is None else None), None
-            active = self.log.get("active")
-            if (active is not None and active["consumer"] and active["expires_ms"] > now_ms()) or \
-                    (row["consumer_type"] in MEMBER_TYPES and self._live_shared()):
+            if self._live_leases() or self._live_shared():
                 raise InvalidConfiguration(
                     f"subscription {self.subscription!r} on {self.topic} is {row['consumer_type']} and has a live "
                     f"consumer; a {consumer_type} consumer cannot join it (use another subscription name)")
@@ -163,15 +184,26 @@ class LeaseStore:
 
         self._cas("meta", change)
 
-    def _live_shared(self) -> list[str]:
+    def _live_shared(self, consumer_type: str | None = None) -> list[str]:
         t = now_ms()
         return [r["consumer"] for k, r in self.log.rows.items()
-                if k.startswith(SHARED) and r["consumer"] and r["expires_ms"] > t]
+                if k.startswith(SHARED) and r["consumer"] and r["expires_ms"] > t
+                and (consumer_type is None or r["consumer_type"] == consumer_type)]
 
-    def live_members(self) -> list[str]:
-        """The Shared or Key_Shared consumers whose presence is live, as of now in storage."""
+    def _live_leases(self) -> list[str]:
+        t = now_ms()
+        return [r["consumer"] for k, r in self.log.rows.items()
+                if is_lease(k) and r["consumer"] and r["expires_ms"] > t]
+
+    def live_members(self, consumer_type: str | None = None) -> list[str]:
+        """The consumers whose presence is live (of ``consumer_type`` only, if given), as of now in storage."""
         self._ensure()
-        return self._live_shared()
+        return self._live_shared(consumer_type)
+
+    def live_consumers(self) -> list[str]:
+        """Every consumer holding a live lease or presence, each once, as of now in storage."""
+        self._ensure()
+        return list(dict.fromkeys(self._live_leases() + self._live_shared()))
 
     def join_shared(self, consumer: str, lease_ms: int, consumer_type: str = "Shared") -> bool:
         """A Shared (or Key_Shared) consumer's presence (taken and renewed like a lease): while one
@@ -187,9 +219,10 @@ class LeaseStore:
     def leave_shared(self, consumer: str) -> None:
         self._cas(SHARED + consumer, lambda row: (None if row is None else {"consumer": None, "expires_ms": 0}, None))
 
-    def try_acquire(self, consumer: str, lease_ms: int) -> bool:
-        """Take (or renew) the ``active`` lease; False when another live consumer holds it, or when
-        the subscription was deleted since this consumer opened it (``ended``)."""
+    def try_acquire(self, consumer: str, lease_ms: int, key: str = ACTIVE) -> bool:
+        """Take (or renew) the ``active`` lease (or another, ``key``: :func:`partition_lease`); False
+        when another live consumer holds it, or when the subscription was deleted since this
+        consumer opened it (``ended``)."""
         def change(row):
             t = now_ms()
             if row is not None and row["consumer"] and row["consumer"] != consumer and row["expires_ms"] > t:
@@ -197,7 +230,7 @@ class LeaseStore:
             return {"consumer": consumer, "expires_ms": t + lease_ms}, True
 
         try:
-            return self._cas("active", change, own=True)
+            return self._cas(key, change, own=True)
         except SubscriptionEnded:
             return False
 
@@ -209,17 +242,22 @@ class LeaseStore:
                 f"{holder['consumer'] if holder else '?'} holds it: use another subscription name, ConsumerType.Shared "
                 "or Failover, or close the other consumer")
 
-    def release(self, consumer: str) -> None:
+    def release(self, consumer: str, key: str = ACTIVE) -> None:
         def change(row):
             if row is None or row["consumer"] != consumer:
                 return None, None
             return {"consumer": None, "expires_ms": 0}, None
 
-        self._cas("active", change)
+        self._cas(key, change)
 
-    def holder(self) -> str | None:
+    def held_by(self, consumer: str) -> list[str]:
+        """The leases ``consumer`` holds (live or not), as of now in storage."""
         self._ensure()
-        row = self.log.get("active")
+        return [k for k, r in self.log.rows.items() if is_lease(k) and r["consumer"] == consumer]
+
+    def holder(self, key: str = ACTIVE) -> str | None:
+        self._ensure()
+        row = self.log.get(key)
         if row is None or not row["consumer"] or row["expires_ms"] <= now_ms():
             return None
         return row["consumer"]
