@@ -14,11 +14,6 @@ same number of micro-batches:
                                   -> writeStream pulsartx: every batch one transaction that also
                                   acknowledges its input
   ctp:  parquet -> parquet        the same rows from parquet files -> the same transform -> parquet
-  ctp:  minimal Python -> same    the same files through a minimal Python stream source (pyarrow, one
-                                  file per task) -> the same transform -> a minimal Python Arrow
-                                  stream sink (one parquet file per task): the floor of any Python
-                                  data source pipeline, which pulsartx is held to as its batch read
-                                  is held to a minimal Arrow source
   empty: ... -> pulsartx          batches that deliver 0 rows to the sink (a filter no row passes):
   empty: ... -> parquet           the fixed cost of a micro-batch, transaction included
 
@@ -28,7 +23,7 @@ column). Empty-batch overhead is the median ``triggerExecution`` (and ``addBatch
 warm-up batches. Every pair of sides runs ``--repeat`` times (5 by default), its two runs back to
 back in alternating order, so load from other processes hits both alike; each ratio is taken per
 repetition and printed as its median, spread (min-max) and target: sink pulsartx/parquet >= 0.9,
-ctp pulsartx/parquet >= 0.9, ctp pulsartx/minimal Python >= 0.95, empty-batch time pulsartx/parquet <= 1.1. Beside them, the CPU
+ctp pulsartx/parquet >= 0.9, empty-batch time pulsartx/parquet <= 1.1. Beside them, the CPU
 seconds of the whole process tree over each run (start-up included), as parquet / pulsartx. The
 table shows each side's median run. Nothing is asserted; outputs are counted so a fast but wrong side cannot pass. A phase
 breakdown (Spark's durationMs per batch, median runs) follows the table; ``--breakdown`` also times
@@ -51,7 +46,6 @@ from common import Rounds, print_rounds  # noqa: E402 (sibling bench modules)
 from read import measure, tree_cpu  # noqa: E402
 
 TARGET_SINK, TARGET_CTP, TARGET_EMPTY = 0.9, 0.9, 1.1
-TARGET_CTP_FLOOR = 0.95  # against the minimal Python source and sink, as the batch read is held to its Arrow source
 PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
 
 
@@ -190,96 +184,6 @@ def timed_source(log_path: str) -> Any:
     return TimedSource
 
 
-def register_arrow_stream(spark: Any) -> None:
-    """The floor a Python data source pipeline can reach: a minimal stream source over parquet files
-    (one file per task, ``filesPerTrigger`` files per batch, read with pyarrow and handed over as
-    RecordBatches) and a minimal Arrow stream sink (one parquet file per task, nothing at commit).
-    No transactions, offsets in memory only: what the pyspark runtime itself costs, measured in the
-    same run as Spark's own parquet pipeline and pulsartx's."""
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceStreamArrowWriter,
-        DataSourceStreamReader,
-        InputPartition,
-        WriterCommitMessage,
-    )
-    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
-    class Files(InputPartition):
-        def __init__(self, path: str):
-            self.path = path
-
-    class Written(WriterCommitMessage):
-        def __init__(self, files: list[str]):
-            self.files = files
-
-    class FilesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-        def __init__(self, path: str, per_trigger: int, columns: list[str]):
-            self.files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".parquet"))
-            self.per_trigger, self.columns = per_trigger, columns
-
-        def initialOffset(self) -> dict:  # noqa: N802
-            return {"file": 0}
-
-        def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802
-            return {"file": min(len(self.files), start["file"] + self.per_trigger)}
-
-        def partitions(self, start: dict, end: dict) -> list:
-            return [Files(f) for f in self.files[start["file"]:end["file"]]]
-
-        def read(self, partition: Any) -> Any:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(partition.path, columns=self.columns)
-            # Spark's files declare value NOT NULL; a Python source's schema is nullable.
-            yield from table.cast(pa.schema([f.with_nullable(True) for f in table.schema])).to_batches()
-
-        def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
-            pass  # the files are listed once, at start: all of them are available now
-
-        def commit(self, end: dict) -> None:
-            pass
-
-    class FilesWriter(DataSourceStreamArrowWriter):
-        def __init__(self, path: str):
-            self.path = path
-
-        def write(self, iterator: Any) -> Any:
-            import uuid
-
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            batches = [b for b in iterator if b.num_rows]
-            if not batches:
-                return Written([])
-            name = os.path.join(self.path, f"part-{uuid.uuid4().hex}.parquet")
-            pq.write_table(pa.Table.from_batches(batches), name, compression="zstd", compression_level=1)
-            return Written([name])
-
-        def commit(self, messages: list, batchId: int) -> None:  # noqa: N803
-            pass
-
-        def abort(self, messages: list, batchId: int) -> None:  # noqa: N803
-            pass
-
-    class ArrowStream(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "bench_arrow_stream"
-
-        def streamReader(self, schema: Any) -> Any:  # noqa: N802
-            return FilesReader(self.options["path"], int(self.options["filespertrigger"]),
-                               [f.name for f in schema.fields])
-
-        def streamWriter(self, schema: Any, overwrite: bool) -> Any:  # noqa: N802
-            os.makedirs(self.options["path"], exist_ok=True)
-            return FilesWriter(self.options["path"])
-
-    spark.dataSource.register(ArrowStream)
-
-
 def breakdown(log_path: str) -> dict[str, tuple[int, float, float]]:
     """kind -> (calls, mean ms, total ms) from the ``--breakdown`` log, then the log is emptied."""
     import json
@@ -338,14 +242,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the pairs to run, comma-separated (sink, ctp, empty): one pair alone gives a worker profile "
                          "(PULSARTX_PROFILE_DIR) of that pipeline only")
     args = ap.parse_args(argv)
-    pairs = [p for p in (("sink_pq", "sink_px"), ("ctp_pq", "ctp_px", "ctp_ar"), ("empty_pq", "empty_px"))
+    pairs = [p for p in (("sink_pq", "sink_px"), ("ctp_pq", "ctp_px"), ("empty_pq", "empty_px"))
              if p[0].split("_")[0] in args.sides.split(",")]
 
     t_all = time.perf_counter()
     work = args.dir or tempfile.mkdtemp(prefix="pulsartx-bench-streaming-")
     os.makedirs(work, exist_ok=True)
     spark = session()
-    register_arrow_stream(spark)
     from pyspark.sql import functions as F
 
     import pulsartx
@@ -389,13 +292,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def transform(df: Any) -> Any:
         return df.select(F.concat(F.col("value"), F.lit(b"!")).alias("value"), *([F.col("__key")] if args.keys else []))
-
-    def arrow_ctp(i: int, a: int) -> Any:
-        """The same pipeline through the minimal Python source and sink (:func:`register_arrow_stream`)."""
-        df = (spark.readStream.format("bench_arrow_stream").schema(schema).option("path", src_dir)
-              .option("filesPerTrigger", str(per_batch)).load())
-        return (transform(df).writeStream.format("bench_arrow_stream").option("path", os.path.join(work, "out", f"ctp-ar{i}"))
-                .option("checkpointLocation", os.path.join(work, "ck", f"ctp-ar{i}-{a}")).trigger(availableNow=True).start())
 
     def to_pulsartx(df: Any, topic: str, ck: str) -> Any:
         return (df.writeStream.format("pulsartx").option("service.url", root).option("topic", topic)
@@ -445,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
                    lambda i, a: to_parquet(transform(from_parquet(src_dir, per_batch)), f"ctp{i}", f"ctp-pq{i}-{a}")),
         "ctp_px": ("ctp: pulsartx -> pulsartx", n,
                    lambda i, a: to_pulsartx(transform(ctp_source(f"bench{i}-{a}")), "ctp-out", f"ctp-px{i}-{a}")),
-        "ctp_ar": ("ctp: minimal Python -> same", n, arrow_ctp),
         "empty_pq": ("empty: parquet -> parquet", 0,
                      lambda i, a: to_parquet(nothing(from_parquet(tiny_dir, 1)), f"empty{i}", f"empty-pq{i}-{a}")),
         "empty_px": ("empty: parquet -> pulsartx", 0,
@@ -467,7 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         "sink_px": lambda: [topic_rows("sink-out") // args.repeat] * args.repeat,
         "ctp_pq": lambda: [parquet_rows(f"ctp{i}") for i in range(args.repeat)],
         "ctp_px": lambda: [topic_rows("ctp-out") // args.repeat] * args.repeat,
-        "ctp_ar": lambda: [parquet_rows(f"ctp-ar{i}") for i in range(args.repeat)],
     }
     outputs = {k: f() for k, f in outputs.items() if k in runs}
     for k, counts in outputs.items():
@@ -499,9 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     rounds = [
         Rounds("sink throughput pulsartx / parquet", per_rep("sink_px", "sink_pq", Result.rate), ">=", TARGET_SINK),
         Rounds("ctp throughput pulsartx / parquet", per_rep("ctp_px", "ctp_pq", Result.rate), ">=", TARGET_CTP),
-        Rounds("ctp throughput pulsartx / minimal Python source+sink",
-               per_rep("ctp_px", "ctp_ar", Result.rate), ">=", TARGET_CTP_FLOOR),
-        Rounds("  minimal Python source+sink / parquet (the runtime's floor)", per_rep("ctp_ar", "ctp_pq", Result.rate)),
         Rounds("empty batch time pulsartx / parquet",
                per_rep("empty_px", "empty_pq", lambda r: r.median("triggerExecution")), "<=", TARGET_EMPTY),
         Rounds("  empty batch, addBatch only",
