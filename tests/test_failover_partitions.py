@@ -208,3 +208,35 @@ def test_deleting_the_subscription_sees_and_stops_its_failover_consumers(client)
     c = failover(client, "c")  # the subscription made again: its own leases, at once
     settle((c, {0, 1, 2, 3}), timeout_s=3.0)
     c.close()
+
+
+def test_a_paused_owner_that_takes_its_lease_back_does_not_deliver_what_it_queued_before(client, monkeypatch):
+    """``a`` fetched partition messages into its queue, then paused (renewals stop) past its leases;
+    ``b`` took the partitions, received and acknowledged everything, and closed. ``a`` renewing
+    then takes the leases again as if it had held them throughout: what it queued before the pause
+    was another consumer's to deliver meanwhile, and went out a second time."""
+    client.admin.create_topic(TOPIC, partitions=2)
+    a = failover(client, "a", receiver_queue_size=100)
+    settle((a, {0, 1}))
+    sent = send(client, 20)
+    first = a.receive(timeout_millis=2000)
+    a.acknowledge(first)
+    with a._lock:
+        assert sum(len(p.queue) for p in a._parts) == 19  # both partitions fetched
+    monkeypatch.setattr(a, "_reconcile", lambda: None)  # paused: no renewal
+    with a._lock:
+        for p in a._parts:
+            p.lease_until = 0.0  # its own delivery window is over, as it is once the lease is
+    b = failover(client, "b")
+    settle((b, {0, 1}), timeout_s=10.0)  # a's leases and presence ran out
+    got_b = drain(b, idle_ms=600, ack=True)
+    b.close()
+    assert sorted(values([first, *got_b])) == sorted(sent)
+    monkeypatch.undo()  # a renews again
+    settle((a, {0, 1}))
+    deadline = time.monotonic() + 2.0
+    while any(p.lease_until < time.monotonic() for p in a._parts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = drain(a, idle_ms=600, ack=True)
+    assert values(again) == []  # b acknowledged every one of them
+    a.close()

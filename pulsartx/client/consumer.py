@@ -34,7 +34,7 @@ from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name, is_partitioned, message_topic
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import ACTIVE, LeaseStore, failover_order, partition_lease
+from pulsartx.subscription.leases import ACTIVE, TAKEN, LeaseStore, failover_order, partition_lease
 from pulsartx.subscription.store import shared_store
 from pulsartx.suggest import checked_keywords
 
@@ -236,7 +236,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                         self._hand_off(part, key, chosen)
                     continue
                 start = time.monotonic()
-                if self._leases.try_acquire(self._id, self._lease_ms, key):
+                took = self._leases.take(self._id, self._lease_ms, key)
+                if took is not None:
+                    if took == TAKEN and part.owned:
+                        # Its lease had run out (a pause, a slow store): another consumer may have
+                        # been active there meanwhile and delivered what this one had queued.
+                        self._drop_partition(part)
                     with self._lock:
                         gained = gained or not part.owned or part.lease_until <= time.monotonic()
                         if not part.owned:
