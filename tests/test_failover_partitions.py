@@ -240,3 +240,31 @@ def test_a_paused_owner_that_takes_its_lease_back_does_not_deliver_what_it_queue
     again = drain(a, idle_ms=600, ack=True)
     assert values(again) == []  # b acknowledged every one of them
     a.close()
+
+
+def test_a_stalled_single_lease_owner_stops_delivering_once_its_lease_may_have_run_out(client, monkeypatch):
+    """One lease for the subscription (a topic of one partition): ``a``'s renewal hangs past its
+    lease, ``b`` takes it and delivers; ``a`` must not deliver what it had queued meanwhile."""
+    import threading
+
+    client.admin.create_topic(TOPIC, partitions=1)
+    a = failover(client, "a", receiver_queue_size=100)
+    send(client, 20)
+    a.receive(timeout_millis=2000)  # the rest is queued
+    stalled, renew = threading.Event(), a._leases.take
+
+    def stuck(*args, **kw):  # the renewal's write hangs (GC, a store that does not answer)
+        stalled.wait(30)
+        return renew(*args, **kw)
+
+    monkeypatch.setattr(a._leases, "take", stuck)
+    b = failover(client, "b")
+    got_b = [b.receive(timeout_millis=5000)]  # once a's lease ran out
+    got_b += drain(b, idle_ms=300)
+    try:
+        late = values(drain(a, idle_ms=300))
+    finally:
+        stalled.set()
+    assert not set(late) & set(values(got_b))  # never two consumers delivering the same messages
+    a.close()
+    b.close()
