@@ -208,3 +208,63 @@ def test_deleting_the_subscription_sees_and_stops_its_failover_consumers(client)
     c = failover(client, "c")  # the subscription made again: its own leases, at once
     settle((c, {0, 1, 2, 3}), timeout_s=3.0)
     c.close()
+
+
+def test_a_paused_owner_that_takes_its_lease_back_does_not_deliver_what_it_queued_before(client, monkeypatch):
+    """``a`` fetched partition messages into its queue, then paused (renewals stop) past its leases;
+    ``b`` took the partitions, received and acknowledged everything, and closed. ``a`` renewing
+    then takes the leases again as if it had held them throughout: what it queued before the pause
+    was another consumer's to deliver meanwhile, and went out a second time."""
+    client.admin.create_topic(TOPIC, partitions=2)
+    a = failover(client, "a", receiver_queue_size=100)
+    settle((a, {0, 1}))
+    sent = send(client, 20)
+    first = a.receive(timeout_millis=2000)
+    a.acknowledge(first)
+    with a._lock:
+        assert sum(len(p.queue) for p in a._parts) == 19  # both partitions fetched
+    monkeypatch.setattr(a, "_reconcile", lambda: None)  # paused: no renewal
+    with a._lock:
+        for p in a._parts:
+            p.lease_until = 0.0  # its own delivery window is over, as it is once the lease is
+    b = failover(client, "b")
+    settle((b, {0, 1}), timeout_s=10.0)  # a's leases and presence ran out
+    got_b = drain(b, idle_ms=600, ack=True)
+    b.close()
+    assert sorted(values([first, *got_b])) == sorted(sent)
+    monkeypatch.undo()  # a renews again
+    settle((a, {0, 1}))
+    deadline = time.monotonic() + 2.0
+    while any(p.lease_until < time.monotonic() for p in a._parts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = drain(a, idle_ms=600, ack=True)
+    assert values(again) == []  # b acknowledged every one of them
+    a.close()
+
+
+def test_a_stalled_single_lease_owner_stops_delivering_once_its_lease_may_have_run_out(client, monkeypatch):
+    """One lease for the subscription (a topic of one partition): ``a``'s renewal hangs past its
+    lease, ``b`` takes it and delivers; ``a`` must not deliver what it had queued meanwhile."""
+    import threading
+
+    client.admin.create_topic(TOPIC, partitions=1)
+    a = failover(client, "a", receiver_queue_size=100)
+    send(client, 20)
+    a.receive(timeout_millis=2000)  # the rest is queued
+    stalled, renew = threading.Event(), a._leases.take
+
+    def stuck(*args, **kw):  # the renewal's write hangs (GC, a store that does not answer)
+        stalled.wait(30)
+        return renew(*args, **kw)
+
+    monkeypatch.setattr(a._leases, "take", stuck)
+    b = failover(client, "b")
+    got_b = [b.receive(timeout_millis=5000)]  # once a's lease ran out
+    got_b += drain(b, idle_ms=300)
+    try:
+        late = values(drain(a, idle_ms=300))
+    finally:
+        stalled.set()
+    assert not set(late) & set(values(got_b))  # never two consumers delivering the same messages
+    a.close()
+    b.close()

@@ -231,3 +231,24 @@ def test_cli_stats_with_a_damaged_partition_print_the_others_and_exit_non_zero(d
     r = CliRunner().invoke(cli, ["--service-url", damaged, "--json", "topics", "stats", "dm"])
     assert r.exit_code == 2, (r.stdout, r.stderr, r.exception)
     assert [("error" in s) for s in json.loads(r.stdout)] == [False, True, False]
+
+
+def test_stats_of_a_topic_deleted_while_they_are_read_raise_topic_not_found(tmp_path, monkeypatch) -> None:
+    """A topic deleted between the listing of its partitions and their reading is gone, not
+    damaged: TopicNotFound, as for a topic deleted a moment earlier, not rows of errors that
+    the CLI reports as partitions that cannot be read."""
+    from pulsartx.admin.topics import TopicsAdmin
+    from pulsartx.exceptions import TopicNotFound
+
+    with pulsartx.Client(str(tmp_path / "root")) as c:
+        c.admin.create_topic("gone", partitions=2)
+        listed = TopicsAdmin.partitions_of
+
+        def listed_then_deleted(self: Any, topic: str) -> Any:
+            parts = listed(self, topic)
+            c.admin.delete_topic(topic)
+            return parts
+
+        monkeypatch.setattr(TopicsAdmin, "partitions_of", listed_then_deleted)
+        with pytest.raises(TopicNotFound):
+            c.admin.topic_stats("gone")

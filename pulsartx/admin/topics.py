@@ -23,6 +23,7 @@ from pulsartx.admin.subscriptions import cursor_backlog, live_cursor, subscripti
 from pulsartx.buffer.snapshot import topic_snapshots
 from pulsartx.coordinator.registry import Coordinators
 from pulsartx.exceptions import (
+    CorruptedLog,
     InvalidConfiguration,
     StorageError,
     TopicAlreadyExists,
@@ -288,7 +289,8 @@ class TopicsAdmin:
         A partition whose table cannot be read (a damaged or missing commit file) is a row with
         the same fields, empty (no producers, no subscriptions), and an ``error`` naming it,
         logged at WARNING: the other partitions are still returned, as the coordinator views
-        list the readable TCs beside an unreadable one. An unreachable store still raises."""
+        list the readable TCs beside an unreadable one. An unreachable store still raises, and a
+        topic deleted while its partitions are read raises TopicNotFound (gone, not damaged)."""
         parts = self.partitions_of(topic)
         names = subscription_names(self.root, parts)
         now = int(time.time() * 1000)
@@ -299,12 +301,25 @@ class TopicsAdmin:
             except StorageUnavailable:
                 raise
             except Exception as e:  # one damaged partition must not hide the others
+                if isinstance(e, TopicNotFound | CorruptedLog) and not self._still_exists(p):
+                    # Deleted since it was listed (its table gone, or a log file gone while read):
+                    # gone, as for a topic deleted a moment earlier, not damaged.
+                    raise TopicNotFound(f"topic {p.base} was deleted while its stats were read") from e
                 error = one_line(e)
                 log.warning("partition %s cannot be read; topic stats list it without figures: %s", p, error)
                 row = unreadable_row((*PARTITION_STATS_KEYS, "msgRateOut"), error, partition=str(p), producers=[],
                                      subscriptions={})
             out.append(row)
         return out
+
+    def _still_exists(self, p: TopicName) -> bool:
+        """Whether ``p``'s topic still has its metadata: a delete removes it first, so a partition
+        that cannot be read under a topic without it was deleted, not damaged."""
+        try:
+            self.get_partitions(str(p.base))
+        except TopicNotFound:
+            return False
+        return True
 
     def _partition_stats(self, p: TopicName, names: list[str], now: int) -> dict[str, Any]:
         row = partition_stats(self.root, p, self._stats_coordinators, now)

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from pulsartx import forks
 from pulsartx.buffer.reads import VisibilityReader, check_isolation
 from pulsartx.client.acknowledgement import Acknowledgement
-from pulsartx.client.consumer_state import CLAIMING, ConsumerType, InitialPosition, PartitionState
+from pulsartx.client.consumer_state import (
+    CLAIMING,
+    DELIVERY_SHARE,
+    ConsumerType,
+    InitialPosition,
+    PartitionState,
+)
 from pulsartx.client.dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from pulsartx.client.idle import IdleWait
 from pulsartx.client.key_shared import KeySharedDispatch
@@ -34,7 +40,7 @@ from pulsartx.log.message_id import MessageId
 from pulsartx.log.partition import PartitionLog
 from pulsartx.naming import TopicName, check_subscription_name, is_partitioned, message_topic
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import ACTIVE, LeaseStore, failover_order, partition_lease
+from pulsartx.subscription.leases import ACTIVE, TAKEN, LeaseStore, failover_order, partition_lease
 from pulsartx.subscription.store import shared_store
 from pulsartx.suggest import checked_keywords
 
@@ -44,13 +50,6 @@ if TYPE_CHECKING:
     from pulsartx.client.client import Client
 
 __all__ = ["Consumer", "ConsumerDeadLetterPolicy", "ConsumerType", "InitialPosition"]
-
-# Failover on a partitioned topic: the share of a lease period, from the start of its last take or
-# renewal, during which a partition's messages may go out. Renewals come every third of the period;
-# the rest is margin for a slow renewal and for clocks that disagree between processes, since another
-# consumer takes the partition once the lease's expiry has passed by its own clock.
-DELIVERY_SHARE = 0.75
-
 
 class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
     @checked_keywords()
@@ -115,6 +114,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type in CLAIMING
         self._key_shared = None
+        took: str | None = None  # Failover with one lease: how its take went (LeaseStore.take)
+        start = time.monotonic()
         try:
             if consumer_type in CLAIMING or self._per_partition:
                 self._leases.join_shared(self._id, lease_ms, consumer_type.name)
@@ -126,8 +127,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 self._leases.acquire_exclusive(self._id, lease_ms)
                 self._active = True
             elif consumer_type is ConsumerType.Failover and not self._per_partition:
-                self._active = self._leases.try_acquire(self._id, lease_ms, self._lease_key)
+                start = time.monotonic()
+                took = self._leases.take(self._id, lease_ms, self._lease_key)
+                self._active = took is not None
             self._parts = [self._open_partition(p, initial_position) for p in partitions]
+            if took is not None:
+                self._took_single_lease(took, start)
             named = is_partitioned(topic, len(partitions))
             for part in self._parts:
                 part.message_topic = message_topic(part.topic, named)
@@ -236,7 +241,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                         self._hand_off(part, key, chosen)
                     continue
                 start = time.monotonic()
-                if self._leases.try_acquire(self._id, self._lease_ms, key):
+                took = self._leases.take(self._id, self._lease_ms, key)
+                if took is not None:
+                    if took == TAKEN and part.owned:
+                        # Its lease had run out (a pause, a slow store): another consumer may have
+                        # been active there meanwhile and delivered what this one had queued.
+                        self._drop_partition(part)
                     with self._lock:
                         gained = gained or not part.owned or part.lease_until <= time.monotonic()
                         if not part.owned:
@@ -440,8 +450,11 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                     self._reconcile()
                 elif self._type not in CLAIMING and self._active and not self._per_partition and \
                         time.monotonic() - last_renew >= renew_every:
-                    last_renew = time.monotonic()
-                    if not self._leases.try_acquire(self._id, self._lease_ms, self._lease_key):
+                    last_renew = start = time.monotonic()
+                    took = self._leases.take(self._id, self._lease_ms, self._lease_key)
+                    if took is not None and self._type is ConsumerType.Failover:
+                        self._took_single_lease(took, start)
+                    if took is None:
                         if self._leases.ended:
                             log.warning("consumer %s: subscription %r was deleted; it receives nothing more, close it",
                                         self._name, self._subscription)

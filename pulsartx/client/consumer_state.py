@@ -24,7 +24,7 @@ from pulsartx.exceptions import AlreadyClosed, NotAllowedError
 from pulsartx.naming import TopicName
 from pulsartx.storage.delta import NextCommit
 from pulsartx.subscription.cursor import CursorState
-from pulsartx.subscription.leases import LeaseStore
+from pulsartx.subscription.leases import TAKEN, LeaseStore
 from pulsartx.subscription.store import SubscriptionStore
 
 log = logging.getLogger("pulsartx.client.consumer")
@@ -44,6 +44,12 @@ class ConsumerType(Enum):
 
 # Types whose consumers share the subscription, each claiming the messages it takes.
 CLAIMING = frozenset({ConsumerType.Shared, ConsumerType.KeyShared})
+
+# Failover: the share of a lease period, from the start of its last take or renewal, during which a
+# partition's messages may go out. Renewals come every third of the period; the rest is margin for a
+# slow renewal and for clocks that disagree between processes, since another consumer takes the
+# lease once its expiry has passed by its own clock.
+DELIVERY_SHARE = 0.75
 
 
 class InitialPosition(Enum):
@@ -153,6 +159,25 @@ class ConsumerCore:
         partition's active one (Failover on a partitioned topic). Called under the lock, which a
         hand-off holds while it drops what was queued."""
         return part.owned and (part.lease_until == math.inf or time.monotonic() < part.lease_until)
+
+    def _took_single_lease(self, took: str, start: float) -> None:
+        """Failover with one lease for the subscription (a topic of one partition, a partition by
+        name): its messages go out only within DELIVERY_SHARE of the lease from ``start``, as under
+        per-partition leases, so a consumer whose renewal stalls stops before another can take the
+        lease. A lease taken back after it ran out (``TAKEN``) drops what was queued or held under
+        it: another consumer may have been active and delivered it meanwhile."""
+        lapsed = False
+        for part in self._parts:
+            with part.fetching, self._lock:
+                if took == TAKEN:
+                    part.queue.clear()
+                    part.held.clear()
+                    part.nacked.clear()
+                    part.cursor = None
+                lapsed = lapsed or part.lease_until <= time.monotonic()
+                part.lease_until = start + self._lease_ms * DELIVERY_SHARE / 1000.0
+        if lapsed:
+            self._local_change.set()  # a waiting receive() may deliver what it queued again
 
     def _check_open(self) -> None:
         if self._made != forks.generation:

@@ -54,7 +54,7 @@ class Receiving(ConsumerCore):
             # The common case, a message already fetched: ~1 us instead of the general path's ~3.
             part = self._parts[0]
             with self._lock:
-                if part.queue:
+                if part.queue and self._may_deliver(part):
                     msg = part.queue.popleft()
                     part.held[msg._offset] = time.monotonic()
                     return msg
@@ -174,11 +174,15 @@ class Receiving(ConsumerCore):
             return any(p.owned for p in self._parts)
         if self._active:
             return True
-        if self._leases.try_acquire(self._id, self._lease_ms, self._lease_key):
+        start = time.monotonic()
+        took = self._leases.take(self._id, self._lease_ms, self._lease_key)
+        if took is not None:
             log.info("consumer %s is now the active consumer of %r", self._name, self._subscription)
             self._active = True
             for part in self._parts:
                 part.cursor = None
+            if self._type is ConsumerType.Failover:
+                self._took_single_lease(took, start)
         return self._active
 
     def _fill(self, part: PartitionState) -> bool:

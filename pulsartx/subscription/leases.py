@@ -38,6 +38,7 @@ from pulsartx.subscription.store import subscription_dir
 SHARED = "shared:"  # key prefix of consumers' presence rows (Shared, Key_Shared, partitioned Failover)
 ACTIVE = "active"  # key of the Exclusive or Failover owner's lease (partition 0's, partitioned)
 PARTITION_ACTIVE = "active:"  # key prefix of the Failover owner's lease of one partition above 0
+RENEWED, TAKEN = "renewed", "taken"  # LeaseStore.take: the lease was this consumer's throughout, or not
 INCARNATION = "incarnation"  # key of the row naming the subscription's current life (``consumer``)
 MEMBER_TYPES = ("Shared", "KeyShared")  # the types whose consumers are present side by side
 LEASE_SCHEMA = pa.schema([
@@ -223,16 +224,28 @@ class LeaseStore:
         """Take (or renew) the ``active`` lease (or another, ``key``: :func:`partition_lease`); False
         when another live consumer holds it, or when the subscription was deleted since this
         consumer opened it (``ended``)."""
+        return self.take(consumer, lease_ms, key) is not None
+
+    def take(self, consumer: str, lease_ms: int, key: str = ACTIVE) -> str | None:
+        """As :meth:`try_acquire`, saying how: ``RENEWED`` when ``consumer`` held the lease, live,
+        until this write (no other consumer can have been active meanwhile), ``TAKEN`` when it
+        was free (never taken, released, or run out, this consumer's own included: another may
+        have held it in between), None when it was not taken. What a consumer fetched under a
+        lease that ran out is stale once it takes the lease again."""
+        seen: list[str] = []  # one per attempt: a retry sees this call's own earlier write
+
         def change(row):
             t = now_ms()
             if row is not None and row["consumer"] and row["consumer"] != consumer and row["expires_ms"] > t:
-                return None, False
-            return {"consumer": consumer, "expires_ms": t + lease_ms}, True
+                return None, None
+            live = row is not None and row["consumer"] == consumer and row["expires_ms"] > t
+            seen.append(RENEWED if live else TAKEN)
+            return {"consumer": consumer, "expires_ms": t + lease_ms}, TAKEN if TAKEN in seen else RENEWED
 
         try:
             return self._cas(key, change, own=True)
         except SubscriptionEnded:
-            return False
+            return None
 
     def acquire_exclusive(self, consumer: str, lease_ms: int) -> None:
         if not self.try_acquire(consumer, lease_ms):
