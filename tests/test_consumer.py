@@ -513,3 +513,39 @@ def test_subscribe_to_many_topics_says_it_is_unsupported(tmp_path, topics):
     with Client(str(tmp_path / "root")) as client, \
             pytest.raises(InvalidTopicName, match="list of topics or a topic pattern is not supported"):
         client.subscribe(topics, "s")
+
+
+def test_a_stalled_exclusive_owner_stops_delivering_once_its_lease_may_have_run_out(root, client, monkeypatch):
+    """``a``'s renewal hangs past its lease; ``b`` (another process, as far as storage knows)
+    subscribes once it ran out and delivers: ``a`` must not deliver what it had queued meanwhile."""
+    import threading
+
+    seed(client, TOPIC, 20)
+    a = client.subscribe(TOPIC, "excl", initial_position=InitialPosition.Earliest, lease_ms=1500,
+                         receiver_queue_size=100)
+    a.receive(timeout_millis=2000)  # the rest is queued
+    stalled, renew = threading.Event(), a._leases.take
+
+    def stuck(*args, **kw):  # the renewal's write hangs (GC, a store that does not answer)
+        stalled.wait(30)
+        return renew(*args, **kw)
+
+    monkeypatch.setattr(a._leases, "take", stuck)
+    other = Client(root)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            b = other.subscribe(TOPIC, "excl", initial_position=InitialPosition.Earliest, lease_ms=1500)
+            break
+        except ConsumerBusy:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    got_b = drain(b, idle_ms=300)
+    try:
+        late = vals(drain(a, idle_ms=300))
+    finally:
+        stalled.set()
+    assert got_b and not set(late) & set(vals(got_b))  # never two consumers delivering the same messages
+    a.close()
+    b.close()
+    other.close()

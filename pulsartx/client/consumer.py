@@ -114,7 +114,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         self._leases.register_type(consumer_type.name)
         self._active = consumer_type in CLAIMING
         self._key_shared = None
-        took: str | None = None  # Failover with one lease: how its take went (LeaseStore.take)
+        took: str | None = None  # Exclusive, Failover with one lease: how its take went (LeaseStore.take)
         start = time.monotonic()
         try:
             if consumer_type in CLAIMING or self._per_partition:
@@ -124,7 +124,8 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                                                      self._id, self._leases)
                 self._key_shared.join()
             if consumer_type is ConsumerType.Exclusive:
-                self._leases.acquire_exclusive(self._id, lease_ms)
+                start = time.monotonic()
+                took = self._leases.acquire_exclusive(self._id, lease_ms)
                 self._active = True
             elif consumer_type is ConsumerType.Failover and not self._per_partition:
                 start = time.monotonic()
@@ -183,6 +184,9 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if failover:  # nothing of them goes out before their leases are taken
             for part in opened:
                 part.owned, part.lease_until = False, 0.0
+        elif self._type is ConsumerType.Exclusive:  # under the one lease, within its window
+            for part in opened:
+                part.lease_until = self._parts[0].lease_until
         with self._lock:
             if self._closed:
                 return
@@ -452,7 +456,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                         time.monotonic() - last_renew >= renew_every:
                     last_renew = start = time.monotonic()
                     took = self._leases.take(self._id, self._lease_ms, self._lease_key)
-                    if took is not None and self._type is ConsumerType.Failover:
+                    if took is not None:
                         self._took_single_lease(took, start)
                     if took is None:
                         if self._leases.ended:
@@ -461,10 +465,12 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                         else:
                             log.warning("consumer %s lost its lease on %r; now standby", self._name, self._subscription)
                         self._active = False
-                        with self._lock:
-                            for part in self._parts:
+                        for part in self._parts:
+                            with part.fetching, self._lock:  # a fetch under way queues nothing after this
                                 part.queue.clear()
                                 part.held.clear()
+                                part.nacked.clear()
+                                part.cursor = None
                 self._expire_unacked()
                 if self._updates.due():
                     self._follow_growth()

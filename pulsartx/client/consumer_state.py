@@ -45,8 +45,8 @@ class ConsumerType(Enum):
 # Types whose consumers share the subscription, each claiming the messages it takes.
 CLAIMING = frozenset({ConsumerType.Shared, ConsumerType.KeyShared})
 
-# Failover: the share of a lease period, from the start of its last take or renewal, during which a
-# partition's messages may go out. Renewals come every third of the period; the rest is margin for a
+# Exclusive, Failover: the share of a lease period, from the start of its last take or renewal, during
+# which a partition's messages may go out. Renewals come every third of the period; the rest is margin for a
 # slow renewal and for clocks that disagree between processes, since another consumer takes the
 # lease once its expiry has passed by its own clock.
 DELIVERY_SHARE = 0.75
@@ -90,9 +90,9 @@ class PartitionState:
     # The cursor's reset epoch as this consumer last read it: what ``acks``, ``cumulative`` and
     # ``redeliver`` were made against (CursorState.reset_epoch).
     reset_epoch: int = 0
-    # Failover on a partitioned topic: whether this consumer is the partition's active consumer, and
-    # until when (``time.monotonic()``) its lease lets it deliver without a renewal. Every other
-    # consumer type owns each of its partitions for good.
+    # Failover on a partitioned topic: whether this consumer is the partition's active consumer.
+    # Exclusive and Failover: until when (``time.monotonic()``) its lease lets it deliver without a
+    # renewal. Shared and Key_Shared consumers own each of their partitions for good.
     owned: bool = True
     lease_until: float = math.inf
 
@@ -156,15 +156,16 @@ class ConsumerCore:
 
     def _may_deliver(self, part: PartitionState) -> bool:
         """Whether a message of ``part`` may go out now: not while another consumer may be the
-        partition's active one (Failover on a partitioned topic). Called under the lock, which a
+        partition's active one (Exclusive, Failover: its lease may have run out). Called under the lock, which a
         hand-off holds while it drops what was queued."""
         return part.owned and (part.lease_until == math.inf or time.monotonic() < part.lease_until)
 
     def _took_single_lease(self, took: str, start: float) -> None:
-        """Failover with one lease for the subscription (a topic of one partition, a partition by
-        name): its messages go out only within DELIVERY_SHARE of the lease from ``start``, as under
-        per-partition leases, so a consumer whose renewal stalls stops before another can take the
-        lease. A lease taken back after it ran out (``TAKEN``) drops what was queued or held under
+        """Exclusive, and Failover with one lease for the subscription (a topic of one partition, a
+        partition by name): its messages go out only within DELIVERY_SHARE of the lease from
+        ``start``, as under per-partition leases, so a consumer whose renewal stalls stops before
+        another can take the lease (an Exclusive subscriber once it ran out, a Failover standby). A
+        lease taken back after it ran out (``TAKEN``) drops what was queued or held under
         it: another consumer may have been active and delivered it meanwhile."""
         lapsed = False
         for part in self._parts:

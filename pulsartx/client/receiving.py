@@ -181,8 +181,7 @@ class Receiving(ConsumerCore):
             self._active = True
             for part in self._parts:
                 part.cursor = None
-            if self._type is ConsumerType.Failover:
-                self._took_single_lease(took, start)
+            self._took_single_lease(took, start)
         return self._active
 
     def _fill(self, part: PartitionState) -> bool:

@@ -247,13 +247,17 @@ class LeaseStore:
         except SubscriptionEnded:
             return None
 
-    def acquire_exclusive(self, consumer: str, lease_ms: int) -> None:
-        if not self.try_acquire(consumer, lease_ms):
+    def acquire_exclusive(self, consumer: str, lease_ms: int) -> str:
+        """Take the ``active`` lease for an Exclusive consumer, saying how (:meth:`take`); raises
+        ConsumerBusy while another live consumer holds it."""
+        took = self.take(consumer, lease_ms)
+        if took is None:
             holder = self.log.get("active")
             raise ConsumerBusy(
                 f"subscription {self.subscription!r} on {self.topic} is Exclusive and consumer "
                 f"{holder['consumer'] if holder else '?'} holds it: use another subscription name, ConsumerType.Shared "
                 "or Failover, or close the other consumer")
+        return took
 
     def release(self, consumer: str, key: str = ACTIVE) -> None:
         def change(row):
