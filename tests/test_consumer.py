@@ -549,3 +549,32 @@ def test_a_stalled_exclusive_owner_stops_delivering_once_its_lease_may_have_run_
     a.close()
     b.close()
     other.close()
+
+
+def test_close_whose_last_ack_flush_failed_lets_the_lease_run_out(root, client, monkeypatch, caplog):
+    """Released, the lease let the next owner in at once, to redeliver what was acknowledged; left
+    to run out, the next owner waits for it, as a hand-off whose acks did not land does."""
+    import logging
+
+    from pulsartx.exceptions import StorageError
+
+    seed(client, TOPIC, 5)
+    a = client.subscribe(TOPIC, "excl", initial_position=InitialPosition.Earliest, lease_ms=1500,
+                         acknowledgment_group_time_ms=60_000)
+    for m in drain(a, idle_ms=300):
+        a.acknowledge(m)
+
+    def down(fn):
+        raise StorageError("store unavailable")
+
+    monkeypatch.setattr(a._parts[0].store, "update", down)
+    with caplog.at_level(logging.WARNING, logger="pulsartx.client.consumer"):
+        a.close()
+    monkeypatch.undo()
+    assert any("not stored" in r.getMessage() and "runs out" in r.getMessage() for r in caplog.records)
+    other = Client(root)  # another process, as far as storage knows
+    with pytest.raises(ConsumerBusy):
+        other.subscribe(TOPIC, "excl", lease_ms=1500)
+    time.sleep(1.6)
+    other.subscribe(TOPIC, "excl", lease_ms=1500).close()  # once it ran out
+    other.close()

@@ -394,11 +394,31 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
             worker = getattr(self, "_thread", None)
             if worker is not None and worker.is_alive() and worker is not threading.current_thread():
                 worker.join(timeout=60)
-            self._drop_leases()
+            self._drop_leases(self._unstored_leases())
             if self._dead_letters is not None:
                 self._dead_letters.close()
 
-    def _drop_leases(self) -> None:
+    def _unstored_leases(self) -> set[str]:
+        """The leases a closing consumer keeps, left to run out: those of partitions whose
+        acknowledgements (or redelivery counts) its last flush could not store. Released, they let
+        the next active consumer read the cursor at once, without them, and deliver acknowledged
+        messages again; as in ``_hand_off``, the lease runs out instead, which also gives a write
+        whose outcome was unknown the time to land first."""
+        if self._type in CLAIMING:
+            return set()
+        with self._lock:
+            unstored = [p for p in self._parts if p.acks or p.redeliver or p.cumulative is not None]
+        if not unstored:
+            return set()
+        log.warning("consumer %s closes with acknowledgements on %s not stored; its lease on subscription %r runs "
+                    "out (lease_ms) instead of being released, and the next consumer may receive them again",
+                    self._name, ", ".join(str(p.topic) for p in unstored), self._subscription)
+        if self._per_partition:
+            return {partition_lease(p.index) for p in unstored}
+        return {self._lease_key}
+
+    def _drop_leases(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Release this consumer's leases and presence, except the leases in ``keep``."""
         try:
             if self._key_shared is not None:
                 self._key_shared.leave()  # after the claims' release in close(): keys move with nothing held
@@ -406,9 +426,10 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 self._leases.leave_shared(self._id)
             elif self._per_partition:
                 for key in self._leases.held_by(self._id):
-                    self._leases.release(self._id, key)
+                    if key not in keep:
+                        self._leases.release(self._id, key)
                 self._leases.leave_shared(self._id)
-            else:
+            elif self._lease_key not in keep:
                 self._leases.release(self._id, self._lease_key)
         except PulsarException as e:
             log.warning("releasing the lease of %s failed (it will expire): %s", self._name, e)
