@@ -578,3 +578,40 @@ def test_close_whose_last_ack_flush_failed_lets_the_lease_run_out(root, client, 
     time.sleep(1.6)
     other.subscribe(TOPIC, "excl", lease_ms=1500).close()  # once it ran out
     other.close()
+
+
+def test_seek_waits_for_a_fetch_under_way_so_nothing_from_before_it_is_queued_after(client):
+    """A fetch that read the cursor before a seek and queues after it must not put messages from
+    before the seek position in the queue the seek cleared: the seek waits for it."""
+    import threading
+
+    seed(client, TOPIC, 10)
+    c = client.subscribe(TOPIC, "s", initial_position=InitialPosition.Earliest, receiver_queue_size=100)
+    paused, go, enqueue = threading.Event(), threading.Event(), c._enqueue
+
+    def slow_enqueue(*args, **kw):  # between the fetch's read and its queueing
+        if not paused.is_set():
+            paused.set()
+            go.wait(10)
+        return enqueue(*args, **kw)
+
+    c._enqueue = slow_enqueue
+    def receive_one() -> None:  # whatever it gets, it gets before the seek returns, or after it
+        try:
+            c.receive(timeout_millis=1000)
+        except Timeout:
+            pass
+
+    receiving = threading.Thread(target=receive_one)
+    receiving.start()
+    assert paused.wait(10)
+    seeking = threading.Thread(target=c.seek, args=(MessageId.latest,))
+    seeking.start()
+    seeking.join(0.5)
+    go.set()
+    seeking.join(10)
+    receiving.join(10)
+    assert not seeking.is_alive() and not receiving.is_alive()
+    seed(client, TOPIC, 3, prefix="n", create=False)
+    assert vals(drain(c)) == ["n0", "n1", "n2"]  # nothing from before the seek position
+    c.close()

@@ -335,15 +335,19 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
                 c.reset(pos)
                 return c
 
-            # Acknowledgements another thread grouped after the flush above are for the position
-            # this replaces: dropped here, or at their flush if that one took them already.
-            self._see_reset(part, part.store.update(reset))
-            part.store.release_claims()
-            with self._lock:
-                part.queue.clear()
-                part.held.clear()
-                part.nacked.clear()
-                part.cursor = None
+            # A fetch under way read the cursor before the reset: it queues what it took first, and
+            # the clear below drops it (else it queued after the clear, and messages from before
+            # the position went out after seek returned). None starts until the reset is stored.
+            with part.fetching:
+                # Acknowledgements another thread grouped after the flush above are for the position
+                # this replaces: dropped here, or at their flush if that one took them already.
+                self._see_reset(part, part.store.update(reset))
+                part.store.release_claims()
+                with self._lock:
+                    part.queue.clear()
+                    part.held.clear()
+                    part.nacked.clear()
+                    part.cursor = None
         self._local_change.set()
 
     def unsubscribe(self) -> None:
