@@ -421,20 +421,21 @@ def test_an_open_consumer_receives_from_new_partitions_exactly_once(client: Any,
     assert client.admin.list_subscriptions("g-partition-3") == ["s"]
 
 
-def test_a_failover_standby_takes_over_the_new_partitions_too(client: Any) -> None:
-    """The standby follows the growth while it waits; once the active consumer leaves, it goes on
-    from where the active one acknowledged, on the old and the new partitions alike."""
+def test_a_failover_consumer_takes_over_the_new_partitions_too(client: Any) -> None:
+    """Failover consumers share a partitioned topic's partitions (an active consumer per partition)
+    and follow its growth; once one leaves, the other goes on from where it acknowledged, on the old
+    and the new partitions alike, each message once."""
     from pulsartx import ConsumerType
 
     client.admin.create_topic("g", 2)
-    active = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
-    standby = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
+    leaving = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
+    staying = client.subscribe("g", "s", consumer_type=ConsumerType.Failover, lease_ms=1000, **FAST)
     first = _grow_and_send(client, 3, 2, "f")
-    assert sorted(m.data() for m in _receive_all([active], len(first))) == sorted(first)
-    active.close()
+    assert sorted(m.data() for m in _receive_all([leaving, staying], len(first))) == sorted(first)
+    leaving.close()
     second = _grow_and_send(client, 4, 2, "s")
-    assert sorted(m.data() for m in _receive_all([standby], len(second))) == sorted(second)
-    standby.close()
+    assert sorted(m.data() for m in _receive_all([staying], len(second))) == sorted(second)
+    staying.close()
 
 
 def test_a_topic_of_one_partition_grown_under_a_consumer_names_partitions_from_then_on(client: Any) -> None:
