@@ -580,6 +580,36 @@ def test_close_whose_last_ack_flush_failed_lets_the_lease_run_out(root, client, 
     other.close()
 
 
+def test_a_shared_close_whose_last_ack_flush_failed_keeps_the_claims_on_what_it_acknowledged(root, client,
+                                                                                           monkeypatch):
+    """Shared: the claims on messages acknowledged but not stored stay until they expire, as an
+    Exclusive lease does: released at close, another consumer received those messages again at
+    once, while the write whose answer failed may still land. What was not acknowledged is given
+    back at once."""
+    from pulsartx.exceptions import StorageError
+
+    seed(client, TOPIC, 4)
+    a = client.subscribe(TOPIC, "sh", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest,
+                         lease_ms=1500, acknowledgment_group_time_ms=60_000)
+    got = [a.receive(5000) for _ in range(4)]
+    for m in got[:2]:
+        a.acknowledge(m)
+
+    def down(fn):
+        raise StorageError("store unavailable")
+
+    monkeypatch.setattr(a._parts[0].store, "update", down)
+    a.close()
+    monkeypatch.undo()
+    other = Client(root)
+    b = other.subscribe(TOPIC, "sh", consumer_type=ConsumerType.Shared, lease_ms=1500)
+    assert sorted(m.data() for m in drain(b, idle_ms=500)) == sorted(m.data() for m in got[2:])
+    time.sleep(1.6)  # the claims ran out: the acknowledgements were lost with the failed write
+    assert sorted(m.data() for m in drain(b, idle_ms=500)) == sorted(m.data() for m in got[:2])
+    b.close()
+    other.close()
+
+
 def test_seek_waits_for_a_fetch_under_way_so_nothing_from_before_it_is_queued_after(client):
     """A fetch that read the cursor before a seek and queues after it must not put messages from
     before the seek position in the queue the seek cleared: the seek waits for it."""

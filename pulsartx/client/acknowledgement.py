@@ -280,7 +280,9 @@ class Acknowledgement(ConsumerCore):
                 if bumps:  # redelivered messages are deliverable from now: a waiting receive() looks
                     self._local_change.set()
             except PulsarException as e:  # keep them for the next flush: an ack is never dropped
-                log.warning("persisting acknowledgements of %s failed, will retry: %s", self._name, e)
+                log.warning("persisting acknowledgements of %s failed%s: %s", self._name,
+                            " (the consumer is closing: not retried)" if getattr(self, "_closing", False)
+                            else ", will retry", e)
                 with self._lock:
                     if part.reset_epoch != epoch:  # a reset seen meanwhile: they were for what it replaced
                         continue

@@ -387,6 +387,7 @@ class Consumer(Receiving, Acknowledgement, Redelivery, TableConsumer):
         if forks.forked(self._made):  # the parent's copy: its acks and lease are the parent's
             self._closed = True
             return
+        self._closing = True  # a failed last flush says it is not retried
         try:
             self._flush_acks()
             self._release_claims(all_held=True)

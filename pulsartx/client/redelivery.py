@@ -87,8 +87,8 @@ class Redelivery(ConsumerCore):
             self._release_claims()
 
     def _release_claims(self, all_held: bool = False) -> None:
-        """Shared, Key_Shared: give up claims on what this consumer no longer holds (or everything,
-        on close)."""
+        """Shared, Key_Shared: give up claims on what this consumer no longer holds (or, on close,
+        everything but what it acknowledged without the acknowledgement being stored)."""
         if self._type not in CLAIMING:
             return
         now = time.monotonic()
@@ -96,7 +96,10 @@ class Redelivery(ConsumerCore):
         for part in self._parts:
             with self._lock:
                 if all_held:
-                    keep = set()
+                    # Close: an acknowledgement whose write failed keeps its claim until the claim
+                    # runs out, as an Exclusive lease does, rather than going out again at once
+                    # while that write may still land.
+                    keep = {*part.acks, *part.inflight}
                 else:
                     # An acknowledgement still grouped keeps its claim too: released before the
                     # ack is stored, the message went out again to another consumer.
