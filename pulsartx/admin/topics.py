@@ -155,14 +155,18 @@ class TopicsAdmin:
 
     def get_partitions(self, topic: str) -> int:
         """The topic's partition count (a ``-partition-i`` name counts as one partition)."""
-        t = TopicName.parse(topic)
+        return self._counted(TopicName.parse(topic))[0]
+
+    def _counted(self, t: TopicName) -> tuple[int, str]:
+        """The partition count of ``t``'s topic and the ``_topic.json`` it was read from (one
+        read); TopicNotFound for a missing topic or a partition index past the count."""
         text = self.root.read_text(*_topic_dir(t.base), TOPIC_META)
         if text is None:
             raise self._not_found(t.base)
         n = self._count(t.base, text)
         if t.partition is not None and t.partition >= n:
             raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")
-        return n
+        return n, text
 
     def partitions_of(self, topic: str | TopicName) -> list[TopicName]:
         """The partition names to read or write for a topic, or the one partition it names."""
@@ -173,12 +177,7 @@ class TopicsAdmin:
         read of ``_topic.json``): a client that follows growth compares it with the one it opened,
         so a topic deleted and re-created with more partitions is never taken for a growth."""
         t = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        text = self.root.read_text(*_topic_dir(t.base), TOPIC_META)
-        if text is None:
-            raise self._not_found(t.base)
-        n = self._count(t.base, text)
-        if t.partition is not None and t.partition >= n:
-            raise TopicNotFound(f"topic {t} does not exist: {t.base} has {n} partition(s), 0..{n - 1}")
+        n, text = self._counted(t)
         return ([t] if t.partition is not None else [t.with_partition(i) for i in range(n)]), _incarnation(text)
 
     def update_partitioned_topic(self, topic: str, partitions: int) -> int:
