@@ -37,3 +37,18 @@ def offset_numbers(offsets: dict[str, dict[str, Any]] | None) -> dict[str, dict[
     if offsets is None:
         return None
     return {t: {p: o for p, o in ps.items() if p != "tableIds"} for t, ps in offsets.items()}
+
+
+def stall_lease_renewals(consumer: Any, monkeypatch: Any) -> Any:
+    """Make ``consumer``'s lease takes and renewals hang (GC, a store that does not answer) until
+    the returned Event is set; each then goes on as it would have."""
+    import threading
+
+    stalled, renew = threading.Event(), consumer._leases.take
+
+    def stuck(*args: Any, **kw: Any) -> Any:
+        stalled.wait(30)
+        return renew(*args, **kw)
+
+    monkeypatch.setattr(consumer._leases, "take", stuck)
+    return stalled

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _reads import drain
+from _reads import drain, stall_lease_renewals
 
 import pulsartx
 from pulsartx import Client, ConsumerType, InitialPosition, MessageId, NotAllowedError, Timeout
@@ -518,19 +518,11 @@ def test_subscribe_to_many_topics_says_it_is_unsupported(tmp_path, topics):
 def test_a_stalled_exclusive_owner_stops_delivering_once_its_lease_may_have_run_out(root, client, monkeypatch):
     """``a``'s renewal hangs past its lease; ``b`` (another process, as far as storage knows)
     subscribes once it ran out and delivers: ``a`` must not deliver what it had queued meanwhile."""
-    import threading
-
     seed(client, TOPIC, 20)
     a = client.subscribe(TOPIC, "excl", initial_position=InitialPosition.Earliest, lease_ms=1500,
                          receiver_queue_size=100)
     a.receive(timeout_millis=2000)  # the rest is queued
-    stalled, renew = threading.Event(), a._leases.take
-
-    def stuck(*args, **kw):  # the renewal's write hangs (GC, a store that does not answer)
-        stalled.wait(30)
-        return renew(*args, **kw)
-
-    monkeypatch.setattr(a._leases, "take", stuck)
+    stalled = stall_lease_renewals(a, monkeypatch)
     other = Client(root)
     deadline = time.monotonic() + 10
     while True:

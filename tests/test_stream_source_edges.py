@@ -318,6 +318,30 @@ def test_a_pattern_topic_missing_from_one_listing_keeps_its_offsets(tmp_path: Pa
         assert _batch(reader, end)[1] == [b"x0"]
 
 
+def _new_topics_subscription_after_an_old_batch_commits(root: str, topic: str, replay: bool) -> list[bytes]:
+    """A subscription source (failOnDataLoss=false) reads a first batch of ``topic``, the topic is
+    deleted and re-created with subscription ``s`` at its start and 5 new messages, then the old
+    batch is committed (after Spark replayed it, with ``replay``): what ``s`` then receives."""
+    with pulsartx.Client(root) as c:
+        c.admin.create_topic(topic, 1)
+        _send(c, topic, 3)
+        reader = _reader(root, topic=topic, subscription="s", startingOffsets="earliest", failOnDataLoss="false")
+        start = reader.initialOffset()
+        end, values = _batch(reader, start)
+        assert values == [b"m0", b"m1", b"m2"]
+        c.admin.delete_topic(topic)
+        c.admin.create_topic(topic, 1)
+        c.subscribe(topic, "s", initial_position=pulsartx.InitialPosition.Earliest).close()
+        _send(c, topic, 5, "new")
+        if replay:  # the batch replayed (its tasks failed): nothing of the new topic
+            assert reader.partitions(start, end) == []
+        reader.commit(end)  # then Spark commits it
+        consumer = c.subscribe(topic, "s")
+        got = [m.data() for m in consumer.batch_receive(10, 2000)]
+        consumer.close()
+        return got
+
+
 def test_a_commit_whose_end_names_a_replaced_table_leaves_the_new_topics_subscription(tmp_path: Path,
                                                                                    monkeypatch: Any) -> None:
     """failOnDataLoss=false: a batch planned on the old topic (its end names the old table) that ends
@@ -325,24 +349,8 @@ def test_a_commit_whose_end_names_a_replaced_table_leaves_the_new_topics_subscri
     new topic's subscription to the old topic's offset either: that would acknowledge new messages
     nobody read. Fails before the fix: the subscription lost new0..new2."""
     monkeypatch.setattr(partition_mod, "INCARNATION_CHECK_S", 0.0)
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rc", 1)
-        _send(c, "rc", 3)
-        reader = _reader(root, topic="rc", subscription="s", startingOffsets="earliest", failOnDataLoss="false")
-        start = reader.initialOffset()
-        end, values = _batch(reader, start)
-        assert values == [b"m0", b"m1", b"m2"]
-        c.admin.delete_topic("rc")
-        c.admin.create_topic("rc", 1)
-        c.subscribe("rc", "s", initial_position=pulsartx.InitialPosition.Earliest).close()
-        _send(c, "rc", 5, "new")
-        assert reader.partitions(start, end) == []  # the batch replayed (its tasks failed): nothing of the new topic
-        reader.commit(end)  # then Spark commits it
-        consumer = c.subscribe("rc", "s")
-        got = [m.data() for m in consumer.batch_receive(10, 2000)]
-        assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
-        consumer.close()
+    got = _new_topics_subscription_after_an_old_batch_commits(str(tmp_path / "root"), "rc", replay=True)
+    assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
 
 
 def test_a_restarted_source_commits_a_batch_whose_end_names_a_deleted_topic(tmp_path: Path) -> None:
@@ -375,20 +383,5 @@ def test_a_commit_right_after_a_recreation_leaves_the_new_topics_subscription(tm
     is re-created while the batch runs, and Spark commits it at once. A table id the log checked up
     to INCARNATION_CHECK_S ago still names the old table, and the commit moved the new topic's
     subscription to the old topic's offset: new0..new2 acknowledged, never read."""
-    root = str(tmp_path / "root")
-    with pulsartx.Client(root) as c:
-        c.admin.create_topic("rn", 1)
-        _send(c, "rn", 3)
-        reader = _reader(root, topic="rn", subscription="s", startingOffsets="earliest", failOnDataLoss="false")
-        start = reader.initialOffset()
-        end, values = _batch(reader, start)
-        assert values == [b"m0", b"m1", b"m2"]
-        c.admin.delete_topic("rn")
-        c.admin.create_topic("rn", 1)
-        c.subscribe("rn", "s", initial_position=pulsartx.InitialPosition.Earliest).close()
-        _send(c, "rn", 5, "new")
-        reader.commit(end)
-        consumer = c.subscribe("rn", "s")
-        got = [m.data() for m in consumer.batch_receive(10, 2000)]
-        assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
-        consumer.close()
+    got = _new_topics_subscription_after_an_old_batch_commits(str(tmp_path / "root"), "rn", replay=False)
+    assert got == [b"new0", b"new1", b"new2", b"new3", b"new4"]
